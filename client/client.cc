@@ -1,0 +1,186 @@
+#include "shmtensor/client.h"
+
+#include <unistd.h>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "client/client_core.h"
+#include "client/lease.h"
+#include "shmtensor/defaults.h"
+
+namespace shmtensor {
+namespace {
+
+// Margin on top of a server-side wait, so the daemon's own timeout answers
+// first.
+constexpr absl::Duration kWaitMargin = absl::Seconds(10);
+
+uint32_t ToMillis(absl::Duration d) {
+  if (d <= absl::ZeroDuration()) return 0;
+  const int64_t ms = absl::ToInt64Milliseconds(absl::Ceil(d, absl::Milliseconds(1)));
+  return ms > UINT32_MAX ? UINT32_MAX : static_cast<uint32_t>(ms);
+}
+
+ObjectRef FromProto(const v1::ObjectRef& r) {
+  return ObjectRef{r.daemon_epoch(), r.slot(), r.generation(), r.exclusive()};
+}
+
+v1::ObjectRef ToProto(const ObjectRef& r) {
+  v1::ObjectRef p;
+  p.set_daemon_epoch(r.daemon_epoch);
+  p.set_slot(r.slot);
+  p.set_generation(r.generation);
+  p.set_exclusive(r.exclusive);
+  return p;
+}
+
+ObjectInfo MakeInfo(const v1::ObjectRef& ref, const v1::Placement& placement,
+                    const v1::Layout& layout) {
+  ObjectInfo info;
+  info.ref = FromProto(ref);
+  info.dtype = static_cast<DType>(layout.dtype());
+  info.shape.assign(layout.shape().begin(), layout.shape().end());
+  info.size_bytes = placement.size_bytes();
+  if (layout.strides_bytes_size() > 0) {
+    info.strides_bytes.assign(layout.strides_bytes().begin(),
+                              layout.strides_bytes().end());
+  } else {
+    info.strides_bytes.resize(info.shape.size());
+    int64_t stride = ItemSize(info.dtype);
+    for (size_t i = info.shape.size(); i-- > 0;) {
+      info.strides_bytes[i] = stride;
+      stride *= info.shape[i] > 0 ? info.shape[i] : 1;
+    }
+  }
+  return info;
+}
+
+// Builds the lease for a handout, opening the writable range if needed.
+absl::StatusOr<std::shared_ptr<internal::Lease>> MakeLease(
+    const std::shared_ptr<internal::ClientCore>& core, uint64_t lease_id,
+    const v1::Placement& placement, bool writable) {
+  absl::StatusOr<internal::PoolMapping*> m = core->Mapping(placement.pool_id());
+  absl::StatusOr<uint8_t*> data;
+  if (m.ok() && writable) {
+    data = (*m)->Protect(placement.offset(), placement.capacity_bytes(),
+                         internal::Access::kReadWrite);
+  } else if (m.ok()) {
+    data = const_cast<uint8_t*>((*m)->read_base()) + placement.offset();
+  }
+  absl::Status err = !m.ok() ? m.status() : data.status();
+  if (!err.ok()) {
+    core->ReleaseLease(lease_id).IgnoreError();
+    return err;
+  }
+  return std::make_shared<internal::Lease>(
+      core, lease_id, placement,
+      writable ? internal::Access::kReadWrite : internal::Access::kRead, *data);
+}
+
+absl::StatusOr<View> ViewFromResponse(
+    const std::shared_ptr<internal::ClientCore>& core,
+    const v1::GetResponse& resp) {
+  absl::StatusOr<std::shared_ptr<internal::Lease>> lease =
+      MakeLease(core, resp.lease_id(), resp.placement(), resp.writable());
+  if (!lease.ok()) return lease.status();
+  return View(MakeInfo(resp.ref(), resp.placement(), resp.layout()),
+              *std::move(lease), resp.writable());
+}
+
+}  // namespace
+
+absl::StatusOr<Client> Client::Connect(const ClientOptions& options) {
+  const std::string address =
+      options.address.empty() ? DefaultAddress() : options.address;
+  const std::string name = options.client_name.empty()
+                               ? absl::StrCat("pid ", getpid())
+                               : options.client_name;
+  absl::StatusOr<std::shared_ptr<internal::ClientCore>> core =
+      internal::ClientCore::Connect(address, name, options.connect_timeout);
+  if (!core.ok()) return core.status();
+  return Client(*std::move(core));
+}
+
+absl::StatusOr<Buffer> Client::Create(const CreateOptions& options) {
+  v1::CreateRequest req;
+  req.set_session_id(core_->session_id());
+  req.set_pool(options.pool);
+  req.set_size_bytes(options.size_bytes);
+  req.set_name(options.name);
+  req.set_timeout_ms(ToMillis(options.timeout));
+  v1::Layout* layout = req.mutable_layout();
+  layout->set_dtype(static_cast<v1::DType>(options.dtype));
+  for (int64_t d : options.shape) layout->add_shape(d);
+  for (int64_t s : options.strides_bytes) layout->add_strides_bytes(s);
+  v1::CreateResponse resp;
+  if (absl::Status s = core_->Call(&v1::ObjectStore::Stub::Create, req, &resp,
+                                   options.timeout + internal::kRpcDeadline);
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<std::shared_ptr<internal::Lease>> lease =
+      MakeLease(core_, resp.lease_id(), resp.placement(), true);
+  if (!lease.ok()) return lease.status();
+  return Buffer(MakeInfo(resp.ref(), resp.placement(), resp.layout()),
+                *std::move(lease));
+}
+
+absl::StatusOr<View> Client::Get(const ObjectRef& ref) {
+  v1::GetRequest req;
+  req.set_session_id(core_->session_id());
+  *req.mutable_ref() = ToProto(ref);
+  v1::GetResponse resp;
+  if (absl::Status s = core_->Call(&v1::ObjectStore::Stub::Get, req, &resp);
+      !s.ok()) {
+    return s;
+  }
+  return ViewFromResponse(core_, resp);
+}
+
+absl::StatusOr<View> Client::Get(std::string_view name,
+                                 absl::Duration timeout) {
+  v1::GetRequest req;
+  req.set_session_id(core_->session_id());
+  req.set_name(std::string(name));
+  req.set_timeout_ms(ToMillis(timeout));
+  v1::GetResponse resp;
+  if (absl::Status s = core_->Call(&v1::ObjectStore::Stub::Get, req, &resp,
+                                   timeout + kWaitMargin);
+      !s.ok()) {
+    return s;
+  }
+  return ViewFromResponse(core_, resp);
+}
+
+absl::Status Client::Delete(std::string_view name) {
+  v1::DeleteRequest req;
+  req.set_session_id(core_->session_id());
+  req.set_name(std::string(name));
+  v1::DeleteResponse resp;
+  return core_->Call(&v1::ObjectStore::Stub::Delete, req, &resp);
+}
+
+absl::StatusOr<StoreStats> Client::Stats() {
+  v1::StatsResponse resp;
+  if (absl::Status s = core_->Call(&v1::ObjectStore::Stub::Stats,
+                                   v1::StatsRequest(), &resp);
+      !s.ok()) {
+    return s;
+  }
+  StoreStats out;
+  for (const v1::PoolStats& p : resp.pools()) {
+    out.pools.push_back({p.info().name(), p.info().size_bytes(), p.used_bytes(),
+                         p.free_bytes(), p.largest_free_bytes(), p.objects()});
+  }
+  out.sessions = resp.sessions();
+  out.objects = resp.objects();
+  out.named_objects = resp.named_objects();
+  out.leases = resp.leases();
+  out.pending_transfers = resp.pending_transfers();
+  return out;
+}
+
+uint64_t Client::session_id() const { return core_->session_id(); }
+const std::string& Client::address() const { return core_->address(); }
+
+}  // namespace shmtensor

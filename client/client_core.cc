@@ -1,0 +1,95 @@
+#include "client/client_core.h"
+
+#include <unistd.h>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "shmtensor/errors.h"
+
+namespace shmtensor::internal {
+
+absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::Connect(
+    const std::string& address, const std::string& client_name,
+    absl::Duration connect_timeout) {
+  std::shared_ptr<ClientCore> core(new ClientCore());
+  core->address_ = address;
+  grpc::ChannelArguments args;
+  // A local daemon: never wait long to reconnect, never wait for one to
+  // appear longer than the caller's timeout.
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  core->channel_ = grpc::CreateCustomChannel(
+      address, grpc::InsecureChannelCredentials(), args);
+  if (!core->channel_->WaitForConnected(
+          absl::ToChronoTime(absl::Now() + connect_timeout))) {
+    return absl::UnavailableError(absl::StrCat(
+        "no shmtensord answers at ", address, " (waited ",
+        absl::FormatDuration(connect_timeout),
+        "); start it with deploy/run.sh or set SHMTENSOR_ADDRESS"));
+  }
+  core->stub_ = v1::ObjectStore::NewStub(core->channel_);
+  core->session_ = core->stub_->Session(&core->session_ctx_);
+  v1::SessionRequest open;
+  open.mutable_open()->set_client_name(client_name);
+  open.mutable_open()->set_pid(getpid());
+  v1::SessionEvent event;
+  if (!core->session_->Write(open) || !core->session_->Read(&event) ||
+      !event.has_opened()) {
+    grpc::Status st = core->session_->Finish();
+    core->session_.reset();
+    return absl::UnavailableError(absl::StrCat(
+        "shmtensord at ", address, " refused the session: ", st.error_message()));
+  }
+  core->session_id_ = event.opened().session_id();
+  core->epoch_ = event.opened().daemon_epoch();
+  for (const v1::PoolInfo& info : event.opened().pools()) {
+    absl::StatusOr<std::unique_ptr<PoolMapping>> m = PoolMapping::Map(info);
+    if (!m.ok()) return m.status();
+    core->mappings_.push_back(*std::move(m));
+  }
+  return core;
+}
+
+ClientCore::~ClientCore() {
+  if (session_ != nullptr) {
+    session_->WritesDone();
+    session_ctx_.TryCancel();
+    session_->Finish();
+  }
+}
+
+absl::StatusOr<PoolMapping*> ClientCore::Mapping(uint32_t pool_id) const {
+  if (pool_id >= mappings_.size()) {
+    return absl::InternalError(
+        absl::StrCat("daemon named pool ", pool_id, " but sent ",
+                     mappings_.size(), " pools"));
+  }
+  return mappings_[pool_id].get();
+}
+
+absl::Status ClientCore::ReleaseLease(uint64_t lease_id) {
+  v1::ReleaseRequest req;
+  req.set_session_id(session_id_);
+  req.set_lease_id(lease_id);
+  v1::ReleaseResponse resp;
+  return Call(&v1::ObjectStore::Stub::Release, req, &resp);
+}
+
+absl::Status ClientCore::FromGrpc(const grpc::ClientContext& ctx,
+                                  const grpc::Status& status) const {
+  if (status.ok()) return absl::OkStatus();
+  std::string message = status.error_message();
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    message = absl::StrCat("shmtensord at ", address_, " unavailable: ", message);
+  }
+  absl::Status out(static_cast<absl::StatusCode>(status.error_code()), message);
+  const auto& trailers = ctx.GetServerTrailingMetadata();
+  auto it = trailers.find(std::string(kErrorReasonMetadata));
+  if (it != trailers.end()) {
+    out = WithReason(out, absl::string_view(it->second.data(), it->second.size()));
+  }
+  return out;
+}
+
+}  // namespace shmtensor::internal

@@ -1,0 +1,79 @@
+// The state one Client shares with every buffer, view and ref it made: the
+// channel, the session stream and the pool mappings. Leases hold it by
+// shared_ptr, so it outlives the Client handle while any view is alive.
+//
+// Thread safety: thread-safe.
+#ifndef SHMTENSOR_CLIENT_CLIENT_CORE_H_
+#define SHMTENSOR_CLIENT_CLIENT_CORE_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/pool_mapping.h"
+#include "shmtensor/v1/shmtensor.grpc.pb.h"
+
+namespace shmtensor::internal {
+
+// Deadline of calls that do not wait for anything.
+inline constexpr absl::Duration kRpcDeadline = absl::Seconds(30);
+
+class ClientCore {
+ public:
+  // Connects, opens the session and maps every host pool read-only.
+  // UNAVAILABLE naming the address when no daemon answers in time.
+  static absl::StatusOr<std::shared_ptr<ClientCore>> Connect(
+      const std::string& address, const std::string& client_name,
+      absl::Duration connect_timeout);
+  // Ends the session: the daemon then drops whatever leases remain.
+  ~ClientCore();
+
+  // Not copyable or movable: leases point to it.
+  ClientCore(const ClientCore&) = delete;
+  ClientCore& operator=(const ClientCore&) = delete;
+
+  uint64_t session_id() const { return session_id_; }
+  uint64_t epoch() const { return epoch_; }
+  const std::string& address() const { return address_; }
+
+  // The mapping of pool `pool_id`. INTERNAL for an id the daemon never sent.
+  absl::StatusOr<PoolMapping*> Mapping(uint32_t pool_id) const;
+
+  // Calls a unary RPC of the stub with `timeout` as deadline; maps the
+  // outcome to an absl::Status carrying the error reason.
+  template <typename Req, typename Resp>
+  absl::Status Call(grpc::Status (v1::ObjectStore::Stub::*method)(
+                        grpc::ClientContext*, const Req&, Resp*),
+                    const Req& req, Resp* resp,
+                    absl::Duration timeout = kRpcDeadline) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    return FromGrpc(ctx, (stub_.get()->*method)(&ctx, req, resp));
+  }
+
+  // Drops a lease at the daemon.
+  absl::Status ReleaseLease(uint64_t lease_id);
+
+ private:
+  ClientCore() = default;
+  absl::Status FromGrpc(const grpc::ClientContext& ctx,
+                        const grpc::Status& status) const;
+
+  std::string address_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::ObjectStore::Stub> stub_;
+  grpc::ClientContext session_ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionEvent>>
+      session_;
+  uint64_t session_id_ = 0;
+  uint64_t epoch_ = 0;
+  std::vector<std::unique_ptr<PoolMapping>> mappings_;  // By pool id.
+};
+
+}  // namespace shmtensor::internal
+
+#endif  // SHMTENSOR_CLIENT_CLIENT_CORE_H_

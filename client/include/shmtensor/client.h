@@ -1,0 +1,114 @@
+// shmtensor C++ client. Start here.
+//
+//   absl::StatusOr<shmtensor::Client> client = shmtensor::Client::Connect();
+//   absl::StatusOr<shmtensor::Buffer> buf = client->Create(
+//       {.dtype = shmtensor::DType::kFloat32, .shape = {64, 1024}});
+//   std::memcpy(buf->data(), src, buf->size_bytes());
+//   absl::StatusOr<shmtensor::SealedRef> ref = buf->Seal();
+//   std::string wire = ref->ref().Serialize();       // to another process
+//   ...
+//   absl::StatusOr<shmtensor::View> view = client->Get(*ObjectRef::Parse(wire));
+//
+// Every call returns absl::Status; codes are those of the wire contract
+// (proto/shmtensor/v1/shmtensor.proto), reasons via shmtensor/errors.h.
+// No call copies object bytes: buffers and views point into pools mapped once
+// per process.
+#ifndef SHMTENSOR_CLIENT_INCLUDE_SHMTENSOR_CLIENT_H_
+#define SHMTENSOR_CLIENT_INCLUDE_SHMTENSOR_CLIENT_H_
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "shmtensor/dtype.h"
+#include "shmtensor/object_ref.h"
+#include "shmtensor/view.h"
+
+namespace shmtensor {
+
+namespace internal {
+class ClientCore;
+}  // namespace internal
+
+struct ClientOptions {
+  std::string address;      // Empty: DefaultAddress().
+  std::string client_name;  // Shown to operators; empty: "pid <pid>".
+  absl::Duration connect_timeout = absl::Seconds(5);
+};
+
+struct CreateOptions {
+  // Bytes; 0 with a dtype means the layout's extent. Required (> 0) for an
+  // untyped buffer.
+  uint64_t size_bytes = 0;
+  DType dtype = DType::kUnspecified;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides_bytes;  // Empty: C-contiguous.
+  std::string name;  // Empty: unnamed. Visible to Get once sealed.
+  std::string pool;  // Empty: the first pool.
+  // How long to wait for memory when the pool is full (then
+  // RESOURCE_EXHAUSTED).
+  absl::Duration timeout = absl::ZeroDuration();
+};
+
+struct PoolUsage {
+  std::string name;
+  uint64_t size_bytes = 0;
+  uint64_t used_bytes = 0;
+  uint64_t free_bytes = 0;
+  uint64_t largest_free_bytes = 0;
+  uint64_t objects = 0;
+};
+
+struct StoreStats {
+  std::vector<PoolUsage> pools;
+  uint64_t sessions = 0;
+  uint64_t objects = 0;
+  uint64_t named_objects = 0;
+  uint64_t leases = 0;
+  uint64_t pending_transfers = 0;
+};
+
+// A session with shmtensord. Copies share the session. The session ends when
+// the last copy, buffer, view and SealedRef made through it are gone (or the
+// process dies); the daemon then drops every lease it still holds.
+// Thread safety: thread-safe. After fork(), a child must Connect anew.
+class Client {
+ public:
+  // Connects and opens a session. UNAVAILABLE when no daemon answers.
+  static absl::StatusOr<Client> Connect(const ClientOptions& options = {});
+
+  // Allocates a writable buffer (see CreateOptions).
+  absl::StatusOr<Buffer> Create(const CreateOptions& options);
+
+  // A view of a sealed object. Read-only, or writable for the one consumer of
+  // an exclusive transfer. NOT_FOUND with IsStaleReference for a ref whose
+  // object is gone; FAILED_PRECONDITION with IsAlreadyTaken for a second take.
+  absl::StatusOr<View> Get(const ObjectRef& ref);
+
+  // A read-only view of the object bound to `name`, waiting up to `timeout`
+  // for one to be sealed (DEADLINE_EXCEEDED after; NOT_FOUND at once for a
+  // zero timeout).
+  absl::StatusOr<View> Get(std::string_view name,
+                           absl::Duration timeout = absl::ZeroDuration());
+
+  // Unbinds `name`; its memory follows when the last lease goes.
+  absl::Status Delete(std::string_view name);
+
+  absl::StatusOr<StoreStats> Stats();
+
+  uint64_t session_id() const;
+  const std::string& address() const;
+
+ private:
+  explicit Client(std::shared_ptr<internal::ClientCore> core)
+      : core_(std::move(core)) {}
+
+  std::shared_ptr<internal::ClientCore> core_;
+};
+
+}  // namespace shmtensor
+
+#endif  // SHMTENSOR_CLIENT_INCLUDE_SHMTENSOR_CLIENT_H_

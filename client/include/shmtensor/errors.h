@@ -1,0 +1,52 @@
+// Error conventions shared by the daemon and the clients.
+//
+// Every fallible call returns absl::Status with a standard code (see the
+// proto's header comment). Where a code alone is ambiguous the status carries
+// a reason, which travels as gRPC trailing metadata and comes back as an
+// absl::Status payload; use these predicates rather than parsing messages.
+#ifndef SHMTENSOR_CLIENT_INCLUDE_SHMTENSOR_ERRORS_H_
+#define SHMTENSOR_CLIENT_INCLUDE_SHMTENSOR_ERRORS_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace shmtensor {
+
+// Payload type URL of a reason; the value is an ErrorReason name such as
+// "ERROR_REASON_STALE_REFERENCE".
+inline constexpr char kErrorReasonPayload[] =
+    "type.shmtensor.dev/shmtensor.v1.ErrorReason";
+// gRPC trailing metadata key that carries the same reason on the wire.
+inline constexpr char kErrorReasonMetadata[] =
+    "shmtensor-error-reason";
+
+inline constexpr char kReasonStaleReference[] =
+    "ERROR_REASON_STALE_REFERENCE";
+inline constexpr char kReasonSessionEnded[] =
+    "ERROR_REASON_SESSION_ENDED";
+inline constexpr char kReasonAlreadyTaken[] =
+    "ERROR_REASON_ALREADY_TAKEN";
+
+// Returns `status` with `reason` attached.
+absl::Status WithReason(absl::Status status, absl::string_view reason);
+// The reason attached to `status`, or "" if none.
+std::string ErrorReasonOf(const absl::Status& status);
+
+// The ref names an object that is gone (or of an earlier daemon instance).
+inline bool IsStaleReference(const absl::Status& s) {
+  return ErrorReasonOf(s) == kReasonStaleReference;
+}
+// The object was sealed for exclusive transfer and already taken.
+inline bool IsAlreadyTaken(const absl::Status& s) {
+  return ErrorReasonOf(s) == kReasonAlreadyTaken;
+}
+// The client's session with the daemon has ended.
+inline bool IsSessionEnded(const absl::Status& s) {
+  return ErrorReasonOf(s) == kReasonSessionEnded;
+}
+
+}  // namespace shmtensor
+
+#endif  // SHMTENSOR_CLIENT_INCLUDE_SHMTENSOR_ERRORS_H_

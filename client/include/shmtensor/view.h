@@ -1,0 +1,108 @@
+// Buffers (writable, unsealed) and views (of sealed objects).
+#ifndef SHMTENSOR_CLIENT_INCLUDE_SHMTENSOR_VIEW_H_
+#define SHMTENSOR_CLIENT_INCLUDE_SHMTENSOR_VIEW_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "shmtensor/dtype.h"
+#include "shmtensor/object_ref.h"
+
+namespace shmtensor {
+
+// Element layout of an object. Strides are in bytes and always filled (C
+// order when the creator gave none). Every object shmtensor hands out starts
+// at a page-aligned address; it is C-contiguous unless created with strides.
+struct ObjectInfo {
+  ObjectRef ref;
+  DType dtype = DType::kUnspecified;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides_bytes;
+  uint64_t size_bytes = 0;
+};
+
+// A read-only (or, for the taker of an exclusive transfer, writable) view of
+// a sealed object. Copies share one lease; the lease is released when the
+// last copy, and the last tensor made from one (ToTensor), is gone. Reading
+// through a view never changes: the object is immutable and its memory
+// cannot be reused while the lease is held.
+//
+// A read-only view's bytes lie in a read-only mapping: a write through a
+// const_cast pointer faults (SIGSEGV) instead of changing what others see.
+// Thread safety: const methods are safe from any thread.
+class View {
+ public:
+  View() = default;
+  View(ObjectInfo info, std::shared_ptr<internal::Lease> lease, bool writable);
+
+  bool valid() const { return lease_ != nullptr; }
+  const ObjectInfo& info() const { return info_; }
+  const ObjectRef& ref() const { return info_.ref; }
+  DType dtype() const { return info_.dtype; }
+  const std::vector<int64_t>& shape() const { return info_.shape; }
+  const std::vector<int64_t>& strides_bytes() const {
+    return info_.strides_bytes;
+  }
+  uint64_t size_bytes() const { return info_.size_bytes; }
+  bool writable() const { return writable_; }
+
+  // The bytes; nullptr once released.
+  const void* data() const;
+  // The bytes for writing; nullptr unless writable().
+  void* mutable_data() const;
+
+  // Drops this copy's share of the lease. FAILED_PRECONDITION if this copy
+  // was released already.
+  absl::Status Release();
+
+  // For adapters (ToTensor): the shared lease, to keep alive with the data.
+  const std::shared_ptr<internal::Lease>& lease() const { return lease_; }
+
+ private:
+  ObjectInfo info_;
+  std::shared_ptr<internal::Lease> lease_;
+  bool writable_ = false;
+};
+
+// A writable, unsealed object, owned by its creator alone. Nobody else can
+// see it until Seal. Move-only. Destroying it unsealed discards the object.
+// Thread safety: not thread-safe; one owner.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(ObjectInfo info, std::shared_ptr<internal::Lease> lease);
+  Buffer(Buffer&&) = default;
+  Buffer& operator=(Buffer&&) = default;
+  // Not copyable: there is one writer.
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  bool valid() const { return lease_ != nullptr; }
+  const ObjectInfo& info() const { return info_; }
+  // The bytes to fill; nullptr once sealed or discarded.
+  void* data() const;
+  uint64_t size_bytes() const { return info_.size_bytes; }
+
+  // Makes the object immutable and returns its ref; the Buffer becomes
+  // invalid. From here on a write through the old data() pointer faults.
+  // Shared seal: the SealedRef holds a lease that keeps the object alive.
+  // Exclusive seal (hand-off to exactly one consumer): the SealedRef holds
+  // nothing, this process loses all access, and the object lives until one
+  // consumer's Get takes it (or this client's session ends).
+  // FAILED_PRECONDITION if already sealed or discarded.
+  absl::StatusOr<SealedRef> Seal(bool exclusive = false);
+
+  // Discards the unsealed object now. FAILED_PRECONDITION if not valid.
+  absl::Status Discard();
+
+ private:
+  ObjectInfo info_;
+  std::shared_ptr<internal::Lease> lease_;
+};
+
+}  // namespace shmtensor
+
+#endif  // SHMTENSOR_CLIENT_INCLUDE_SHMTENSOR_VIEW_H_

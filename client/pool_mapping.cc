@@ -1,0 +1,91 @@
+#include "client/pool_mapping.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+
+namespace shmtensor::internal {
+namespace {
+
+absl::StatusOr<uint8_t*> MapShm(const v1::PoolInfo& info, bool writable) {
+  const int fd = shm_open(info.shm_name().c_str(),
+                          (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC, 0);
+  if (fd < 0) {
+    return absl::UnavailableError(absl::StrFormat(
+        "cannot open pool '%s' (%s): %s; is shmtensord still running?",
+        info.name(), info.shm_name(), std::strerror(errno)));
+  }
+  const int prot = writable ? PROT_READ | PROT_WRITE : PROT_READ;
+  void* p = mmap(nullptr, info.size_bytes(), prot, MAP_SHARED | MAP_POPULATE,
+                 fd, 0);
+  const int err = errno;
+  close(fd);
+  if (p == MAP_FAILED) {
+    return absl::InternalError(absl::StrFormat(
+        "mmap of pool '%s' (%d bytes): %s", info.name(), info.size_bytes(),
+        std::strerror(err)));
+  }
+  return static_cast<uint8_t*>(p);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PoolMapping>> PoolMapping::Map(
+    const v1::PoolInfo& info) {
+  if (info.kind() != v1::MEMORY_KIND_HOST) {
+    return absl::UnimplementedError(absl::StrFormat(
+        "pool '%s' is of memory kind %d, which this client cannot map",
+        info.name(), info.kind()));
+  }
+  absl::StatusOr<uint8_t*> ro = MapShm(info, false);
+  if (!ro.ok()) return ro.status();
+  return std::unique_ptr<PoolMapping>(new PoolMapping(info, *ro));
+}
+
+PoolMapping::~PoolMapping() {
+  munmap(ro_, info_.size_bytes());
+  if (rw_ != nullptr) munmap(rw_, info_.size_bytes());
+}
+
+absl::StatusOr<uint8_t*> PoolMapping::Protect(uint64_t offset,
+                                              uint64_t capacity,
+                                              Access access) {
+  const uint64_t page = info_.page_size();
+  if (offset % page != 0 || capacity % page != 0 ||
+      offset > info_.size_bytes() || capacity > info_.size_bytes() - offset) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "range [%d, +%d) is not a page-aligned range of pool '%s' (%d bytes)",
+        offset, capacity, info_.name(), info_.size_bytes()));
+  }
+  std::call_once(rw_once_, [this] {
+    absl::StatusOr<uint8_t*> rw = MapShm(info_, true);
+    if (!rw.ok()) {
+      rw_status_ = rw.status();
+      return;
+    }
+    // Populated writable above; now closed until a range is opened. The
+    // page-table entries stay, so opening a range later costs no fault.
+    mprotect(*rw, info_.size_bytes(), PROT_NONE);
+    rw_ = *rw;
+  });
+  if (rw_ == nullptr) return rw_status_;
+  if (capacity > 0) {
+    const int prot = access == Access::kReadWrite ? PROT_READ | PROT_WRITE
+                     : access == Access::kRead    ? PROT_READ
+                                                  : PROT_NONE;
+    if (mprotect(rw_ + offset, capacity, prot) != 0) {
+      return absl::InternalError(absl::StrFormat(
+          "mprotect of [%d, +%d) in pool '%s': %s", offset, capacity,
+          info_.name(), std::strerror(errno)));
+    }
+  }
+  return rw_ + offset;
+}
+
+}  // namespace shmtensor::internal

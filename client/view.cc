@@ -1,0 +1,71 @@
+#include "shmtensor/view.h"
+
+#include "absl/status/status.h"
+#include "client/lease.h"
+
+namespace shmtensor {
+
+View::View(ObjectInfo info, std::shared_ptr<internal::Lease> lease,
+           bool writable)
+    : info_(std::move(info)), lease_(std::move(lease)), writable_(writable) {}
+
+const void* View::data() const {
+  return lease_ != nullptr ? lease_->data() : nullptr;
+}
+
+void* View::mutable_data() const {
+  return lease_ != nullptr && writable_ ? lease_->data() : nullptr;
+}
+
+absl::Status View::Release() {
+  if (lease_ == nullptr) {
+    return absl::FailedPreconditionError("view was already released");
+  }
+  lease_.reset();
+  return absl::OkStatus();
+}
+
+Buffer::Buffer(ObjectInfo info, std::shared_ptr<internal::Lease> lease)
+    : info_(std::move(info)), lease_(std::move(lease)) {}
+
+void* Buffer::data() const {
+  return lease_ != nullptr ? lease_->data() : nullptr;
+}
+
+absl::StatusOr<SealedRef> Buffer::Seal(bool exclusive) {
+  if (lease_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "buffer is no longer writable: it was sealed or discarded");
+  }
+  // Close the writable range before the daemon publishes the object, so no
+  // write of this process can land after a reader could see it.
+  if (absl::Status s = lease_->CloseForSeal(exclusive); !s.ok()) return s;
+  v1::SealRequest req;
+  req.set_session_id(lease_->core().session_id());
+  req.set_lease_id(lease_->id());
+  req.set_exclusive(exclusive);
+  v1::SealResponse resp;
+  absl::Status s =
+      lease_->core().Call(&v1::ObjectStore::Stub::Seal, req, &resp);
+  std::shared_ptr<internal::Lease> lease = std::move(lease_);
+  if (!s.ok()) return s;  // The lease goes and discards the object.
+  ObjectRef ref{resp.ref().daemon_epoch(), resp.ref().slot(),
+                resp.ref().generation(), resp.ref().exclusive()};
+  if (exclusive) {
+    lease->Forget();
+    return SealedRef(ref, nullptr);
+  }
+  lease->BecomeReadLease();
+  return SealedRef(ref, std::move(lease));
+}
+
+absl::Status Buffer::Discard() {
+  if (lease_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "buffer was already sealed or discarded");
+  }
+  lease_.reset();
+  return absl::OkStatus();
+}
+
+}  // namespace shmtensor

@@ -1,0 +1,67 @@
+// The daemon: pools, the object store and the gRPC server, wired together.
+//
+// Start() does everything that can fail, in order: takes the address lock
+// (so a second daemon on the same address is refused), removes the segments a
+// crashed earlier instance on this address left behind, creates and reserves
+// the pools, and starts serving. Shutdown() stops accepting, ends every
+// session, and (in the destructor) unlinks every segment and the socket. The
+// lock file (<socket>.lock, holding the pid) stays behind on purpose.
+//
+// Thread safety: Shutdown() may be called from any thread, once.
+#ifndef SHMTENSOR_DAEMON_DAEMON_H_
+#define SHMTENSOR_DAEMON_DAEMON_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "daemon/config.h"
+#include "daemon/object_store.h"
+#include "daemon/service.h"
+
+namespace shmtensor::daemon {
+
+class Daemon {
+ public:
+  // Validates `config` and starts serving. FAILED_PRECONDITION when another
+  // daemon holds the address, RESOURCE_EXHAUSTED when /dev/shm cannot hold
+  // the pools, UNAVAILABLE when the address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<Daemon>> Start(
+      const DaemonConfig& config);
+
+  // Shuts down if not done yet, then unlinks segments and socket.
+  ~Daemon();
+
+  // Not copyable or movable: the gRPC server points into it.
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+
+  // Stops accepting calls, fails waiting calls with UNAVAILABLE, ends every
+  // session stream and waits for in-flight calls (at most ~2 s).
+  void Shutdown();
+
+  const std::string& address() const { return address_; }
+  ObjectStore& store() { return *store_; }
+
+  // Prefix of the /dev/shm names of the pools of a daemon on `address`.
+  static std::string SegmentPrefix(const std::string& address);
+
+ private:
+  Daemon() = default;
+
+  std::string address_;
+  std::string socket_path_;  // Empty unless address is "unix:".
+  std::string lock_path_;
+  int lock_fd_ = -1;
+  bool owns_address_ = false;  // This instance holds the address lock.
+  std::unique_ptr<ObjectStore> store_;
+  std::unique_ptr<ObjectStoreService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  bool shut_down_ = false;
+};
+
+}  // namespace shmtensor::daemon
+
+#endif  // SHMTENSOR_DAEMON_DAEMON_H_

@@ -1,0 +1,75 @@
+// shmtensord: parse flags and config, start the daemon, wait for a signal.
+#include <signal.h>
+
+#include <cstdlib>
+#include <iostream>
+
+#include "CLI/CLI.hpp"
+#include "daemon/config.h"
+#include "daemon/daemon.h"
+#include "spdlog/spdlog.h"
+
+int main(int argc, char** argv) {
+  using shmtensor::daemon::DaemonConfig;
+  CLI::App app{"shmtensord: shared-memory pools for zero-copy arrays and tensors"};
+  std::string listen, pool_size, config_file, log_level;
+  app.add_option("--listen", listen,
+                 "gRPC address: unix:/path or host:port (default: "
+                 "$SHMTENSOR_ADDRESS or unix:/tmp/shmtensord-<uid>.sock)");
+  app.add_option("--pool-size", pool_size,
+                 "size of the default pool, e.g. 512MiB or 4GiB (default 1GiB)");
+  app.add_option("--config", config_file, "TOML config file")
+      ->check(CLI::ExistingFile);
+  app.add_option("--log-level", log_level,
+                 "trace, debug, info, warn, error or off");
+  CLI11_PARSE(app, argc, argv);
+
+  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ shmtensord[%P] %v");
+  DaemonConfig config = shmtensor::daemon::DefaultConfig();
+  if (!config_file.empty()) {
+    absl::StatusOr<DaemonConfig> loaded =
+        shmtensor::daemon::LoadConfigFile(config_file, config);
+    if (!loaded.ok()) {
+      spdlog::error("{}", loaded.status().ToString());
+      return 2;
+    }
+    config = *loaded;
+  }
+  if (!listen.empty()) config.listen = listen;
+  if (!log_level.empty()) config.log_level = log_level;
+  if (!pool_size.empty()) {
+    absl::StatusOr<uint64_t> size = shmtensor::daemon::ParseByteSize(pool_size);
+    if (!size.ok()) {
+      spdlog::error("--pool-size: {}", size.status().ToString());
+      return 2;
+    }
+    config.pools.front().size_bytes = *size;
+  }
+  if (absl::Status s = shmtensor::daemon::ValidateConfig(config); !s.ok()) {
+    spdlog::error("{}", s.ToString());
+    return 2;
+  }
+  spdlog::set_level(spdlog::level::from_str(config.log_level));
+
+  // Block the stop signals in every thread (gRPC's included) and take them
+  // synchronously below.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  absl::StatusOr<std::unique_ptr<shmtensor::daemon::Daemon>> daemon =
+      shmtensor::daemon::Daemon::Start(config);
+  if (!daemon.ok()) {
+    spdlog::error("cannot start: {}", daemon.status().ToString());
+    return 1;
+  }
+  int sig = 0;
+  sigwait(&stop, &sig);
+  spdlog::info("received {}", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  (*daemon)->Shutdown();
+  daemon->reset();
+  return 0;
+}

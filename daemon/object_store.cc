@@ -1,0 +1,516 @@
+#include "daemon/object_store.h"
+
+#include <algorithm>
+#include <cassert>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "daemon/layout.h"
+#include "shmtensor/errors.h"
+#include "spdlog/spdlog.h"
+
+namespace shmtensor::daemon {
+namespace {
+
+absl::Status ShuttingDownError() {
+  return absl::UnavailableError("shmtensord is shutting down");
+}
+
+absl::Status ValidateName(const std::string& name) {
+  if (name.empty()) return absl::InvalidArgumentError("name is empty");
+  if (name.size() > kMaxNameBytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "name '%s...' is %d bytes, more than the maximum of %d",
+        name.substr(0, 32), name.size(), kMaxNameBytes));
+  }
+  if (name.find('\0') != std::string::npos) {
+    return absl::InvalidArgumentError("name contains a NUL byte");
+  }
+  return absl::OkStatus();
+}
+
+std::string RefString(const v1::ObjectRef& ref) {
+  return absl::StrFormat("ref(slot %d, generation %d)", ref.slot(),
+                         ref.generation());
+}
+
+}  // namespace
+
+ObjectStore::ObjectStore(std::vector<std::unique_ptr<Pool>> pools,
+                         uint64_t epoch)
+    : epoch_(epoch), start_time_(absl::Now()), pools_(std::move(pools)) {
+  assert(!pools_.empty());
+  for (size_t i = 0; i < pools_.size(); ++i) {
+    const Segment& seg = pools_[i]->segment();
+    v1::PoolInfo info;
+    info.set_pool_id(static_cast<uint32_t>(i));
+    info.set_name(pools_[i]->name());
+    info.set_kind(seg.kind());
+    info.set_shm_name(seg.handle());
+    info.set_size_bytes(seg.size_bytes());
+    info.set_page_size(seg.page_size());
+    pool_infos_.push_back(std::move(info));
+  }
+}
+
+absl::StatusOr<uint64_t> ObjectStore::OpenSession(
+    const std::string& client_name, int pid) {
+  if (client_name.size() > kMaxNameBytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "client name is %d bytes, more than %d", client_name.size(),
+        kMaxNameBytes));
+  }
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return ShuttingDownError();
+  uint64_t id;
+  do {
+    id = absl::Uniform<uint64_t>(bitgen_);
+  } while (id == 0 || sessions_.contains(id));
+  Session& s = sessions_[id];
+  s.client_name = client_name;
+  s.pid = pid;
+  spdlog::info("session {:016x} opened: client '{}' pid {} ({} open)", id,
+               client_name, pid, sessions_.size());
+  return id;
+}
+
+void ObjectStore::EndSession(uint64_t session_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) return;
+  uint64_t used_before = 0;
+  for (const auto& p : pools_) used_before += p->allocator().used_bytes();
+  const std::vector<uint64_t> leases(it->second.leases.begin(),
+                                     it->second.leases.end());
+  const std::vector<uint32_t> transfers(it->second.pending_transfers.begin(),
+                                        it->second.pending_transfers.end());
+  for (uint64_t lease : leases) DropLease(lease);
+  for (uint32_t slot : transfers) {
+    Object& obj = slots_[slot].object;
+    // Invariant: a slot in pending_transfers is a live, untaken transfer.
+    assert(slots_[slot].live && obj.state == State::kPendingTransfer);
+    obj.state = State::kSealed;
+    --pending_transfers_;
+    MaybeFree(slot);
+  }
+  uint64_t used_after = 0;
+  for (const auto& p : pools_) used_after += p->allocator().used_bytes();
+  spdlog::info(
+      "session {:016x} ended: client '{}' pid {}; dropped {} leases, "
+      "reclaimed {} transfers, freed {} bytes ({} open)",
+      session_id, it->second.client_name, it->second.pid, leases.size(),
+      transfers.size(), used_before - used_after, sessions_.size() - 1);
+  sessions_.erase(it);
+}
+
+absl::StatusOr<Handout> ObjectStore::Create(const CreateArgs& args) {
+  absl::StatusOr<uint64_t> bytes = RequestedBytes(args.size_bytes, args.layout);
+  if (!bytes.ok()) return bytes.status();
+  if (!args.name.empty()) {
+    if (absl::Status s = ValidateName(args.name); !s.ok()) return s;
+  }
+  absl::MutexLock lock(&mu_);
+  uint32_t pool_id = 0;
+  if (!args.pool.empty()) {
+    auto it = std::find_if(pools_.begin(), pools_.end(),
+                           [&](const auto& p) { return p->name() == args.pool; });
+    if (it == pools_.end()) {
+      return absl::NotFoundError(absl::StrCat("no pool named '", args.pool, "'"));
+    }
+    pool_id = static_cast<uint32_t>(it - pools_.begin());
+  }
+  Pool& pool = *pools_[pool_id];
+  uint64_t capacity = 0;
+  if (*bytes > 0) {
+    std::optional<uint64_t> rounded = pool.allocator().RoundUp(*bytes);
+    if (!rounded || *rounded > pool.allocator().size()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "size %d bytes exceeds pool '%s' of %d bytes", *bytes, pool.name(),
+          pool.allocator().size()));
+    }
+    capacity = *rounded;
+  }
+  const absl::Time deadline = absl::Now() + args.timeout;
+  uint64_t offset = 0;
+  while (true) {
+    if (shutting_down_) return ShuttingDownError();
+    absl::StatusOr<Session*> session = FindSession(args.session_id);
+    if (!session.ok()) return session.status();
+    if (!args.name.empty() && names_.contains(args.name)) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("name '", args.name, "' is already bound to an object"));
+    }
+    if (slots_.size() >= kMaxObjects && free_slots_.empty()) {
+      return absl::ResourceExhaustedError(
+          absl::StrFormat("%d objects alive, the most the daemon holds",
+                          kMaxObjects));
+    }
+    if (capacity == 0) break;
+    if (std::optional<uint64_t> got = pool.allocator().Allocate(capacity)) {
+      offset = *got;
+      break;
+    }
+    if (memory_freed_.WaitWithDeadline(&mu_, deadline) &&
+        absl::Now() >= deadline) {
+      // Timed out; one more try below the loop's checks.
+      if (std::optional<uint64_t> got = pool.allocator().Allocate(capacity)) {
+        offset = *got;
+        break;
+      }
+      return absl::ResourceExhaustedError(DescribePressure(pool_id, capacity));
+    }
+  }
+  uint32_t slot;
+  if (!free_slots_.empty()) {
+    slot = free_slots_.back();
+    free_slots_.pop_back();
+  } else {
+    slot = static_cast<uint32_t>(slots_.size());
+    slots_.emplace_back();
+  }
+  Slot& s = slots_[slot];
+  s.live = true;
+  Object& obj = s.object;
+  obj = Object();
+  obj.pool = pool_id;
+  obj.offset = offset;
+  obj.size = *bytes;
+  obj.capacity = capacity;
+  obj.layout = args.layout;
+  obj.creator = args.session_id;
+  if (!args.name.empty()) {
+    obj.name = args.name;
+    names_.emplace(args.name, slot);
+  }
+  ++pool.objects;
+  ++live_objects_;
+  Session& session = sessions_.at(args.session_id);
+  const uint64_t lease = AddLease(args.session_id, session, slot, true);
+  return MakeHandout(slot, lease, true);
+}
+
+absl::StatusOr<SealResult> ObjectStore::Seal(uint64_t session_id,
+                                             uint64_t lease_id,
+                                             bool exclusive) {
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return ShuttingDownError();
+  absl::StatusOr<Lease*> lease = FindLease(session_id, lease_id);
+  if (!lease.ok()) return lease.status();
+  const uint32_t slot = (*lease)->slot;
+  Object& obj = slots_[slot].object;
+  if (!(*lease)->write || obj.state != State::kWriting) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "lease %d is not the write lease of an unsealed object: %s is "
+        "already sealed",
+        lease_id, RefString(MakeRef(slot))));
+  }
+  if (exclusive && !obj.name.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "object named '", obj.name,
+        "' cannot be sealed for exclusive transfer; only unnamed objects can"));
+  }
+  SealResult result;
+  if (!exclusive) {
+    obj.state = State::kSealed;
+    (*lease)->write = false;
+    result.lease_id = lease_id;
+    if (!obj.name.empty()) sealed_.SignalAll();
+  } else {
+    obj.state = State::kPendingTransfer;
+    ++pending_transfers_;
+    sessions_.at(session_id).pending_transfers.insert(slot);
+    DropLease(lease_id);  // Cannot free: the transfer now holds the object.
+  }
+  result.ref = MakeRef(slot);
+  return result;
+}
+
+absl::StatusOr<Handout> ObjectStore::Get(uint64_t session_id,
+                                         const v1::ObjectRef& ref) {
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return ShuttingDownError();
+  absl::StatusOr<Session*> session = FindSession(session_id);
+  if (!session.ok()) return session.status();
+  absl::StatusOr<uint32_t> slot = ResolveRef(ref);
+  if (!slot.ok()) return slot.status();
+  Object& obj = slots_[*slot].object;
+  switch (obj.state) {
+    case State::kWriting:
+      return absl::FailedPreconditionError(
+          absl::StrCat(RefString(ref), " is not sealed yet"));
+    case State::kTaken:
+      return WithReason(
+          absl::FailedPreconditionError(absl::StrCat(
+              RefString(ref),
+              " was sealed for exclusive transfer and was already taken")),
+          kReasonAlreadyTaken);
+    case State::kPendingTransfer: {
+      obj.state = State::kTaken;
+      --pending_transfers_;
+      auto creator = sessions_.find(obj.creator);
+      if (creator != sessions_.end()) {
+        creator->second.pending_transfers.erase(*slot);
+      }
+      const uint64_t lease = AddLease(session_id, **session, *slot, true);
+      return MakeHandout(*slot, lease, true);
+    }
+    case State::kSealed: {
+      const uint64_t lease = AddLease(session_id, **session, *slot, false);
+      return MakeHandout(*slot, lease, false);
+    }
+  }
+  return absl::InternalError("unreachable object state");
+}
+
+absl::StatusOr<Handout> ObjectStore::GetByName(uint64_t session_id,
+                                               const std::string& name,
+                                               absl::Duration timeout) {
+  if (absl::Status s = ValidateName(name); !s.ok()) return s;
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::MutexLock lock(&mu_);
+  while (true) {
+    if (shutting_down_) return ShuttingDownError();
+    absl::StatusOr<Session*> session = FindSession(session_id);
+    if (!session.ok()) return session.status();
+    auto it = names_.find(name);
+    if (it != names_.end() && slots_[it->second].object.state == State::kSealed) {
+      const uint64_t lease = AddLease(session_id, **session, it->second, false);
+      return MakeHandout(it->second, lease, false);
+    }
+    if (timeout <= absl::ZeroDuration()) {
+      return absl::NotFoundError(absl::StrCat(
+          "no sealed object named '", name, "'",
+          it != names_.end() ? " (one is being written)" : ""));
+    }
+    if (sealed_.WaitWithDeadline(&mu_, deadline) && absl::Now() >= deadline) {
+      it = names_.find(name);
+      if (it != names_.end() &&
+          slots_[it->second].object.state == State::kSealed) {
+        continue;  // Sealed just as the wait timed out.
+      }
+      return absl::DeadlineExceededError(
+          absl::StrCat("no sealed object named '", name, "' after ",
+                       absl::FormatDuration(timeout)));
+    }
+  }
+}
+
+absl::StatusOr<bool> ObjectStore::Release(uint64_t session_id,
+                                          uint64_t lease_id) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Lease*> lease = FindLease(session_id, lease_id);
+  if (!lease.ok()) return lease.status();
+  return DropLease(lease_id);
+}
+
+absl::StatusOr<bool> ObjectStore::Delete(uint64_t session_id,
+                                         const std::string& name) {
+  if (absl::Status s = ValidateName(name); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return ShuttingDownError();
+  absl::StatusOr<Session*> session = FindSession(session_id);
+  if (!session.ok()) return session.status();
+  auto it = names_.find(name);
+  if (it == names_.end()) {
+    return absl::NotFoundError(absl::StrCat("no object named '", name, "'"));
+  }
+  const uint32_t slot = it->second;
+  names_.erase(it);
+  slots_[slot].object.name.clear();
+  return MaybeFree(slot);
+}
+
+v1::StatsResponse ObjectStore::Stats() const {
+  absl::MutexLock lock(&mu_);
+  v1::StatsResponse out;
+  out.set_daemon_epoch(epoch_);
+  for (size_t i = 0; i < pools_.size(); ++i) {
+    v1::PoolStats* ps = out.add_pools();
+    *ps->mutable_info() = pool_infos_[i];
+    const RangeAllocator& a = pools_[i]->allocator();
+    ps->set_used_bytes(a.used_bytes());
+    ps->set_free_bytes(a.free_bytes());
+    ps->set_largest_free_bytes(a.largest_free());
+    ps->set_objects(pools_[i]->objects);
+  }
+  out.set_sessions(sessions_.size());
+  out.set_objects(live_objects_);
+  out.set_named_objects(names_.size());
+  out.set_leases(leases_.size());
+  out.set_pending_transfers(pending_transfers_);
+  out.set_uptime_ms(absl::ToInt64Milliseconds(absl::Now() - start_time_));
+  return out;
+}
+
+void ObjectStore::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  shutting_down_ = true;
+  memory_freed_.SignalAll();
+  sealed_.SignalAll();
+}
+
+absl::StatusOr<ObjectStore::Session*> ObjectStore::FindSession(uint64_t id) {
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) {
+    return WithReason(absl::FailedPreconditionError(absl::StrFormat(
+                          "session %016x is not open", id)),
+                      kReasonSessionEnded);
+  }
+  return &it->second;
+}
+
+absl::StatusOr<uint32_t> ObjectStore::ResolveRef(
+    const v1::ObjectRef& ref) const {
+  if (ref.daemon_epoch() != epoch_) {
+    return WithReason(
+        absl::NotFoundError(absl::StrFormat(
+            "stale reference: %s was issued by another daemon instance "
+            "(epoch %016x, this one is %016x)",
+            RefString(ref), ref.daemon_epoch(), epoch_)),
+        kReasonStaleReference);
+  }
+  if (ref.slot() >= slots_.size() || ref.generation() == 0 ||
+      ref.generation() > slots_[ref.slot()].generation ||
+      (ref.generation() == slots_[ref.slot()].generation &&
+       !slots_[ref.slot()].live)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(RefString(ref), " was never issued by this daemon"));
+  }
+  const Slot& s = slots_[ref.slot()];
+  if (ref.generation() != s.generation) {
+    return WithReason(absl::NotFoundError(absl::StrCat(
+                          "stale reference: the object of ", RefString(ref),
+                          " is gone and its memory may have been reused")),
+                      kReasonStaleReference);
+  }
+  return ref.slot();
+}
+
+absl::StatusOr<ObjectStore::Lease*> ObjectStore::FindLease(uint64_t session_id,
+                                                           uint64_t lease_id) {
+  if (shutting_down_) return ShuttingDownError();
+  if (absl::StatusOr<Session*> s = FindSession(session_id); !s.ok()) {
+    return s.status();
+  }
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end()) {
+    if (lease_id != 0 && lease_id < next_lease_id_) {
+      return absl::FailedPreconditionError(
+          absl::StrFormat("lease %d was already released", lease_id));
+    }
+    return absl::NotFoundError(
+        absl::StrFormat("lease %d was never issued", lease_id));
+  }
+  if (it->second.session != session_id) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "lease %d belongs to another session", lease_id));
+  }
+  return &it->second;
+}
+
+uint64_t ObjectStore::AddLease(uint64_t session_id, Session& session,
+                               uint32_t slot, bool write) {
+  const uint64_t id = next_lease_id_++;
+  leases_.emplace(id, Lease{session_id, slot, write});
+  session.leases.insert(id);
+  ++slots_[slot].object.leases;
+  return id;
+}
+
+bool ObjectStore::DropLease(uint64_t lease_id) {
+  auto it = leases_.find(lease_id);
+  assert(it != leases_.end());
+  const Lease lease = it->second;
+  leases_.erase(it);
+  auto session = sessions_.find(lease.session);
+  if (session != sessions_.end()) session->second.leases.erase(lease_id);
+  Object& obj = slots_[lease.slot].object;
+  // Invariant: a live object's lease count equals the leases naming it.
+  assert(obj.leases > 0);
+  --obj.leases;
+  if (lease.write && obj.state == State::kWriting && !obj.name.empty()) {
+    // An unsealed object is discarded: its name was never visible.
+    names_.erase(obj.name);
+    obj.name.clear();
+  }
+  return MaybeFree(lease.slot);
+}
+
+bool ObjectStore::MaybeFree(uint32_t slot) {
+  Slot& s = slots_[slot];
+  Object& obj = s.object;
+  if (obj.leases > 0 || !obj.name.empty() ||
+      obj.state == State::kPendingTransfer) {
+    return false;
+  }
+  Pool& pool = *pools_[obj.pool];
+  if (obj.capacity > 0) pool.allocator().Free(obj.offset, obj.capacity);
+  --pool.objects;
+  --live_objects_;
+  s.live = false;
+  if (++s.generation == 0) s.generation = 1;
+  free_slots_.push_back(slot);
+  memory_freed_.SignalAll();
+  return true;
+}
+
+v1::ObjectRef ObjectStore::MakeRef(uint32_t slot) const {
+  v1::ObjectRef ref;
+  ref.set_daemon_epoch(epoch_);
+  ref.set_slot(slot);
+  ref.set_generation(slots_[slot].generation);
+  const State st = slots_[slot].object.state;
+  ref.set_exclusive(st == State::kPendingTransfer || st == State::kTaken);
+  return ref;
+}
+
+Handout ObjectStore::MakeHandout(uint32_t slot, uint64_t lease_id,
+                                 bool writable) const {
+  const Object& obj = slots_[slot].object;
+  Handout h;
+  h.ref = MakeRef(slot);
+  h.placement.set_pool_id(obj.pool);
+  h.placement.set_offset(obj.offset);
+  h.placement.set_size_bytes(obj.size);
+  h.placement.set_capacity_bytes(obj.capacity);
+  h.layout = obj.layout;
+  h.lease_id = lease_id;
+  h.writable = writable;
+  return h;
+}
+
+std::string ObjectStore::DescribePressure(uint32_t pool_id,
+                                          uint64_t capacity) const {
+  const Pool& pool = *pools_[pool_id];
+  absl::flat_hash_map<uint64_t, uint64_t> held;  // session -> bytes
+  for (const auto& [id, lease] : leases_) {
+    const Object& obj = slots_[lease.slot].object;
+    if (obj.pool == pool_id) held[lease.session] += obj.capacity;
+  }
+  for (const auto& [id, session] : sessions_) {
+    for (uint32_t slot : session.pending_transfers) {
+      if (slots_[slot].object.pool == pool_id) {
+        held[id] += slots_[slot].object.capacity;
+      }
+    }
+  }
+  std::vector<std::pair<uint64_t, uint64_t>> top(held.begin(), held.end());
+  std::sort(top.begin(), top.end(),
+            [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::string holders;
+  for (size_t i = 0; i < top.size() && i < 3; ++i) {
+    const Session& s = sessions_.at(top[i].first);
+    absl::StrAppendFormat(&holders, "%s'%s' pid %d holds %d bytes",
+                          i ? ", " : "", s.client_name, s.pid, top[i].second);
+  }
+  if (holders.empty()) holders = "no client holds leases (named objects only)";
+  return absl::StrFormat(
+      "pool '%s' is full: asked for %d bytes, %d of %d bytes free (largest "
+      "free block %d); most held by: %s",
+      pool.name(), capacity, pool.allocator().free_bytes(),
+      pool.allocator().size(), pool.allocator().largest_free(), holders);
+}
+
+}  // namespace shmtensor::daemon

@@ -1,0 +1,184 @@
+// The core of shmtensord: sessions, objects, leases, names and transfers.
+//
+// Lifetime rules (the contract the whole system rests on):
+//  - Create gives the creator's session a write lease on an unsealed object.
+//    Nobody else can get it; it is never visible by name until sealed.
+//  - Seal turns the write lease into a read lease held by the creator's ref,
+//    or, with exclusive=true, gives the lease up to a pending transfer that
+//    keeps the object alive until exactly one Get takes it (the taker gets a
+//    write lease) or the creator's session ends.
+//  - Get takes a read lease on a sealed object. Release drops one lease.
+//  - A bound name keeps its object alive; Delete unbinds it at once and the
+//    memory follows when the last lease goes (deferred delete).
+//  - An object's memory returns to its pool exactly when no lease, no name
+//    and no pending transfer refers to it. Its slot's generation is bumped
+//    then, so every ref to it is stale from that moment on.
+//  - EndSession drops every lease of the session, discards its unsealed
+//    objects (and their names) and reclaims its untaken transfers.
+//
+// The store never touches pool bytes; it only hands out offsets.
+//
+// Thread safety: every public method is thread-safe. Create and GetByName may
+// block (up to their timeout) waiting for memory or a sealed name; they do not
+// hold the lock while waiting.
+#ifndef SHMTENSOR_DAEMON_OBJECT_STORE_H_
+#define SHMTENSOR_DAEMON_OBJECT_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/random/random.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "daemon/pool.h"
+#include "shmtensor/v1/shmtensor.pb.h"
+
+namespace shmtensor::daemon {
+
+// Longest object name, in bytes.
+inline constexpr size_t kMaxNameBytes = 255;
+// Most objects alive at once (slots in the object table).
+inline constexpr uint32_t kMaxObjects = 1u << 24;
+
+struct CreateArgs {
+  uint64_t session_id = 0;
+  std::string pool;  // Empty: the first pool.
+  uint64_t size_bytes = 0;
+  v1::Layout layout;
+  std::string name;  // Empty: unnamed.
+  absl::Duration timeout = absl::ZeroDuration();
+};
+
+// What Create and Get hand out: where the bytes are and the lease on them.
+struct Handout {
+  v1::ObjectRef ref;
+  v1::Placement placement;
+  v1::Layout layout;
+  uint64_t lease_id = 0;
+  bool writable = false;
+};
+
+struct SealResult {
+  v1::ObjectRef ref;
+  uint64_t lease_id = 0;  // 0 for an exclusive seal.
+};
+
+class ObjectStore {
+ public:
+  // Takes the pools (at least one); `epoch` is this daemon instance's id.
+  ObjectStore(std::vector<std::unique_ptr<Pool>> pools, uint64_t epoch);
+
+  // Not copyable or movable: sessions and waiters refer to it.
+  ObjectStore(const ObjectStore&) = delete;
+  ObjectStore& operator=(const ObjectStore&) = delete;
+
+  uint64_t epoch() const { return epoch_; }
+  // Descriptions of every pool, indexed by pool id. Immutable.
+  const std::vector<v1::PoolInfo>& pool_infos() const { return pool_infos_; }
+
+  // Opens a session and returns its unguessable id. UNAVAILABLE after
+  // Shutdown; INVALID_ARGUMENT for a client name over kMaxNameBytes.
+  absl::StatusOr<uint64_t> OpenSession(const std::string& client_name,
+                                       int pid);
+  // Ends a session (idempotent): drops its leases, discards its unsealed
+  // objects, reclaims its untaken transfers.
+  void EndSession(uint64_t session_id);
+
+  absl::StatusOr<Handout> Create(const CreateArgs& args);
+  absl::StatusOr<SealResult> Seal(uint64_t session_id, uint64_t lease_id,
+                                  bool exclusive);
+  absl::StatusOr<Handout> Get(uint64_t session_id, const v1::ObjectRef& ref);
+  absl::StatusOr<Handout> GetByName(uint64_t session_id,
+                                    const std::string& name,
+                                    absl::Duration timeout);
+  // Returns true when the release freed the object's memory.
+  absl::StatusOr<bool> Release(uint64_t session_id, uint64_t lease_id);
+  // Returns true when the memory was freed now (false: deferred).
+  absl::StatusOr<bool> Delete(uint64_t session_id, const std::string& name);
+
+  v1::StatsResponse Stats() const;
+
+  // Fails every waiter and every later call with UNAVAILABLE. Sessions stay
+  // until EndSession.
+  void Shutdown();
+
+ private:
+  enum class State { kWriting, kSealed, kPendingTransfer, kTaken };
+
+  struct Object {
+    uint32_t pool = 0;
+    uint64_t offset = 0;
+    uint64_t size = 0;
+    uint64_t capacity = 0;
+    v1::Layout layout;
+    State state = State::kWriting;
+    std::string name;  // Non-empty while a name is bound to it.
+    uint64_t creator = 0;  // Session that created it.
+    uint32_t leases = 0;
+  };
+  struct Slot {
+    uint32_t generation = 1;  // Never 0, so an all-zero ref is never valid.
+    bool live = false;
+    Object object;
+  };
+  struct Lease {
+    uint64_t session = 0;
+    uint32_t slot = 0;
+    bool write = false;
+  };
+  struct Session {
+    std::string client_name;
+    int pid = 0;
+    absl::flat_hash_set<uint64_t> leases;
+    absl::flat_hash_set<uint32_t> pending_transfers;  // Slots it offered.
+  };
+
+  absl::StatusOr<Session*> FindSession(uint64_t id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<uint32_t> ResolveRef(const v1::ObjectRef& ref) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Lease*> FindLease(uint64_t session_id, uint64_t lease_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t AddLease(uint64_t session_id, Session& session, uint32_t slot,
+                    bool write) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops a lease; discards the object if it was the unsealed writer's.
+  // Returns true when the object was freed.
+  bool DropLease(uint64_t lease_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees the object's memory if nothing refers to it any more.
+  bool MaybeFree(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Handout MakeHandout(uint32_t slot, uint64_t lease_id, bool writable) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::ObjectRef MakeRef(uint32_t slot) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // "pool 'default' has 123 bytes free ...; most held by ..." for errors.
+  std::string DescribePressure(uint32_t pool, uint64_t capacity) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const uint64_t epoch_;
+  const absl::Time start_time_;
+  std::vector<v1::PoolInfo> pool_infos_;
+
+  mutable absl::Mutex mu_;
+  absl::CondVar memory_freed_;  // Signalled when a pool range is freed.
+  absl::CondVar sealed_;        // Signalled when a named object is sealed.
+  std::vector<std::unique_ptr<Pool>> pools_ ABSL_GUARDED_BY(mu_);
+  std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint32_t> free_slots_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, Lease> leases_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, Session> sessions_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, uint32_t> names_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_lease_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t live_objects_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t pending_transfers_ ABSL_GUARDED_BY(mu_) = 0;
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  absl::BitGen bitgen_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace shmtensor::daemon
+
+#endif  // SHMTENSOR_DAEMON_OBJECT_STORE_H_

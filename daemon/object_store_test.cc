@@ -1,0 +1,268 @@
+#include "daemon/object_store.h"
+
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "shmtensor/errors.h"
+
+namespace shmtensor::daemon {
+namespace {
+
+constexpr uint64_t kPage = 4096;
+
+// Offsets only: the store never touches pool bytes, so no memory is needed.
+class FakeSegment final : public Segment {
+ public:
+  explicit FakeSegment(uint64_t size) : size_(size) {}
+  v1::MemoryKind kind() const override { return v1::MEMORY_KIND_HOST; }
+  const std::string& handle() const override { return handle_; }
+  uint64_t size_bytes() const override { return size_; }
+  uint64_t page_size() const override { return kPage; }
+
+ private:
+  uint64_t size_;
+  std::string handle_ = "/fake";
+};
+
+class ObjectStoreTest : public ::testing::Test {
+ protected:
+  ObjectStoreTest() {
+    std::vector<std::unique_ptr<Pool>> pools;
+    pools.push_back(std::make_unique<Pool>(
+        "default", std::make_unique<FakeSegment>(16 * kPage)));
+    store_ = std::make_unique<ObjectStore>(std::move(pools), 42);
+    a_ = *store_->OpenSession("a", 1);
+    b_ = *store_->OpenSession("b", 2);
+  }
+
+  absl::StatusOr<Handout> Create(uint64_t session, uint64_t bytes,
+                                 std::string name = "",
+                                 absl::Duration timeout = absl::ZeroDuration()) {
+    CreateArgs args;
+    args.session_id = session;
+    args.size_bytes = bytes;
+    args.name = std::move(name);
+    args.timeout = timeout;
+    return store_->Create(args);
+  }
+  uint64_t Used() { return store_->Stats().pools(0).used_bytes(); }
+
+  std::unique_ptr<ObjectStore> store_;
+  uint64_t a_, b_;
+};
+
+TEST_F(ObjectStoreTest, LifecycleFreesMemoryWhenLastLeaseGoes) {
+  Handout h = *Create(a_, 3 * kPage);
+  EXPECT_TRUE(h.writable);
+  EXPECT_EQ(h.placement.capacity_bytes(), 3 * kPage);
+  SealResult sealed = *store_->Seal(a_, h.lease_id, false);
+  Handout view = *store_->Get(b_, sealed.ref);
+  EXPECT_FALSE(view.writable);
+  EXPECT_EQ(view.placement.offset(), h.placement.offset());
+  EXPECT_FALSE(*store_->Release(a_, sealed.lease_id));  // b still holds it.
+  EXPECT_EQ(Used(), 3 * kPage);
+  EXPECT_TRUE(*store_->Release(b_, view.lease_id));
+  EXPECT_EQ(Used(), 0u);
+}
+
+TEST_F(ObjectStoreTest, UnsealedObjectIsInvisible) {
+  Handout h = *Create(a_, kPage, "x");
+  absl::StatusOr<Handout> g = store_->Get(b_, h.ref);
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kFailedPrecondition);
+  g = store_->GetByName(b_, "x", absl::ZeroDuration());
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(ObjectStoreTest, NamedGetWaitsForSeal) {
+  Handout h = *Create(a_, kPage, "batch");
+  std::thread sealer([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    ASSERT_TRUE(store_->Seal(a_, h.lease_id, false).ok());
+  });
+  absl::StatusOr<Handout> g = store_->GetByName(b_, "batch", absl::Seconds(10));
+  sealer.join();
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->ref.slot(), h.ref.slot());
+}
+
+TEST_F(ObjectStoreTest, NamedGetTimesOut) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<Handout> g =
+      store_->GetByName(b_, "never", absl::Milliseconds(100));
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(100));
+  EXPECT_NE(g.status().message().find("never"), std::string::npos);
+}
+
+TEST_F(ObjectStoreTest, DeleteInUseIsDeferredAndNameIsFreeAgain) {
+  Handout h = *Create(a_, kPage, "n");
+  SealResult s = *store_->Seal(a_, h.lease_id, false);
+  ASSERT_TRUE(store_->Release(a_, s.lease_id).ok());
+  EXPECT_EQ(Used(), kPage);  // The name keeps it.
+  Handout view = *store_->GetByName(b_, "n", absl::ZeroDuration());
+  EXPECT_FALSE(*store_->Delete(a_, "n"));  // Deferred: b holds a view.
+  EXPECT_EQ(Used(), kPage);
+  EXPECT_EQ(store_->GetByName(b_, "n", absl::ZeroDuration()).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_TRUE(Create(a_, kPage, "n").ok());  // Name reusable at once.
+  EXPECT_TRUE(*store_->Release(b_, view.lease_id));
+}
+
+TEST_F(ObjectStoreTest, NameIsNeverRebound) {
+  ASSERT_TRUE(Create(a_, kPage, "dup").ok());
+  absl::StatusOr<Handout> again = Create(b_, kPage, "dup");
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_NE(again.status().message().find("dup"), std::string::npos);
+}
+
+TEST_F(ObjectStoreTest, StaleRefAfterFreeAndSlotReuse) {
+  Handout h = *Create(a_, kPage);
+  SealResult s = *store_->Seal(a_, h.lease_id, false);
+  ASSERT_TRUE(*store_->Release(a_, s.lease_id));
+  Handout reuse = *Create(a_, kPage);  // Same slot, same memory.
+  EXPECT_EQ(reuse.ref.slot(), s.ref.slot());
+  EXPECT_EQ(reuse.placement.offset(), h.placement.offset());
+  ASSERT_TRUE(store_->Seal(a_, reuse.lease_id, false).ok());
+  absl::StatusOr<Handout> g = store_->Get(b_, s.ref);
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(IsStaleReference(g.status())) << g.status();
+}
+
+TEST_F(ObjectStoreTest, ForgedAndForeignRefs) {
+  Handout h = *Create(a_, kPage);
+  ASSERT_TRUE(store_->Seal(a_, h.lease_id, false).ok());
+  v1::ObjectRef forged = h.ref;
+  forged.set_generation(h.ref.generation() + 5);
+  EXPECT_EQ(store_->Get(b_, forged).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  forged = h.ref;
+  forged.set_slot(1000);
+  EXPECT_EQ(store_->Get(b_, forged).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  v1::ObjectRef foreign = h.ref;
+  foreign.set_daemon_epoch(7);
+  EXPECT_TRUE(IsStaleReference(store_->Get(b_, foreign).status()));
+  EXPECT_EQ(store_->Get(b_, v1::ObjectRef()).status().code(),
+            absl::StatusCode::kNotFound);  // Epoch 0: not this daemon.
+}
+
+TEST_F(ObjectStoreTest, ExclusiveTransferHasExactlyOneTaker) {
+  Handout h = *Create(a_, kPage);
+  SealResult s = *store_->Seal(a_, h.lease_id, true);
+  EXPECT_EQ(s.lease_id, 0u);
+  EXPECT_TRUE(s.ref.exclusive());
+  EXPECT_EQ(store_->Stats().pending_transfers(), 1u);
+  // The creator's lease is gone.
+  EXPECT_EQ(store_->Release(a_, h.lease_id).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  Handout taken = *store_->Get(b_, s.ref);
+  EXPECT_TRUE(taken.writable);
+  absl::StatusOr<Handout> second = store_->Get(a_, s.ref);
+  EXPECT_TRUE(IsAlreadyTaken(second.status())) << second.status();
+  EXPECT_TRUE(*store_->Release(b_, taken.lease_id));
+  EXPECT_EQ(Used(), 0u);
+}
+
+TEST_F(ObjectStoreTest, NamedObjectCannotBeExclusive) {
+  Handout h = *Create(a_, kPage, "named");
+  EXPECT_EQ(store_->Seal(a_, h.lease_id, true).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(ObjectStoreTest, EndSessionReclaimsEverything) {
+  Handout unsealed = *Create(a_, kPage, "half");
+  Handout transfer = *Create(a_, kPage);
+  ASSERT_TRUE(store_->Seal(a_, transfer.lease_id, true).ok());
+  Handout shared = *Create(b_, kPage);
+  SealResult s = *store_->Seal(b_, shared.lease_id, false);
+  ASSERT_TRUE(store_->Get(a_, s.ref).ok());
+  EXPECT_EQ(Used(), 3 * kPage);
+  store_->EndSession(a_);
+  EXPECT_EQ(Used(), kPage);  // Only b's own object remains.
+  v1::StatsResponse st = store_->Stats();
+  EXPECT_EQ(st.pending_transfers(), 0u);
+  EXPECT_EQ(st.named_objects(), 0u);  // The half-written name is gone.
+  EXPECT_EQ(st.leases(), 1u);
+  EXPECT_TRUE(IsSessionEnded(Create(a_, kPage).status()));
+}
+
+TEST_F(ObjectStoreTest, FullPoolWaitsThenSucceedsWhenMemoryReturns) {
+  Handout big = *Create(a_, 16 * kPage);
+  std::thread releaser([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    ASSERT_TRUE(store_->Release(a_, big.lease_id).ok());
+  });
+  absl::StatusOr<Handout> h = Create(b_, kPage, "", absl::Seconds(10));
+  releaser.join();
+  EXPECT_TRUE(h.ok()) << h.status();
+}
+
+TEST_F(ObjectStoreTest, FullPoolFailsAfterTimeoutNamingPoolAndHolders) {
+  ASSERT_TRUE(Create(a_, 15 * kPage).ok());
+  absl::StatusOr<Handout> h = Create(b_, 2 * kPage, "", absl::Milliseconds(50));
+  ASSERT_EQ(h.status().code(), absl::StatusCode::kResourceExhausted);
+  const std::string msg(h.status().message());
+  EXPECT_NE(msg.find("'default'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("8192 bytes"), std::string::npos) << msg;  // Asked.
+  EXPECT_NE(msg.find("4096 of 65536 bytes free"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'a' pid 1 holds 61440 bytes"), std::string::npos) << msg;
+}
+
+TEST_F(ObjectStoreTest, LeaseMisuseGetsPreciseErrors) {
+  Handout h = *Create(a_, kPage);
+  SealResult s = *store_->Seal(a_, h.lease_id, false);
+  EXPECT_EQ(store_->Release(b_, s.lease_id).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(store_->Seal(a_, s.lease_id, false).status().code(),
+            absl::StatusCode::kFailedPrecondition);  // Sealed twice.
+  ASSERT_TRUE(store_->Release(a_, s.lease_id).ok());
+  EXPECT_EQ(store_->Release(a_, s.lease_id).status().code(),
+            absl::StatusCode::kFailedPrecondition);  // Double release.
+  EXPECT_EQ(store_->Release(a_, 999999).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(ObjectStoreTest, BadCreateArguments) {
+  EXPECT_EQ(Create(a_, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<Handout> huge = Create(a_, 1ull << 40);
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(huge.status().message().find("1099511627776"), std::string::npos);
+  EXPECT_EQ(Create(a_, kPage, std::string(256, 'n')).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Create(a_, kPage, std::string("a\0b", 3)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  CreateArgs args;
+  args.session_id = a_;
+  args.size_bytes = kPage;
+  args.pool = "nope";
+  EXPECT_EQ(store_->Create(args).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Used(), 0u);  // Nothing leaked by the failures.
+}
+
+TEST_F(ObjectStoreTest, EmptyTypedObjectTakesNoMemory) {
+  CreateArgs args;
+  args.session_id = a_;
+  args.layout.set_dtype(v1::DTYPE_FLOAT32);
+  args.layout.add_shape(0);
+  args.layout.add_shape(3);
+  Handout h = *store_->Create(args);
+  EXPECT_EQ(h.placement.size_bytes(), 0u);
+  EXPECT_EQ(Used(), 0u);
+  SealResult s = *store_->Seal(a_, h.lease_id, false);
+  Handout v = *store_->Get(b_, s.ref);
+  EXPECT_EQ(v.layout.shape_size(), 2);
+}
+
+TEST_F(ObjectStoreTest, ShutdownWakesWaiters) {
+  ASSERT_TRUE(Create(a_, 16 * kPage).ok());
+  std::thread stopper([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    store_->Shutdown();
+  });
+  absl::StatusOr<Handout> h = Create(b_, kPage, "", absl::Seconds(30));
+  stopper.join();
+  EXPECT_EQ(h.status().code(), absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace shmtensor::daemon

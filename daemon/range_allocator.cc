@@ -1,0 +1,68 @@
+#include "daemon/range_allocator.h"
+
+#include <cassert>
+
+namespace shmtensor::daemon {
+
+RangeAllocator::RangeAllocator(uint64_t size, uint64_t granule)
+    : size_(size & ~(granule - 1)), granule_(granule), free_bytes_(0) {
+  assert(granule != 0 && (granule & (granule - 1)) == 0);
+  if (size_ > 0) Insert(0, size_);
+}
+
+std::optional<uint64_t> RangeAllocator::RoundUp(uint64_t bytes) const {
+  if (bytes > UINT64_MAX - (granule_ - 1)) return std::nullopt;
+  return (bytes + granule_ - 1) & ~(granule_ - 1);
+}
+
+std::optional<uint64_t> RangeAllocator::Allocate(uint64_t capacity) {
+  assert(capacity > 0 && capacity % granule_ == 0);
+  auto fit = by_size_.lower_bound({capacity, 0});
+  if (fit == by_size_.end()) return std::nullopt;
+  const uint64_t length = fit->first;
+  const uint64_t offset = fit->second;
+  Erase(by_offset_.find(offset));
+  if (length > capacity) Insert(offset + capacity, length - capacity);
+  return offset;
+}
+
+void RangeAllocator::Free(uint64_t offset, uint64_t capacity) {
+  assert(capacity > 0 && offset % granule_ == 0 && capacity % granule_ == 0);
+  assert(offset + capacity <= size_);
+  uint64_t start = offset;
+  uint64_t end = offset + capacity;
+  auto next = by_offset_.lower_bound(offset);
+  // Invariant: the freed range overlaps no free range.
+  assert(next == by_offset_.end() || next->first >= end);
+  if (next != by_offset_.begin()) {
+    auto prev = std::prev(next);
+    assert(prev->first + prev->second <= start);
+    if (prev->first + prev->second == start) {
+      start = prev->first;
+      Erase(prev);
+    }
+  }
+  if (next != by_offset_.end() && next->first == end) {
+    end += next->second;
+    Erase(next);
+  }
+  Insert(start, end - start);
+}
+
+uint64_t RangeAllocator::largest_free() const {
+  return by_size_.empty() ? 0 : by_size_.rbegin()->first;
+}
+
+void RangeAllocator::Insert(uint64_t offset, uint64_t length) {
+  by_offset_.emplace(offset, length);
+  by_size_.emplace(length, offset);
+  free_bytes_ += length;
+}
+
+void RangeAllocator::Erase(std::map<uint64_t, uint64_t>::iterator it) {
+  by_size_.erase({it->second, it->first});
+  free_bytes_ -= it->second;
+  by_offset_.erase(it);
+}
+
+}  // namespace shmtensor::daemon

@@ -1,0 +1,85 @@
+#include "daemon/range_allocator.h"
+
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace shmtensor::daemon {
+namespace {
+
+constexpr uint64_t kPage = 4096;
+
+TEST(RangeAllocatorTest, AllocatesAlignedRangesUntilFull) {
+  RangeAllocator a(16 * kPage, kPage);
+  std::vector<uint64_t> got;
+  for (int i = 0; i < 16; ++i) {
+    std::optional<uint64_t> off = a.Allocate(kPage);
+    ASSERT_TRUE(off.has_value());
+    EXPECT_EQ(*off % kPage, 0u);
+    got.push_back(*off);
+  }
+  EXPECT_FALSE(a.Allocate(kPage).has_value());
+  EXPECT_EQ(a.free_bytes(), 0u);
+  std::sort(got.begin(), got.end());
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(got[i], i * kPage);  // No overlap.
+}
+
+TEST(RangeAllocatorTest, FreeCoalescesNeighbours) {
+  RangeAllocator a(8 * kPage, kPage);
+  uint64_t x = *a.Allocate(2 * kPage);
+  uint64_t y = *a.Allocate(2 * kPage);
+  uint64_t z = *a.Allocate(4 * kPage);
+  EXPECT_FALSE(a.Allocate(kPage).has_value());
+  a.Free(x, 2 * kPage);
+  a.Free(z, 4 * kPage);
+  EXPECT_EQ(a.largest_free(), 4 * kPage);
+  a.Free(y, 2 * kPage);  // Joins both sides.
+  EXPECT_EQ(a.free_ranges(), 1u);
+  EXPECT_EQ(a.largest_free(), 8 * kPage);
+}
+
+TEST(RangeAllocatorTest, BestFitKeepsLargeRangesWhole) {
+  RangeAllocator a(10 * kPage, kPage);
+  uint64_t small = *a.Allocate(kPage);
+  uint64_t big = *a.Allocate(8 * kPage);
+  *a.Allocate(kPage);
+  a.Free(small, kPage);
+  a.Free(big, 8 * kPage);
+  // A one-page request takes the one-page hole, not a piece of the big one.
+  EXPECT_EQ(*a.Allocate(kPage), small);
+  EXPECT_EQ(a.largest_free(), 8 * kPage);
+}
+
+TEST(RangeAllocatorTest, RoundUpToGranuleAndOverflow) {
+  RangeAllocator a(1 << 20, kPage);
+  EXPECT_EQ(*a.RoundUp(1), kPage);
+  EXPECT_EQ(*a.RoundUp(kPage), kPage);
+  EXPECT_EQ(*a.RoundUp(kPage + 1), 2 * kPage);
+  EXPECT_FALSE(a.RoundUp(UINT64_MAX).has_value());
+}
+
+TEST(RangeAllocatorTest, RandomWorkloadKeepsAccounting) {
+  RangeAllocator a(256 * kPage, kPage);
+  std::mt19937 rng(7);
+  std::vector<std::pair<uint64_t, uint64_t>> live;
+  for (int i = 0; i < 5000; ++i) {
+    if (live.empty() || rng() % 2) {
+      const uint64_t len = (1 + rng() % 8) * kPage;
+      if (auto off = a.Allocate(len)) live.emplace_back(*off, len);
+    } else {
+      const size_t k = rng() % live.size();
+      a.Free(live[k].first, live[k].second);
+      live.erase(live.begin() + k);
+    }
+    uint64_t used = 0;
+    for (auto& [o, l] : live) used += l;
+    ASSERT_EQ(a.used_bytes(), used);
+  }
+  for (auto& [o, l] : live) a.Free(o, l);
+  EXPECT_EQ(a.free_ranges(), 1u);
+  EXPECT_EQ(a.free_bytes(), 256 * kPage);
+}
+
+}  // namespace
+}  // namespace shmtensor::daemon

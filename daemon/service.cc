@@ -1,0 +1,222 @@
+#include "daemon/service.h"
+
+#include <algorithm>
+
+#include "absl/time/time.h"
+#include "shmtensor/errors.h"
+#include "spdlog/spdlog.h"
+
+namespace shmtensor::daemon {
+
+grpc::Status ToGrpcStatus(grpc::ServerContextBase* ctx,
+                          const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  const std::string reason = ErrorReasonOf(status);
+  if (!reason.empty() && ctx != nullptr) {
+    ctx->AddTrailingMetadata(std::string(kErrorReasonMetadata), reason);
+  }
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      std::string(status.message()));
+}
+
+// One session stream. Owned by gRPC: deletes itself in OnDone.
+class SessionReactor final
+    : public grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionEvent> {
+ public:
+  SessionReactor(ObjectStoreService& service, std::string peer)
+      : service_(service), peer_(std::move(peer)) {
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // Client closed its side, or the connection broke.
+      FinishOnce(grpc::Status::OK);
+      return;
+    }
+    if (session_id_ != 0 || !request_.has_open()) {
+      FinishOnce(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                              session_id_ != 0
+                                  ? "session stream takes one OpenSession only"
+                                  : "first session message must be open"));
+      return;
+    }
+    absl::StatusOr<uint64_t> id = service_.store_.OpenSession(
+        request_.open().client_name(), request_.open().pid());
+    if (!id.ok()) {
+      FinishOnce(ToGrpcStatus(nullptr, id.status()));
+      return;
+    }
+    session_id_ = *id;
+    v1::SessionOpened* opened = event_.mutable_opened();
+    opened->set_session_id(*id);
+    opened->set_daemon_epoch(service_.store_.epoch());
+    for (const v1::PoolInfo& p : service_.store_.pool_infos()) {
+      *opened->add_pools() = p;
+    }
+    service_.Register(this);
+    StartWrite(&event_);
+    StartRead(&request_);  // Completes when the client goes away.
+  }
+
+  void OnWriteDone(bool ok) override {}
+  void OnCancel() override {
+    FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED, "session cancelled"));
+  }
+  void OnDone() override {
+    if (session_id_ != 0) {
+      service_.Unregister(this);
+      service_.store_.EndSession(session_id_);
+    }
+    delete this;
+  }
+
+  // Ends the stream with `status` unless it has ended already.
+  void FinishOnce(const grpc::Status& status) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_) return;
+      finished_ = true;
+    }
+    Finish(status);
+  }
+
+ private:
+  ObjectStoreService& service_;
+  const std::string peer_;
+  v1::SessionRequest request_;
+  v1::SessionEvent event_;
+  uint64_t session_id_ = 0;  // Set once, on the reactor's read callback.
+  absl::Mutex mu_;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionEvent>*
+ObjectStoreService::Session(grpc::CallbackServerContext* ctx) {
+  return new SessionReactor(*this, ctx->peer());
+}
+
+void ObjectStoreService::Register(SessionReactor* r) {
+  bool end_now;
+  {
+    absl::MutexLock lock(&mu_);
+    reactors_.insert(r);
+    end_now = ending_;
+  }
+  if (end_now) {
+    r->FinishOnce(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                               "shmtensord is shutting down"));
+  }
+}
+
+void ObjectStoreService::Unregister(SessionReactor* r) {
+  absl::MutexLock lock(&mu_);
+  reactors_.erase(r);
+}
+
+void ObjectStoreService::EndAllSessions() {
+  absl::MutexLock lock(&mu_);
+  ending_ = true;
+  // FinishOnce does not call back into the service, so holding mu_ keeps
+  // every reactor alive (OnDone must Unregister first).
+  for (SessionReactor* r : reactors_) {
+    r->FinishOnce(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                               "shmtensord is shutting down"));
+  }
+}
+
+namespace {
+
+// A wait never outlasts the caller's own deadline: a Create that succeeded
+// after the caller gave up would leave a write lease nobody knows of.
+absl::Duration BoundedWait(grpc::ServerContext* ctx, uint32_t timeout_ms) {
+  absl::Duration wait = absl::Milliseconds(timeout_ms);
+  const absl::Time deadline = absl::FromChrono(ctx->deadline());
+  if (deadline != absl::InfiniteFuture()) {
+    wait = std::min(wait, deadline - absl::Now() - absl::Milliseconds(50));
+  }
+  return std::max(wait, absl::ZeroDuration());
+}
+
+}  // namespace
+
+grpc::Status ObjectStoreService::Create(grpc::ServerContext* ctx,
+                                        const v1::CreateRequest* req,
+                                        v1::CreateResponse* resp) {
+  CreateArgs args;
+  args.session_id = req->session_id();
+  args.pool = req->pool();
+  args.size_bytes = req->size_bytes();
+  args.layout = req->layout();
+  args.name = req->name();
+  args.timeout = BoundedWait(ctx, req->timeout_ms());
+  absl::StatusOr<Handout> h = store_.Create(args);
+  if (!h.ok()) return ToGrpcStatus(ctx, h.status());
+  *resp->mutable_ref() = h->ref;
+  *resp->mutable_placement() = h->placement;
+  *resp->mutable_layout() = h->layout;
+  resp->set_lease_id(h->lease_id);
+  return grpc::Status::OK;
+}
+
+grpc::Status ObjectStoreService::Seal(grpc::ServerContext* ctx,
+                                      const v1::SealRequest* req,
+                                      v1::SealResponse* resp) {
+  absl::StatusOr<SealResult> r =
+      store_.Seal(req->session_id(), req->lease_id(), req->exclusive());
+  if (!r.ok()) return ToGrpcStatus(ctx, r.status());
+  *resp->mutable_ref() = r->ref;
+  resp->set_lease_id(r->lease_id);
+  return grpc::Status::OK;
+}
+
+grpc::Status ObjectStoreService::Get(grpc::ServerContext* ctx,
+                                     const v1::GetRequest* req,
+                                     v1::GetResponse* resp) {
+  absl::StatusOr<Handout> h;
+  switch (req->target_case()) {
+    case v1::GetRequest::kRef:
+      h = store_.Get(req->session_id(), req->ref());
+      break;
+    case v1::GetRequest::kName:
+      h = store_.GetByName(req->session_id(), req->name(),
+                           BoundedWait(ctx, req->timeout_ms()));
+      break;
+    default:
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "GetRequest names neither a ref nor a name");
+  }
+  if (!h.ok()) return ToGrpcStatus(ctx, h.status());
+  *resp->mutable_ref() = h->ref;
+  *resp->mutable_placement() = h->placement;
+  *resp->mutable_layout() = h->layout;
+  resp->set_lease_id(h->lease_id);
+  resp->set_writable(h->writable);
+  return grpc::Status::OK;
+}
+
+grpc::Status ObjectStoreService::Release(grpc::ServerContext* ctx,
+                                         const v1::ReleaseRequest* req,
+                                         v1::ReleaseResponse* resp) {
+  absl::StatusOr<bool> freed = store_.Release(req->session_id(), req->lease_id());
+  if (!freed.ok()) return ToGrpcStatus(ctx, freed.status());
+  resp->set_freed(*freed);
+  return grpc::Status::OK;
+}
+
+grpc::Status ObjectStoreService::Delete(grpc::ServerContext* ctx,
+                                        const v1::DeleteRequest* req,
+                                        v1::DeleteResponse* resp) {
+  absl::StatusOr<bool> freed = store_.Delete(req->session_id(), req->name());
+  if (!freed.ok()) return ToGrpcStatus(ctx, freed.status());
+  resp->set_freed(*freed);
+  return grpc::Status::OK;
+}
+
+grpc::Status ObjectStoreService::Stats(grpc::ServerContext* ctx,
+                                       const v1::StatsRequest* req,
+                                       v1::StatsResponse* resp) {
+  *resp = store_.Stats();
+  return grpc::Status::OK;
+}
+
+}  // namespace shmtensor::daemon
