@@ -19,6 +19,9 @@ absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::Connect(
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // One connection per client: a session must not ride on a connection that
+  // another client of this process left to a daemon that has since died.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   core->channel_ = grpc::CreateCustomChannel(
       address, grpc::InsecureChannelCredentials(), args);
   if (!core->channel_->WaitForConnected(

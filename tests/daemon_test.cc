@@ -1,0 +1,139 @@
+// shmtensord as a process: start, refuse, recover, stop.
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+#include "shmtensor/client.h"
+#include "shmtensor/errors.h"
+#include "tests/test_util.h"
+
+namespace shmtensor {
+namespace {
+
+using testing::DaemonPath;
+using testing::DaemonProcess;
+using testing::Subprocess;
+
+class DaemonTest : public testing::DaemonTest {};
+
+// Runs the daemon to completion (it must fail) and returns exit code and
+// output.
+std::pair<int, std::string> RunFailing(std::vector<std::string> args) {
+  args.insert(args.begin(), DaemonPath());
+  absl::StatusOr<std::unique_ptr<Subprocess>> p = Subprocess::Spawn(args);
+  EXPECT_TRUE(p.ok());
+  std::string out = (*p)->ReadAll(absl::Seconds(20));
+  const int status = (*p)->Wait();
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST_F(DaemonTest, SigtermEndsSessionsUnlinksSegmentsAndExitsZero) {  // [P9]
+  absl::StatusOr<Buffer> buf = client_->Create({.size_bytes = 1 << 20});
+  ASSERT_TRUE(buf.ok());
+  SealedRef ref = *buf->Seal();
+  View view = *client_->Get(ref.ref());
+  ASSERT_EQ(daemon_->Segments().size(), 1u);
+  const int status = daemon_->Stop();
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_TRUE(daemon_->Segments().empty());
+  struct stat st;
+  EXPECT_NE(stat(daemon_->socket_path().c_str(), &st), 0);
+  // This process's mapping stays valid (no SIGBUS) after the unlink.
+  EXPECT_NE(view.data(), nullptr);
+  volatile uint8_t b = static_cast<const uint8_t*>(view.data())[0];
+  (void)b;
+  absl::StatusOr<StoreStats> stats = client_->Stats();
+  EXPECT_EQ(stats.status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST_F(DaemonTest, SegmentIsPrivateAndSocketIsGroupAccessible) {
+  std::vector<std::string> segs = daemon_->Segments();
+  ASSERT_EQ(segs.size(), 1u);
+  struct stat st;
+  ASSERT_EQ(stat(("/dev/shm/" + segs[0]).c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_EQ(st.st_size, 64 << 20);
+  EXPECT_GE(st.st_blocks * 512, 64 << 20);  // Reserved up front.
+  EXPECT_GE(segs[0].size(), 32u);  // 128 random bits in the name.
+  ASSERT_EQ(stat(daemon_->socket_path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+}
+
+TEST_F(DaemonTest, SecondDaemonOnSameAddressIsRefused) {
+  auto [code, out] = RunFailing({"--listen", daemon_->address()});
+  EXPECT_EQ(code, 1);
+  EXPECT_TRUE(absl::StrContains(out, "already serves")) << out;
+  // The first one is unharmed.
+  EXPECT_TRUE(client_->Stats().ok());
+  EXPECT_EQ(daemon_->Segments().size(), 1u);
+  struct stat st;
+  EXPECT_EQ(stat(daemon_->socket_path().c_str(), &st), 0);
+}
+
+TEST_F(DaemonTest, RestartRemovesSegmentsOfCrashedInstance) {
+  const std::vector<std::string> old = daemon_->Segments();
+  ASSERT_EQ(old.size(), 1u);
+  daemon_->process().Signal(SIGKILL);
+  daemon_->process().Wait();
+  EXPECT_EQ(daemon_->Segments(), old);  // A crash leaves it behind...
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> again =
+      DaemonProcess::Start({"--pool-size", "8MiB"}, daemon_->address());
+  ASSERT_TRUE(again.ok()) << again.status();
+  std::vector<std::string> now = (*again)->Segments();
+  ASSERT_EQ(now.size(), 1u);  // ...and the next instance removes it.
+  EXPECT_NE(now[0], old[0]);
+  absl::StatusOr<Client> c = Client::Connect({.address = daemon_->address()});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->Stats()->pools[0].size_bytes, 8u << 20);
+}
+
+TEST_F(DaemonTest, PoolLargerThanDevShmFailsAtStartWithClearMessage) {
+  auto [code, out] = RunFailing(
+      {"--listen", testing::FreshAddress(), "--pool-size", "64TiB"});
+  EXPECT_EQ(code, 1);
+  EXPECT_TRUE(absl::StrContains(out, "/dev/shm")) << out;
+  EXPECT_TRUE(absl::StrContains(out, "70368744177664")) << out;
+}
+
+TEST_F(DaemonTest, BadFlagsAndConfigAreRejected) {
+  auto [code, out] = RunFailing({"--pool-size", "12XB"});
+  EXPECT_EQ(code, 2);
+  EXPECT_TRUE(absl::StrContains(out, "12XB")) << out;
+  const std::string path = ::testing::TempDir() + "/bad_shmtensord.toml";
+  std::ofstream(path) << "[[pool]]\nname = \"a\"\nsize = \"-3\"\n";
+  std::tie(code, out) = RunFailing({"--config", path});
+  EXPECT_EQ(code, 2);
+  EXPECT_TRUE(absl::StrContains(out, path + ":3")) << out;
+}
+
+class ConfigFileTest : public testing::DaemonTest {
+  std::vector<std::string> DaemonArgs() override {
+    const std::string path = ::testing::TempDir() + "/two_pools.toml";
+    std::ofstream(path) << "[[pool]]\nname = \"batches\"\nsize = \"16MiB\"\n"
+                           "[[pool]]\nname = \"weights\"\nsize = 4194304\n";
+    return {"--config", path};
+  }
+};
+
+TEST_F(ConfigFileTest, ServesEveryConfiguredPool) {
+  StoreStats s = *client_->Stats();
+  ASSERT_EQ(s.pools.size(), 2u);
+  EXPECT_EQ(s.pools[0].name, "batches");
+  EXPECT_EQ(s.pools[1].name, "weights");
+  EXPECT_EQ(s.pools[1].size_bytes, 4u << 20);
+  absl::StatusOr<Buffer> b =
+      client_->Create({.size_bytes = 1 << 20, .pool = "weights"});
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(client_->Stats()->pools[1].used_bytes, 1u << 20);
+  EXPECT_EQ(daemon_->Segments().size(), 2u);
+}
+
+}  // namespace
+}  // namespace shmtensor

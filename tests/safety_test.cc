@@ -1,0 +1,145 @@
+// The guarantees that make sharing safe, proven with real processes:
+// sealed memory cannot be written [P1][P10], dead clients are reclaimed
+// within a second [P9], a full pool makes producers wait, never overwrite
+// [P2].
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+#include "shmtensor/client.h"
+#include "shmtensor/errors.h"
+#include "tests/test_util.h"
+
+namespace shmtensor {
+namespace {
+
+using testing::Subprocess;
+
+bool KilledBySegv(int status) {
+  return WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV;
+}
+
+class SafetyTest : public testing::DaemonTest {
+ protected:
+  SealedRef Put(uint64_t bytes, uint8_t byte, const std::string& name = "") {
+    absl::StatusOr<Buffer> buf =
+        client_->Create({.size_bytes = bytes, .name = name});
+    EXPECT_TRUE(buf.ok()) << buf.status();
+    std::memset(buf->data(), byte, bytes);
+    return *buf->Seal();
+  }
+  static bool AllBytes(const View& v, uint8_t byte) {
+    const auto* p = static_cast<const uint8_t*>(v.data());
+    for (uint64_t i = 0; i < v.size_bytes(); ++i) {
+      if (p[i] != byte) return false;
+    }
+    return true;
+  }
+};
+
+TEST_F(SafetyTest, ReaderWriteThroughViewFaultsAndChangesNothing) {  // [P1]
+  SealedRef ref = Put(1 << 20, 7);
+  std::unique_ptr<Subprocess> child =
+      Child({"write-view", absl::BytesToHexString(ref.ref().Serialize())});
+  EXPECT_EQ(*child->ReadLine(), "got read-only");
+  const int status = child->Wait();
+  EXPECT_TRUE(KilledBySegv(status)) << child->ReadAll();
+  EXPECT_TRUE(AllBytes(*client_->Get(ref.ref()), 7));
+}
+
+TEST_F(SafetyTest, ReaderWriteThroughTorchTensorFaults) {  // [P1]
+  absl::StatusOr<Buffer> buf =
+      client_->Create({.dtype = DType::kFloat32, .shape = {1024}});
+  std::memset(buf->data(), 0, 4096);
+  SealedRef ref = *buf->Seal();
+  std::unique_ptr<Subprocess> child =
+      Child({"write-tensor", absl::BytesToHexString(ref.ref().Serialize())});
+  EXPECT_EQ(*child->ReadLine(), "got read-only");
+  EXPECT_TRUE(KilledBySegv(child->Wait()));
+  EXPECT_TRUE(AllBytes(*client_->Get(ref.ref()), 0));
+}
+
+TEST_F(SafetyTest, CreatorWriteAfterSealFaults) {  // [P10]
+  std::unique_ptr<Subprocess> child = Child({"write-after-seal", "sealed-obj"});
+  absl::StatusOr<std::string> line = child->ReadLine();
+  ASSERT_TRUE(line.ok() && absl::StartsWith(*line, "sealed ")) << line.status();
+  EXPECT_TRUE(KilledBySegv(child->Wait()));
+  // The object outlives its dead creator through its name, unchanged.
+  absl::StatusOr<View> v = client_->Get("sealed-obj");
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_TRUE(AllBytes(*v, 7));
+}
+
+TEST_F(SafetyTest, CreatorLosesAccessAfterExclusiveSeal) {
+  std::unique_ptr<Subprocess> child =
+      Child({"write-after-seal", "unused", "exclusive"});
+  absl::StatusOr<std::string> line = child->ReadLine();
+  ASSERT_TRUE(line.ok() && absl::StartsWith(*line, "sealed ")) << line.status();
+  EXPECT_TRUE(KilledBySegv(child->Wait()));
+}
+
+TEST_F(SafetyTest, SigkilledClientIsReclaimedWithinOneSecond) {  // [P9]
+  std::unique_ptr<Subprocess> child = Child({"hold"});
+  ASSERT_EQ(*child->ReadLine(), "ready");
+  absl::StatusOr<StoreStats> before = client_->Stats();
+  EXPECT_EQ(before->pools[0].used_bytes, 4u << 20);
+  EXPECT_EQ(before->pending_transfers, 1u);
+  EXPECT_EQ(before->sessions, 2u);
+
+  child->Signal(SIGKILL);
+  const absl::Time killed = absl::Now();
+  child->Wait();
+  StoreStats after;
+  do {
+    after = *client_->Stats();
+    if (after.pools[0].used_bytes == 0 && after.sessions == 1) break;
+    absl::SleepFor(absl::Milliseconds(5));
+  } while (absl::Now() - killed < absl::Seconds(1));
+  EXPECT_EQ(after.pools[0].used_bytes, 0u);
+  EXPECT_EQ(after.sessions, 1u);
+  EXPECT_EQ(after.leases, 0u);
+  EXPECT_EQ(after.pending_transfers, 0u);
+  EXPECT_EQ(after.named_objects, 0u);
+  // The half-written named buffer was never, and is not now, visible.
+  EXPECT_EQ(client_->Get("half").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(SafetyTest, FullPoolMakesProducerWaitNotOverwrite) {  // [P2]
+  absl::StatusOr<Buffer> first = client_->Create({.size_bytes = 40 << 20});
+  ASSERT_TRUE(first.ok());
+  std::memset(first->data(), 1, 40 << 20);
+  SealedRef held = *first->Seal();
+  Client producer = Connect();
+  std::thread consumer_done([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    held.Reset();  // The last view goes: now the memory may be reused.
+  });
+  const absl::Time start = absl::Now();
+  absl::StatusOr<Buffer> second = producer.Create(
+      {.size_bytes = 40 << 20, .timeout = absl::Seconds(20)});
+  consumer_done.join();
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(250));
+}
+
+TEST_F(SafetyTest, FullPoolFailsAfterTimeoutWithPreciseMessage) {
+  absl::StatusOr<Buffer> hog = client_->Create({.size_bytes = 60 << 20});
+  ASSERT_TRUE(hog.ok());
+  Client producer = Connect();
+  absl::StatusOr<Buffer> b = producer.Create(
+      {.size_bytes = 8 << 20, .timeout = absl::Milliseconds(200)});
+  ASSERT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted);
+  const std::string msg(b.status().message());
+  EXPECT_TRUE(absl::StrContains(msg, "pool 'default'")) << msg;
+  EXPECT_TRUE(absl::StrContains(msg, "asked for 8388608 bytes")) << msg;
+  EXPECT_TRUE(absl::StrContains(msg, "4194304 of 67108864 bytes free")) << msg;
+  EXPECT_TRUE(absl::StrContains(msg, "holds 62914560 bytes")) << msg;
+}
+
+}  // namespace
+}  // namespace shmtensor

@@ -1,0 +1,158 @@
+// Test helper: one shmtensor client process, driven by the multi-process
+// tests through its arguments and stdout. Each command prints what it did;
+// commands that must fault (writes into sealed memory) print "WROTE" and exit
+// 0 only if the write went through, which the tests treat as a failure.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/time/clock.h"
+#include "shmtensor/client.h"
+#include "shmtensor/errors.h"
+#include "shmtensor/torch.h"
+
+namespace {
+
+using shmtensor::Client;
+using shmtensor::ObjectRef;
+
+void Say(const std::string& line) {
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
+int Fail(const absl::Status& s) {
+  Say("error " + s.ToString());
+  return 3;
+}
+
+absl::StatusOr<ObjectRef> RefFromHex(const std::string& hex) {
+  return ObjectRef::Parse(absl::HexStringToBytes(hex));
+}
+
+std::string RefToHex(const ObjectRef& ref) {
+  return absl::BytesToHexString(ref.Serialize());
+}
+
+int Run(int argc, char** argv) {
+  if (argc < 3) return 2;
+  const std::string cmd = argv[1];
+  absl::StatusOr<Client> client = Client::Connect({.address = argv[2],
+                                                   .client_name = "st_child"});
+  if (!client.ok()) return Fail(client.status());
+
+  if (cmd == "write-view" || cmd == "write-tensor") {
+    absl::StatusOr<ObjectRef> ref = RefFromHex(argv[3]);
+    if (!ref.ok()) return Fail(ref.status());
+    absl::StatusOr<shmtensor::View> view = client->Get(*ref);
+    if (!view.ok()) return Fail(view.status());
+    Say(view->writable() ? "got writable" : "got read-only");
+    if (cmd == "write-view") {
+      std::memset(const_cast<void*>(view->data()), 0x66, view->size_bytes());
+    } else {
+      absl::StatusOr<at::Tensor> t = shmtensor::ToTensor(*view);
+      if (!t.ok()) return Fail(t.status());
+      t->fill_(1);
+    }
+    Say("WROTE");
+    return 0;
+  }
+  if (cmd == "write-after-seal") {  // argv[3]: name, argv[4]: "exclusive"?
+    const bool exclusive = argc > 4 && std::string(argv[4]) == "exclusive";
+    absl::StatusOr<shmtensor::Buffer> buf = client->Create(
+        {.size_bytes = 8192, .name = exclusive ? "" : argv[3]});
+    if (!buf.ok()) return Fail(buf.status());
+    auto* p = static_cast<uint8_t*>(buf->data());
+    std::memset(p, 7, 8192);
+    absl::StatusOr<shmtensor::SealedRef> sealed = buf->Seal(exclusive);
+    if (!sealed.ok()) return Fail(sealed.status());
+    Say("sealed " + RefToHex(sealed->ref()));
+    p[100] = 0x66;  // Must fault.
+    Say("WROTE");
+    return 0;
+  }
+  if (cmd == "take") {  // argv[3]: ref hex, argv[4]: expected byte
+    absl::StatusOr<ObjectRef> ref = RefFromHex(argv[3]);
+    if (!ref.ok()) return Fail(ref.status());
+    int expected = 0;
+    if (!absl::SimpleAtoi(argv[4], &expected)) return 2;
+    absl::StatusOr<shmtensor::View> view = client->Get(*ref);
+    if (!view.ok()) {
+      if (shmtensor::IsAlreadyTaken(view.status())) {
+        Say("already-taken");
+        return 4;
+      }
+      return Fail(view.status());
+    }
+    if (!view->writable()) {
+      Say("not-writable");
+      return 5;
+    }
+    auto* p = static_cast<uint8_t*>(view->mutable_data());
+    for (uint64_t i = 0; i < view->size_bytes(); ++i) {
+      if (p[i] != expected) {
+        Say("bad-byte");
+        return 6;
+      }
+    }
+    std::memset(p, 0x55, view->size_bytes());  // The taker may write.
+    Say("took");
+    return 0;
+  }
+  if (cmd == "get-name") {  // argv[3]: name, [4]: timeout ms, [5]: byte
+    int timeout_ms = 0, expected = 0;
+    if (!absl::SimpleAtoi(argv[4], &timeout_ms) ||
+        !absl::SimpleAtoi(argv[5], &expected)) {
+      return 2;
+    }
+    Say("waiting");
+    absl::StatusOr<shmtensor::View> view =
+        client->Get(argv[3], absl::Milliseconds(timeout_ms));
+    if (!view.ok()) return Fail(view.status());
+    const auto* p = static_cast<const uint8_t*>(view->data());
+    for (uint64_t i = 0; i < view->size_bytes(); ++i) {
+      if (p[i] != expected) {
+        Say("bad-byte");
+        return 6;
+      }
+    }
+    Say("ok " + std::to_string(view->size_bytes()));
+    return 0;
+  }
+  if (cmd == "hold") {  // Holds one of everything, then waits to be killed.
+    constexpr uint64_t kMiB = 1 << 20;
+    absl::StatusOr<shmtensor::Buffer> half =
+        client->Create({.size_bytes = kMiB, .name = "half"});
+    absl::StatusOr<shmtensor::Buffer> unsealed = client->Create({.size_bytes = kMiB});
+    absl::StatusOr<shmtensor::Buffer> shared = client->Create({.size_bytes = kMiB});
+    absl::StatusOr<shmtensor::Buffer> transfer = client->Create({.size_bytes = kMiB});
+    if (!half.ok() || !unsealed.ok() || !shared.ok() || !transfer.ok()) {
+      return Fail(absl::InternalError("create failed"));
+    }
+    std::memset(half->data(), 1, kMiB);  // Half-written, never sealed.
+    absl::StatusOr<shmtensor::SealedRef> ref = shared->Seal();
+    absl::StatusOr<shmtensor::SealedRef> xfer = transfer->Seal(true);
+    if (!ref.ok() || !xfer.ok()) return Fail(absl::InternalError("seal failed"));
+    absl::StatusOr<shmtensor::View> view = client->Get(ref->ref());
+    if (!view.ok()) return Fail(view.status());
+    Say("ready");
+    while (true) pause();
+  }
+  if (cmd == "exclusive-and-exit") {
+    absl::StatusOr<shmtensor::Buffer> buf = client->Create({.size_bytes = 4096});
+    if (!buf.ok()) return Fail(buf.status());
+    absl::StatusOr<shmtensor::SealedRef> ref = buf->Seal(true);
+    if (!ref.ok()) return Fail(ref.status());
+    Say("sealed " + RefToHex(ref->ref()));
+    return 0;
+  }
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return Run(argc, argv); }

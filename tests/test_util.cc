@@ -1,0 +1,218 @@
+#include "tests/test_util.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "daemon/daemon.h"
+#include "daemon/host_segment.h"
+#include <dirent.h>
+
+namespace shmtensor::testing {
+
+absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(
+    const std::vector<std::string>& argv) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) return absl::InternalError("pipe failed");
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) return absl::InternalError("fork failed");
+  if (pid == 0) {
+    dup2(fds[1], STDOUT_FILENO);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  close(fds[1]);
+  return std::unique_ptr<Subprocess>(new Subprocess(pid, fds[0]));
+}
+
+Subprocess::~Subprocess() {
+  if (!reaped_) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  close(out_);
+}
+
+absl::StatusOr<std::string> Subprocess::ReadLine(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    if (size_t nl = buffered_.find('\n'); nl != std::string::npos) {
+      std::string line = buffered_.substr(0, nl);
+      buffered_.erase(0, nl + 1);
+      return line;
+    }
+    const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (ms <= 0) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("no line from child ", pid_, "; got '", buffered_, "'"));
+    }
+    pollfd p{out_, POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(ms)) <= 0) continue;
+    char buf[4096];
+    const ssize_t n = read(out_, buf, sizeof(buf));
+    if (n <= 0) {
+      return absl::OutOfRangeError(
+          absl::StrCat("child ", pid_, " closed stdout; got '", buffered_, "'"));
+    }
+    buffered_.append(buf, n);
+  }
+}
+
+std::string Subprocess::ReadAll(absl::Duration timeout) {
+  std::string all;
+  while (true) {
+    absl::StatusOr<std::string> line = ReadLine(timeout);
+    if (!line.ok()) break;
+    absl::StrAppend(&all, *line, "\n");
+  }
+  absl::StrAppend(&all, buffered_);
+  buffered_.clear();
+  return all;
+}
+
+void Subprocess::Signal(int sig) { kill(pid_, sig); }
+
+int Subprocess::Wait(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  int status = 0;
+  while (!reaped_) {
+    const pid_t r = waitpid(pid_, &status, WNOHANG);
+    if (r == pid_) {
+      reaped_ = true;
+      break;
+    }
+    if (absl::Now() > deadline) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, &status, 0);
+      reaped_ = true;
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return status;
+}
+
+std::string DaemonPath() { return SHMTENSOR_DAEMON_PATH; }
+std::string ChildPath() { return SHMTENSOR_CHILD_PATH; }
+
+std::string FreshAddress() {
+  static std::atomic<int> counter{0};
+  return absl::StrCat("unix:/tmp/shmtensor-test-", getpid(), "-", counter++,
+                      ".sock");
+}
+
+absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(
+    std::vector<std::string> args, std::string address) {
+  auto d = std::make_unique<DaemonProcess>();
+  d->address_ = address.empty() ? FreshAddress() : address;
+  d->socket_path_ = d->address_.substr(5);
+  if (address.empty()) {
+    // Leftovers of an earlier run of this test on the same path.
+    daemon::HostSegment::RemoveLeftovers(
+        daemon::Daemon::SegmentPrefix(d->address_));
+  }
+  std::vector<std::string> argv = {DaemonPath(), "--listen", d->address_,
+                                   "--log-level", "warn"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  absl::StatusOr<std::unique_ptr<Subprocess>> p = Subprocess::Spawn(argv);
+  if (!p.ok()) return p.status();
+  d->process_ = *std::move(p);
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  // Ready when the socket accepts a connection (a file alone may be the
+  // stale socket of a crashed instance).
+  auto accepts = [&] {
+    const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, d->socket_path_.c_str(), sizeof(addr.sun_path) - 1);
+    const bool ok =
+        connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    close(fd);
+    return ok;
+  };
+  while (!accepts()) {
+    int status;
+    if (waitpid(d->process_->pid(), &status, WNOHANG) == d->process_->pid()) {
+      return absl::InternalError("daemon exited during start");
+    }
+    if (absl::Now() > deadline) return absl::DeadlineExceededError("daemon start");
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return d;
+}
+
+DaemonProcess::~DaemonProcess() {
+  process_.reset();
+  unlink(socket_path_.c_str());
+  unlink((socket_path_ + ".lock").c_str());
+  daemon::HostSegment::RemoveLeftovers(daemon::Daemon::SegmentPrefix(address_));
+}
+
+std::vector<std::string> DaemonProcess::Segments() const {
+  std::vector<std::string> out;
+  const std::string prefix = daemon::Daemon::SegmentPrefix(address_);
+  if (DIR* dir = opendir("/dev/shm")) {
+    while (dirent* e = readdir(dir)) {
+      if (absl::StartsWith(e->d_name, prefix)) out.push_back(e->d_name);
+    }
+    closedir(dir);
+  }
+  return out;
+}
+
+int DaemonProcess::Stop() {
+  process_->Signal(SIGTERM);
+  return process_->Wait();
+}
+
+void DaemonTest::SetUp() {
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> d =
+      DaemonProcess::Start(DaemonArgs());
+  ASSERT_TRUE(d.ok()) << d.status();
+  daemon_ = *std::move(d);
+  client_ = Connect();
+}
+
+Client DaemonTest::Connect() {
+  absl::StatusOr<Client> c = Client::Connect({.address = daemon_->address()});
+  if (!c.ok()) {
+    ADD_FAILURE() << c.status();
+    std::abort();
+  }
+  return *std::move(c);
+}
+
+std::unique_ptr<Subprocess> DaemonTest::Child(
+    const std::vector<std::string>& command) {
+  std::vector<std::string> argv = {ChildPath(), command[0], daemon_->address()};
+  argv.insert(argv.end(), command.begin() + 1, command.end());
+  absl::StatusOr<std::unique_ptr<Subprocess>> p = Subprocess::Spawn(argv);
+  if (!p.ok()) {
+    ADD_FAILURE() << p.status();
+    std::abort();
+  }
+  return *std::move(p);
+}
+
+uint64_t DaemonTest::Used() {
+  absl::StatusOr<StoreStats> s = client_->Stats();
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? s->pools[0].used_bytes : ~uint64_t{0};
+}
+
+}  // namespace shmtensor::testing

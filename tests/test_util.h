@@ -1,0 +1,103 @@
+// Helpers for multi-process tests: real processes, real daemon.
+//
+// Thread safety: none; use from the test's main thread.
+#ifndef SHMTENSOR_TESTS_TEST_UTIL_H_
+#define SHMTENSOR_TESTS_TEST_UTIL_H_
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+#include "shmtensor/client.h"
+
+namespace shmtensor::testing {
+
+// A child process started with fork+exec, its stdout on a pipe.
+class Subprocess {
+ public:
+  // Starts argv[0] (a path) with the given arguments.
+  static absl::StatusOr<std::unique_ptr<Subprocess>> Spawn(
+      const std::vector<std::string>& argv);
+  // Kills (SIGKILL) and reaps the child if still running.
+  ~Subprocess();
+  Subprocess(const Subprocess&) = delete;
+  Subprocess& operator=(const Subprocess&) = delete;
+
+  pid_t pid() const { return pid_; }
+  // Next line of the child's stdout without the newline; DEADLINE_EXCEEDED
+  // after `timeout`, OUT_OF_RANGE at end of output.
+  absl::StatusOr<std::string> ReadLine(absl::Duration timeout = absl::Seconds(20));
+  void Signal(int sig);
+  // Waits for exit (at most `timeout`, then SIGKILL) and returns the raw
+  // wait status.
+  int Wait(absl::Duration timeout = absl::Seconds(20));
+  // All output read so far and the rest until end of file.
+  std::string ReadAll(absl::Duration timeout = absl::Seconds(20));
+
+ private:
+  Subprocess(pid_t pid, int out) : pid_(pid), out_(out) {}
+  pid_t pid_;
+  int out_;
+  bool reaped_ = false;
+  std::string buffered_;
+};
+
+// A shmtensord on a fresh socket, started from the build tree.
+class DaemonProcess {
+ public:
+  // Starts the daemon with `args` (default: a 64 MiB pool) and waits until it
+  // serves. The socket lives at `address`, by default a fresh path under
+  // /tmp.
+  static absl::StatusOr<std::unique_ptr<DaemonProcess>> Start(
+      std::vector<std::string> args = {"--pool-size", "64MiB"},
+      std::string address = "");
+  // SIGKILLs the daemon if still running and removes its leftovers.
+  ~DaemonProcess();
+
+  const std::string& address() const { return address_; }
+  const std::string& socket_path() const { return socket_path_; }
+  Subprocess& process() { return *process_; }
+  // /dev/shm names of this daemon's segments.
+  std::vector<std::string> Segments() const;
+  // Sends SIGTERM and returns the wait status.
+  int Stop();
+
+ private:
+  std::string address_;
+  std::string socket_path_;
+  std::unique_ptr<Subprocess> process_;
+};
+
+// Fixture: a fresh daemon per test and a client of it.
+class DaemonTest : public ::testing::Test {
+ protected:
+  void SetUp() override;
+  // Daemon flags; override for other pools.
+  virtual std::vector<std::string> DaemonArgs() {
+    return {"--pool-size", "64MiB"};
+  }
+  // A new client (session) of the test's daemon.
+  Client Connect();
+  // Runs `st_child <command[0]> <address> <command[1:]...>`.
+  std::unique_ptr<Subprocess> Child(const std::vector<std::string>& command);
+  // Bytes in use in the daemon's first pool.
+  uint64_t Used();
+
+  std::unique_ptr<DaemonProcess> daemon_;
+  std::optional<Client> client_;
+};
+
+// Path of the daemon and of the test helper binary.
+std::string DaemonPath();
+std::string ChildPath();
+// A fresh socket address "unix:/tmp/shmtensor-test-<pid>-<n>.sock".
+std::string FreshAddress();
+
+}  // namespace shmtensor::testing
+
+#endif  // SHMTENSOR_TESTS_TEST_UTIL_H_
