@@ -17,7 +17,8 @@ constexpr absl::Duration kWaitMargin = absl::Seconds(10);
 
 uint32_t ToMillis(absl::Duration d) {
   if (d <= absl::ZeroDuration()) return 0;
-  const int64_t ms = absl::ToInt64Milliseconds(absl::Ceil(d, absl::Milliseconds(1)));
+  const int64_t ms =
+      absl::ToInt64Milliseconds(absl::Ceil(d, absl::Milliseconds(1)));
   return ms > UINT32_MAX ? UINT32_MAX : static_cast<uint32_t>(ms);
 }
 
@@ -162,8 +163,8 @@ absl::Status Client::Delete(std::string_view name) {
 
 absl::StatusOr<StoreStats> Client::Stats() {
   v1::StatsResponse resp;
-  if (absl::Status s = core_->Call(&v1::ObjectStore::Stub::Stats,
-                                   v1::StatsRequest(), &resp);
+  if (absl::Status s =
+          core_->Call(&v1::ObjectStore::Stub::Stats, v1::StatsRequest(), &resp);
       !s.ok()) {
     return s;
   }

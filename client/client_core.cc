@@ -41,13 +41,14 @@ absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::Connect(
       !event.has_opened()) {
     grpc::Status st = core->session_->Finish();
     core->session_.reset();
-    return absl::UnavailableError(absl::StrCat(
-        "shmtensord at ", address, " refused the session: ", st.error_message()));
+    return absl::UnavailableError(
+        absl::StrCat("shmtensord at ", address,
+                     " refused the session: ", st.error_message()));
   }
   core->session_id_ = event.opened().session_id();
   core->epoch_ = event.opened().daemon_epoch();
   for (const v1::PoolInfo& info : event.opened().pools()) {
-    absl::StatusOr<std::unique_ptr<PoolMapping>> m = PoolMapping::Map(info);
+    absl::StatusOr<std::shared_ptr<PoolMapping>> m = PoolMapping::Get(info);
     if (!m.ok()) return m.status();
     core->mappings_.push_back(*std::move(m));
   }
@@ -64,9 +65,9 @@ ClientCore::~ClientCore() {
 
 absl::StatusOr<PoolMapping*> ClientCore::Mapping(uint32_t pool_id) const {
   if (pool_id >= mappings_.size()) {
-    return absl::InternalError(
-        absl::StrCat("daemon named pool ", pool_id, " but sent ",
-                     mappings_.size(), " pools"));
+    return absl::InternalError(absl::StrCat("daemon named pool ", pool_id,
+                                            " but sent ", mappings_.size(),
+                                            " pools"));
   }
   return mappings_[pool_id].get();
 }
@@ -84,13 +85,15 @@ absl::Status ClientCore::FromGrpc(const grpc::ClientContext& ctx,
   if (status.ok()) return absl::OkStatus();
   std::string message = status.error_message();
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
-    message = absl::StrCat("shmtensord at ", address_, " unavailable: ", message);
+    message =
+        absl::StrCat("shmtensord at ", address_, " unavailable: ", message);
   }
   absl::Status out(static_cast<absl::StatusCode>(status.error_code()), message);
   const auto& trailers = ctx.GetServerTrailingMetadata();
   auto it = trailers.find(std::string(kErrorReasonMetadata));
   if (it != trailers.end()) {
-    out = WithReason(out, absl::string_view(it->second.data(), it->second.size()));
+    out = WithReason(out,
+                     absl::string_view(it->second.data(), it->second.size()));
   }
   return out;
 }

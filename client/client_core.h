@@ -67,11 +67,12 @@ class ClientCore {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::ObjectStore::Stub> stub_;
   grpc::ClientContext session_ctx_;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionEvent>>
+  std::unique_ptr<
+      grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionEvent>>
       session_;
   uint64_t session_id_ = 0;
   uint64_t epoch_ = 0;
-  std::vector<std::unique_ptr<PoolMapping>> mappings_;  // By pool id.
+  std::vector<std::shared_ptr<PoolMapping>> mappings_;  // By pool id.
 };
 
 }  // namespace shmtensor::internal

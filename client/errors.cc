@@ -2,9 +2,8 @@
 
 #include <string>
 
-#include "absl/types/optional.h"
-
 #include "absl/strings/cord.h"
+#include "absl/types/optional.h"
 
 namespace shmtensor {
 

@@ -3,26 +3,25 @@
 namespace shmtensor::internal {
 
 Lease::~Lease() {
-  if (opened_rw_range_ && access_ != Access::kNone) {
+  if (opened_rw_range_ && access_ == Access::kReadWrite) {
     if (absl::StatusOr<PoolMapping*> m = core_->Mapping(placement_.pool_id());
         m.ok()) {
       (*m)->Protect(placement_.offset(), placement_.capacity_bytes(),
-                    Access::kNone)
+                    Access::kRead)
           .IgnoreError();
     }
   }
   if (held_) core_->ReleaseLease(id_).IgnoreError();
 }
 
-absl::Status Lease::CloseForSeal(bool exclusive) {
+absl::Status Lease::CloseForSeal() {
   std::lock_guard<std::mutex> lock(mu_);
   absl::StatusOr<PoolMapping*> m = core_->Mapping(placement_.pool_id());
   if (!m.ok()) return m.status();
-  absl::StatusOr<uint8_t*> p =
-      (*m)->Protect(placement_.offset(), placement_.capacity_bytes(),
-                    exclusive ? Access::kNone : Access::kRead);
+  absl::StatusOr<uint8_t*> p = (*m)->Protect(
+      placement_.offset(), placement_.capacity_bytes(), Access::kRead);
   if (!p.ok()) return p.status();
-  access_ = exclusive ? Access::kNone : Access::kRead;
+  access_ = Access::kRead;
   return absl::OkStatus();
 }
 
@@ -30,7 +29,8 @@ void Lease::BecomeReadLease() {
   std::lock_guard<std::mutex> lock(mu_);
   // Readers read through the read-only mapping, like every other view.
   absl::StatusOr<PoolMapping*> m = core_->Mapping(placement_.pool_id());
-  if (m.ok()) data_ = const_cast<uint8_t*>((*m)->read_base()) + placement_.offset();
+  if (m.ok())
+    data_ = const_cast<uint8_t*>((*m)->read_base()) + placement_.offset();
 }
 
 void Lease::Forget() {

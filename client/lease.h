@@ -40,10 +40,9 @@ class Lease {
   Access access() const { return access_; }
   ClientCore& core() const { return *core_; }
 
-  // Before sealing: closes the writable range (to read-only for a shared
-  // seal, to no access for an exclusive one). From here on a write through
-  // the old pointer faults.
-  absl::Status CloseForSeal(bool exclusive);
+  // Before sealing: closes the writable range to read-only. From here on a
+  // write through the old pointer faults.
+  absl::Status CloseForSeal();
   // After a shared seal: the lease now is the ref's read lease.
   void BecomeReadLease();
   // After an exclusive seal: the daemon consumed the lease.

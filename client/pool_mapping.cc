@@ -7,8 +7,10 @@
 #include <cerrno>
 #include <cstring>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 
 namespace shmtensor::internal {
 namespace {
@@ -21,31 +23,42 @@ absl::StatusOr<uint8_t*> MapShm(const v1::PoolInfo& info, bool writable) {
         "cannot open pool '%s' (%s): %s; is shmtensord still running?",
         info.name(), info.shm_name(), std::strerror(errno)));
   }
-  const int prot = writable ? PROT_READ | PROT_WRITE : PROT_READ;
-  void* p = mmap(nullptr, info.size_bytes(), prot, MAP_SHARED | MAP_POPULATE,
-                 fd, 0);
+  // PROT_READ for both: the writable mapping opens ranges one by one.
+  void* p = mmap(nullptr, info.size_bytes(), PROT_READ, MAP_SHARED, fd, 0);
   const int err = errno;
   close(fd);
   if (p == MAP_FAILED) {
-    return absl::InternalError(absl::StrFormat(
-        "mmap of pool '%s' (%d bytes): %s", info.name(), info.size_bytes(),
-        std::strerror(err)));
+    return absl::InternalError(
+        absl::StrFormat("mmap of pool '%s' (%d bytes): %s", info.name(),
+                        info.size_bytes(), std::strerror(err)));
   }
   return static_cast<uint8_t*>(p);
 }
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<PoolMapping>> PoolMapping::Map(
+absl::StatusOr<std::shared_ptr<PoolMapping>> PoolMapping::Get(
     const v1::PoolInfo& info) {
   if (info.kind() != v1::MEMORY_KIND_HOST) {
     return absl::UnimplementedError(absl::StrFormat(
         "pool '%s' is of memory kind %d, which this client cannot map",
         info.name(), info.kind()));
   }
+  // Keyed by segment name, which is unique per daemon instance and pool.
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* mappings =
+      new absl::flat_hash_map<std::string, std::weak_ptr<PoolMapping>>();
+  absl::MutexLock lock(&mu);
+  std::weak_ptr<PoolMapping>& slot = (*mappings)[info.shm_name()];
+  if (std::shared_ptr<PoolMapping> live = slot.lock()) return live;
   absl::StatusOr<uint8_t*> ro = MapShm(info, false);
-  if (!ro.ok()) return ro.status();
-  return std::unique_ptr<PoolMapping>(new PoolMapping(info, *ro));
+  if (!ro.ok()) {
+    mappings->erase(info.shm_name());
+    return ro.status();
+  }
+  std::shared_ptr<PoolMapping> mapping(new PoolMapping(info, *ro));
+  slot = mapping;
+  return mapping;
 }
 
 PoolMapping::~PoolMapping() {
@@ -69,20 +82,16 @@ absl::StatusOr<uint8_t*> PoolMapping::Protect(uint64_t offset,
       rw_status_ = rw.status();
       return;
     }
-    // Populated writable above; now closed until a range is opened. The
-    // page-table entries stay, so opening a range later costs no fault.
-    mprotect(*rw, info_.size_bytes(), PROT_NONE);
     rw_ = *rw;
   });
   if (rw_ == nullptr) return rw_status_;
   if (capacity > 0) {
-    const int prot = access == Access::kReadWrite ? PROT_READ | PROT_WRITE
-                     : access == Access::kRead    ? PROT_READ
-                                                  : PROT_NONE;
+    const int prot =
+        access == Access::kReadWrite ? PROT_READ | PROT_WRITE : PROT_READ;
     if (mprotect(rw_ + offset, capacity, prot) != 0) {
-      return absl::InternalError(absl::StrFormat(
-          "mprotect of [%d, +%d) in pool '%s': %s", offset, capacity,
-          info_.name(), std::strerror(errno)));
+      return absl::InternalError(
+          absl::StrFormat("mprotect of [%d, +%d) in pool '%s': %s", offset,
+                          capacity, info_.name(), std::strerror(errno)));
     }
   }
   return rw_ + offset;

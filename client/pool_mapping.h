@@ -1,17 +1,22 @@
 // A client process's mappings of one host pool.
 //
-// Each pool is mapped at most twice per process, once each, for the life of
-// the client (never per object):
+// Each pool is mapped at most twice per process, once each, however many
+// clients the process has, for as long as any of them uses it (never per
+// object):
 //  - read-only: shm_open(O_RDONLY) + mmap(PROT_READ). Every read view points
 //    here; a write through it faults.
-//  - read-write, made on first need: mmap(PROT_READ|PROT_WRITE) populated,
-//    then mprotect(PROT_NONE). Only the ranges of buffers this process may
-//    write (its unsealed buffers, and the transfers it took) are opened to
-//    PROT_READ|PROT_WRITE, with mprotect, for exactly that time. Sealing puts
-//    the creator's range back to PROT_READ (PROT_NONE for an exclusive
-//    hand-off), so a write through an old writable pointer faults.
-// Both mappings use MAP_POPULATE, and mprotect keeps the page-table entries,
-// so a steady-state object lifecycle takes no page fault.
+//  - writable, made on first need: shm_open(O_RDWR) + mmap(PROT_READ). Only
+//    the ranges of buffers this process may write (its unsealed buffers, and
+//    the transfers it took) are opened to PROT_READ|PROT_WRITE with
+//    mprotect, for exactly that time. Sealing (shared or exclusive) and
+//    releasing close the range back to PROT_READ, so a write through an old
+//    writable pointer faults.
+// The daemon allocated every page of the pool up front, so a first touch in
+// a client only maps an existing page (a minor fault, once per page and
+// process); mprotect keeps page-table entries, and the allocator hands the
+// same ranges out again, so a steady-state lifecycle takes no page fault.
+// Nothing is pre-populated at map time: connecting costs the same for a
+// 64 MiB and a 64 GiB pool.
 //
 // Thread safety: thread-safe.
 #ifndef SHMTENSOR_CLIENT_POOL_MAPPING_H_
@@ -26,13 +31,15 @@
 
 namespace shmtensor::internal {
 
-enum class Access { kNone, kRead, kReadWrite };
+enum class Access { kRead, kReadWrite };
 
 class PoolMapping {
  public:
-  // Maps the pool read-only. UNAVAILABLE when the segment cannot be opened
-  // (e.g. the daemon is gone), INTERNAL for other system errors.
-  static absl::StatusOr<std::unique_ptr<PoolMapping>> Map(
+  // The process's mapping of the pool, made (read-only) on first use and
+  // shared by every client of the process; unmapped when the last holder
+  // lets go. UNAVAILABLE when the segment cannot be opened (e.g. the daemon
+  // is gone), INTERNAL for other system errors.
+  static absl::StatusOr<std::shared_ptr<PoolMapping>> Get(
       const v1::PoolInfo& info);
   ~PoolMapping();
 
@@ -50,12 +57,13 @@ class PoolMapping {
                                    Access access);
 
  private:
-  PoolMapping(v1::PoolInfo info, uint8_t* ro) : info_(std::move(info)), ro_(ro) {}
+  PoolMapping(v1::PoolInfo info, uint8_t* ro)
+      : info_(std::move(info)), ro_(ro) {}
 
   const v1::PoolInfo info_;
   uint8_t* const ro_;
   std::once_flag rw_once_;
-  uint8_t* rw_ = nullptr;  // Set once under rw_once_.
+  uint8_t* rw_ = nullptr;   // Set once under rw_once_.
   absl::Status rw_status_;  // Set once under rw_once_.
 };
 

@@ -39,7 +39,7 @@ absl::StatusOr<SealedRef> Buffer::Seal(bool exclusive) {
   }
   // Close the writable range before the daemon publishes the object, so no
   // write of this process can land after a reader could see it.
-  if (absl::Status s = lease_->CloseForSeal(exclusive); !s.ok()) return s;
+  if (absl::Status s = lease_->CloseForSeal(); !s.ok()) return s;
   v1::SealRequest req;
   req.set_session_id(lease_->core().session_id());
   req.set_lease_id(lease_->id());

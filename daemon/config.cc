@@ -42,9 +42,9 @@ absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text) {
   } else if (unit == "t" || unit == "tb" || unit == "tib") {
     shift = 40;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "size '", text, "' has unknown unit '", unit,
-        "' (use B, KiB, MiB, GiB or TiB)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("size '", text, "' has unknown unit '", unit,
+                     "' (use B, KiB, MiB, GiB or TiB)"));
   }
   if (value == 0) {
     return absl::InvalidArgumentError(absl::StrCat("size '", text, "' is 0"));
@@ -60,8 +60,8 @@ namespace {
 
 absl::Status SourceError(const std::string& path, const toml::node& node,
                          const std::string& what) {
-  return absl::InvalidArgumentError(absl::StrFormat(
-      "%s:%d: %s", path, node.source().begin.line, what));
+  return absl::InvalidArgumentError(
+      absl::StrFormat("%s:%d: %s", path, node.source().begin.line, what));
 }
 
 absl::StatusOr<uint64_t> SizeOf(const std::string& path, const toml::node& n) {
@@ -74,7 +74,8 @@ absl::StatusOr<uint64_t> SizeOf(const std::string& path, const toml::node& n) {
     if (!v.ok()) return SourceError(path, n, std::string(v.status().message()));
     return v;
   }
-  return SourceError(path, n, "size must be an integer or a string like '1GiB'");
+  return SourceError(path, n,
+                     "size must be an integer or a string like '1GiB'");
 }
 
 }  // namespace
@@ -83,16 +84,17 @@ absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path,
                                             DaemonConfig base) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) {
-    return absl::NotFoundError(absl::StrCat("config file '", path, "' not found"));
+    return absl::NotFoundError(
+        absl::StrCat("config file '", path, "' not found"));
   }
   toml::table table;
   // toml++ reports errors by exception: this is its one adapter.
   try {
     table = toml::parse_file(path);
   } catch (const toml::parse_error& e) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s:%d:%d: %s", path, e.source().begin.line, e.source().begin.column,
-        e.description()));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s:%d:%d: %s", path, e.source().begin.line,
+                        e.source().begin.column, e.description()));
   }
   for (const auto& [key, node] : table) {
     const std::string k(key.str());
@@ -107,25 +109,29 @@ absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path,
     } else if (k == "pool") {
       const toml::array* pools = node.as_array();
       if (pools == nullptr) {
-        return SourceError(path, node, "'pool' must be an array of tables ([[pool]])");
+        return SourceError(path, node,
+                           "'pool' must be an array of tables ([[pool]])");
       }
       base.pools.clear();
       for (const toml::node& p : *pools) {
         const toml::table* t = p.as_table();
-        if (t == nullptr) return SourceError(path, p, "each [[pool]] must be a table");
+        if (t == nullptr)
+          return SourceError(path, p, "each [[pool]] must be a table");
         PoolConfig pc;
         for (const auto& [pk, pn] : *t) {
           const std::string pks(pk.str());
           if (pks == "name") {
             auto v = pn.value<std::string>();
-            if (!v) return SourceError(path, pn, "pool 'name' must be a string");
+            if (!v)
+              return SourceError(path, pn, "pool 'name' must be a string");
             pc.name = *v;
           } else if (pks == "size") {
             absl::StatusOr<uint64_t> size = SizeOf(path, pn);
             if (!size.ok()) return size.status();
             pc.size_bytes = *size;
           } else {
-            return SourceError(path, pn, absl::StrCat("unknown pool key '", pks, "'"));
+            return SourceError(path, pn,
+                               absl::StrCat("unknown pool key '", pks, "'"));
           }
         }
         base.pools.push_back(pc);
@@ -159,9 +165,9 @@ absl::Status ValidateConfig(const DaemonConfig& config) {
   static const std::set<std::string> kLevels = {"trace", "debug", "info",
                                                 "warn",  "error", "off"};
   if (!kLevels.count(config.log_level)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "log level '", config.log_level,
-        "' is not one of trace, debug, info, warn, error, off"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("log level '", config.log_level,
+                     "' is not one of trace, debug, info, warn, error, off"));
   }
   return absl::OkStatus();
 }

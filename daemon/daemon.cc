@@ -1,6 +1,8 @@
 #include "daemon/daemon.h"
 
 #include <fcntl.h>
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -10,11 +12,8 @@
 #include <filesystem>
 #include <random>
 
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <grpcpp/health_check_service_interface.h>
-
-#include "absl/strings/ascii.h"
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -82,9 +81,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
 
   const std::string prefix = SegmentPrefix(config.listen);
   if (int n = HostSegment::RemoveLeftovers(prefix); n > 0) {
-    spdlog::warn("removed {} shared-memory segments left by an earlier "
-                 "instance on {}",
-                 n, config.listen);
+    spdlog::warn(
+        "removed {} shared-memory segments left by an earlier "
+        "instance on {}",
+        n, config.listen);
   }
 
   std::vector<std::unique_ptr<Pool>> pools;
@@ -92,9 +92,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
     absl::StatusOr<std::unique_ptr<HostSegment>> seg =
         HostSegment::Create(prefix, pc.size_bytes);
     if (!seg.ok()) {
-      return absl::Status(seg.status().code(),
-                          absl::StrCat("pool '", pc.name, "': ",
-                                       seg.status().message()));
+      return absl::Status(
+          seg.status().code(),
+          absl::StrCat("pool '", pc.name, "': ", seg.status().message()));
     }
     spdlog::info("pool '{}': {} bytes of host memory reserved at /dev/shm{}",
                  pc.name, (*seg)->size_bytes(), (*seg)->handle());
@@ -115,8 +115,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   // Notice dead peers on TCP too (a UDS peer's death is seen at once).
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
-                             5000);
+  builder.AddChannelArgument(
+      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   // The socket is created by BuildAndStart: give it mode 0660 from birth.
   const mode_t old_umask = umask(0117);

@@ -13,9 +13,9 @@
 #include <random>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/match.h"
 
 namespace shmtensor::daemon {
 namespace bip = boost::interprocess;
@@ -68,9 +68,9 @@ absl::StatusOr<std::unique_ptr<HostSegment>> HostSegment::Create(
           "/dev/shm or start with a smaller --pool-size",
           size_bytes, std::strerror(err)));
     }
-    return absl::InternalError(absl::StrFormat(
-        "posix_fallocate(%s, %d bytes): %s", name, size_bytes,
-        std::strerror(err)));
+    return absl::InternalError(
+        absl::StrFormat("posix_fallocate(%s, %d bytes): %s", name, size_bytes,
+                        std::strerror(err)));
   }
   return std::unique_ptr<HostSegment>(new HostSegment(name, size_bytes, page));
 }

@@ -42,9 +42,8 @@ absl::StatusOr<uint64_t> LayoutExtent(const v1::Layout& layout) {
     }
     count *= static_cast<uint64_t>(dim);
     if (count > absl::uint128(UINT64_MAX)) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("shape overflows 64 bits at axis %d (dimension %d)",
-                          i, dim));
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "shape overflows 64 bits at axis %d (dimension %d)", i, dim));
     }
     if (strided) {
       const int64_t stride = layout.strides_bytes(i);

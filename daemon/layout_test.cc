@@ -16,7 +16,7 @@ v1::Layout L(v1::DType dtype, std::vector<int64_t> shape,
 
 TEST(LayoutTest, ContiguousExtent) {
   EXPECT_EQ(*LayoutExtent(L(v1::DTYPE_FLOAT32, {64, 1024})), 64u * 1024 * 4);
-  EXPECT_EQ(*LayoutExtent(L(v1::DTYPE_FLOAT64, {})), 8u);  // 0-d scalar.
+  EXPECT_EQ(*LayoutExtent(L(v1::DTYPE_FLOAT64, {})), 8u);      // 0-d scalar.
   EXPECT_EQ(*LayoutExtent(L(v1::DTYPE_INT8, {3, 0, 5})), 0u);  // Empty.
 }
 

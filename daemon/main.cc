@@ -11,13 +11,15 @@
 
 int main(int argc, char** argv) {
   using shmtensor::daemon::DaemonConfig;
-  CLI::App app{"shmtensord: shared-memory pools for zero-copy arrays and tensors"};
+  CLI::App app{
+      "shmtensord: shared-memory pools for zero-copy arrays and tensors"};
   std::string listen, pool_size, config_file, log_level;
   app.add_option("--listen", listen,
                  "gRPC address: unix:/path or host:port (default: "
                  "$SHMTENSOR_ADDRESS or unix:/tmp/shmtensord-<uid>.sock)");
-  app.add_option("--pool-size", pool_size,
-                 "size of the default pool, e.g. 512MiB or 4GiB (default 1GiB)");
+  app.add_option(
+      "--pool-size", pool_size,
+      "size of the default pool, e.g. 512MiB or 4GiB (default 1GiB)");
   app.add_option("--config", config_file, "TOML config file")
       ->check(CLI::ExistingFile);
   app.add_option("--log-level", log_level,

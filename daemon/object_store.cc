@@ -21,9 +21,9 @@ absl::Status ShuttingDownError() {
 absl::Status ValidateName(const std::string& name) {
   if (name.empty()) return absl::InvalidArgumentError("name is empty");
   if (name.size() > kMaxNameBytes) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "name '%s...' is %d bytes, more than the maximum of %d",
-        name.substr(0, 32), name.size(), kMaxNameBytes));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("name '%s...' is %d bytes, more than the maximum of %d",
+                        name.substr(0, 32), name.size(), kMaxNameBytes));
   }
   if (name.find('\0') != std::string::npos) {
     return absl::InvalidArgumentError("name contains a NUL byte");
@@ -58,9 +58,9 @@ ObjectStore::ObjectStore(std::vector<std::unique_ptr<Pool>> pools,
 absl::StatusOr<uint64_t> ObjectStore::OpenSession(
     const std::string& client_name, int pid) {
   if (client_name.size() > kMaxNameBytes) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "client name is %d bytes, more than %d", client_name.size(),
-        kMaxNameBytes));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("client name is %d bytes, more than %d",
+                        client_name.size(), kMaxNameBytes));
   }
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return ShuttingDownError();
@@ -114,10 +114,12 @@ absl::StatusOr<Handout> ObjectStore::Create(const CreateArgs& args) {
   absl::MutexLock lock(&mu_);
   uint32_t pool_id = 0;
   if (!args.pool.empty()) {
-    auto it = std::find_if(pools_.begin(), pools_.end(),
-                           [&](const auto& p) { return p->name() == args.pool; });
+    auto it = std::find_if(pools_.begin(), pools_.end(), [&](const auto& p) {
+      return p->name() == args.pool;
+    });
     if (it == pools_.end()) {
-      return absl::NotFoundError(absl::StrCat("no pool named '", args.pool, "'"));
+      return absl::NotFoundError(
+          absl::StrCat("no pool named '", args.pool, "'"));
     }
     pool_id = static_cast<uint32_t>(it - pools_.begin());
   }
@@ -126,9 +128,9 @@ absl::StatusOr<Handout> ObjectStore::Create(const CreateArgs& args) {
   if (*bytes > 0) {
     std::optional<uint64_t> rounded = pool.allocator().RoundUp(*bytes);
     if (!rounded || *rounded > pool.allocator().size()) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "size %d bytes exceeds pool '%s' of %d bytes", *bytes, pool.name(),
-          pool.allocator().size()));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("size %d bytes exceeds pool '%s' of %d bytes", *bytes,
+                          pool.name(), pool.allocator().size()));
     }
     capacity = *rounded;
   }
@@ -143,9 +145,8 @@ absl::StatusOr<Handout> ObjectStore::Create(const CreateArgs& args) {
           absl::StrCat("name '", args.name, "' is already bound to an object"));
     }
     if (slots_.size() >= kMaxObjects && free_slots_.empty()) {
-      return absl::ResourceExhaustedError(
-          absl::StrFormat("%d objects alive, the most the daemon holds",
-                          kMaxObjects));
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "%d objects alive, the most the daemon holds", kMaxObjects));
     }
     if (capacity == 0) break;
     if (std::optional<uint64_t> got = pool.allocator().Allocate(capacity)) {
@@ -275,14 +276,15 @@ absl::StatusOr<Handout> ObjectStore::GetByName(uint64_t session_id,
     absl::StatusOr<Session*> session = FindSession(session_id);
     if (!session.ok()) return session.status();
     auto it = names_.find(name);
-    if (it != names_.end() && slots_[it->second].object.state == State::kSealed) {
+    if (it != names_.end() &&
+        slots_[it->second].object.state == State::kSealed) {
       const uint64_t lease = AddLease(session_id, **session, it->second, false);
       return MakeHandout(it->second, lease, false);
     }
     if (timeout <= absl::ZeroDuration()) {
-      return absl::NotFoundError(absl::StrCat(
-          "no sealed object named '", name, "'",
-          it != names_.end() ? " (one is being written)" : ""));
+      return absl::NotFoundError(
+          absl::StrCat("no sealed object named '", name, "'",
+                       it != names_.end() ? " (one is being written)" : ""));
     }
     if (sealed_.WaitWithDeadline(&mu_, deadline) && absl::Now() >= deadline) {
       it = names_.find(name);
@@ -354,8 +356,8 @@ void ObjectStore::Shutdown() {
 absl::StatusOr<ObjectStore::Session*> ObjectStore::FindSession(uint64_t id) {
   auto it = sessions_.find(id);
   if (it == sessions_.end()) {
-    return WithReason(absl::FailedPreconditionError(absl::StrFormat(
-                          "session %016x is not open", id)),
+    return WithReason(absl::FailedPreconditionError(
+                          absl::StrFormat("session %016x is not open", id)),
                       kReasonSessionEnded);
   }
   return &it->second;
@@ -404,8 +406,8 @@ absl::StatusOr<ObjectStore::Lease*> ObjectStore::FindLease(uint64_t session_id,
         absl::StrFormat("lease %d was never issued", lease_id));
   }
   if (it->second.session != session_id) {
-    return absl::PermissionDeniedError(absl::StrFormat(
-        "lease %d belongs to another session", lease_id));
+    return absl::PermissionDeniedError(
+        absl::StrFormat("lease %d belongs to another session", lease_id));
   }
   return &it->second;
 }

@@ -84,8 +84,7 @@ class ObjectStore {
 
   // Opens a session and returns its unguessable id. UNAVAILABLE after
   // Shutdown; INVALID_ARGUMENT for a client name over kMaxNameBytes.
-  absl::StatusOr<uint64_t> OpenSession(const std::string& client_name,
-                                       int pid);
+  absl::StatusOr<uint64_t> OpenSession(const std::string& client_name, int pid);
   // Ends a session (idempotent): drops its leases, discards its unsealed
   // objects, reclaims its untaken transfers.
   void EndSession(uint64_t session_id);
@@ -118,7 +117,7 @@ class ObjectStore {
     uint64_t capacity = 0;
     v1::Layout layout;
     State state = State::kWriting;
-    std::string name;  // Non-empty while a name is bound to it.
+    std::string name;      // Non-empty while a name is bound to it.
     uint64_t creator = 0;  // Session that created it.
     uint32_t leases = 0;
   };

@@ -35,9 +35,9 @@ class ObjectStoreTest : public ::testing::Test {
     b_ = *store_->OpenSession("b", 2);
   }
 
-  absl::StatusOr<Handout> Create(uint64_t session, uint64_t bytes,
-                                 std::string name = "",
-                                 absl::Duration timeout = absl::ZeroDuration()) {
+  absl::StatusOr<Handout> Create(
+      uint64_t session, uint64_t bytes, std::string name = "",
+      absl::Duration timeout = absl::ZeroDuration()) {
     CreateArgs args;
     args.session_id = session;
     args.size_bytes = bytes;

@@ -58,7 +58,7 @@ class RangeAllocator {
   uint64_t size_;
   uint64_t granule_;
   uint64_t free_bytes_;
-  std::map<uint64_t, uint64_t> by_offset_;          // offset -> length
+  std::map<uint64_t, uint64_t> by_offset_;           // offset -> length
   std::set<std::pair<uint64_t, uint64_t>> by_size_;  // (length, offset)
 };
 

@@ -197,7 +197,8 @@ grpc::Status ObjectStoreService::Get(grpc::ServerContext* ctx,
 grpc::Status ObjectStoreService::Release(grpc::ServerContext* ctx,
                                          const v1::ReleaseRequest* req,
                                          v1::ReleaseResponse* resp) {
-  absl::StatusOr<bool> freed = store_.Release(req->session_id(), req->lease_id());
+  absl::StatusOr<bool> freed =
+      store_.Release(req->session_id(), req->lease_id());
   if (!freed.ok()) return ToGrpcStatus(ctx, freed.status());
   resp->set_freed(*freed);
   return grpc::Status::OK;

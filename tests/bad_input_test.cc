@@ -63,7 +63,8 @@ class BadInputTest : public testing::DaemonTest {
               const Req& req, grpc::StatusCode code, const std::string& needle,
               std::string* reason = nullptr) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(10));
     Resp resp;
     grpc::Status st = (stub_.get()->*method)(&ctx, req, &resp);
     EXPECT_EQ(st.error_code(), code)
@@ -132,7 +133,8 @@ TEST_F(BadInputTest, BadShapesDtypesAndStrides) {
   r.mutable_layout()->add_shape(4);
   r.mutable_layout()->add_strides_bytes(64);
   r.mutable_layout()->add_strides_bytes(4);
-  Expect(&Stub::Create, r, kInvalid, "layout spans 208 bytes but size_bytes is 64");
+  Expect(&Stub::Create, r, kInvalid,
+         "layout spans 208 bytes but size_bytes is 64");
 
   r.mutable_layout()->set_strides_bytes(0, -16);
   Expect(&Stub::Create, r, kInvalid, "stride -16 bytes at axis 0");
@@ -204,7 +206,8 @@ TEST_F(BadInputTest, ForgedAndStaleRefs) {
   ASSERT_TRUE(stub_->Release(&ctx, rel, &rr).ok());
   EXPECT_TRUE(rr.freed());
   *g.mutable_ref() = c.ref();
-  Expect(&Stub::Get, g, grpc::StatusCode::NOT_FOUND, "stale reference", &reason);
+  Expect(&Stub::Get, g, grpc::StatusCode::NOT_FOUND, "stale reference",
+         &reason);
   EXPECT_EQ(reason, "ERROR_REASON_STALE_REFERENCE");
 }
 

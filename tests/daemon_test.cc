@@ -61,7 +61,7 @@ TEST_F(DaemonTest, SegmentIsPrivateAndSocketIsGroupAccessible) {
   EXPECT_EQ(st.st_mode & 0777, 0600u);
   EXPECT_EQ(st.st_size, 64 << 20);
   EXPECT_GE(st.st_blocks * 512, 64 << 20);  // Reserved up front.
-  EXPECT_GE(segs[0].size(), 32u);  // 128 random bits in the name.
+  EXPECT_GE(segs[0].size(), 32u);           // 128 random bits in the name.
   ASSERT_EQ(stat(daemon_->socket_path().c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0660u);
 }
@@ -95,8 +95,8 @@ TEST_F(DaemonTest, RestartRemovesSegmentsOfCrashedInstance) {
 }
 
 TEST_F(DaemonTest, PoolLargerThanDevShmFailsAtStartWithClearMessage) {
-  auto [code, out] = RunFailing(
-      {"--listen", testing::FreshAddress(), "--pool-size", "64TiB"});
+  auto [code, out] =
+      RunFailing({"--listen", testing::FreshAddress(), "--pool-size", "64TiB"});
   EXPECT_EQ(code, 1);
   EXPECT_TRUE(absl::StrContains(out, "/dev/shm")) << out;
   EXPECT_TRUE(absl::StrContains(out, "70368744177664")) << out;

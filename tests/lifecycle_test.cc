@@ -42,8 +42,8 @@ TEST_F(LifecycleTest, AnotherProcessReadsTheSealedBytes) {
 }
 
 TEST_F(LifecycleTest, ViewsShareOneMappingAndAreZeroCopy) {
-  absl::StatusOr<Buffer> buf = client_->Create(
-      {.dtype = DType::kFloat32, .shape = {256, 1024}});
+  absl::StatusOr<Buffer> buf =
+      client_->Create({.dtype = DType::kFloat32, .shape = {256, 1024}});
   ASSERT_TRUE(buf.ok()) << buf.status();
   ASSERT_EQ(buf->size_bytes(), 256u * 1024 * 4);
   auto* f = static_cast<float*>(buf->data());
@@ -52,6 +52,9 @@ TEST_F(LifecycleTest, ViewsShareOneMappingAndAreZeroCopy) {
   View a = *client_->Get(ref.ref());
   View b = *client_->Get(ref.ref());
   EXPECT_EQ(a.data(), b.data());  // Same mapping, no copy.
+  Client other = Connect();       // Another session of this process...
+  View c = *other.Get(ref.ref());
+  EXPECT_EQ(c.data(), a.data());  // ...shares the process's one mapping.
   EXPECT_EQ(reinterpret_cast<uintptr_t>(a.data()) % 64, 0u);
   EXPECT_EQ(a.shape(), (std::vector<int64_t>{256, 1024}));
   EXPECT_EQ(a.strides_bytes(), (std::vector<int64_t>{4096, 4}));
@@ -87,7 +90,8 @@ TEST_F(LifecycleTest, TensorKeepsLeaseAfterViewIsGone) {
 }
 
 TEST_F(LifecycleTest, NamedGetWaitsForSealInAnotherProcess) {
-  std::unique_ptr<Subprocess> child = Child({"get-name", "later", "20000", "5"});
+  std::unique_ptr<Subprocess> child =
+      Child({"get-name", "later", "20000", "5"});
   EXPECT_EQ(*child->ReadLine(), "waiting");
   absl::StatusOr<Buffer> buf =
       client_->Create({.size_bytes = 65536, .name = "later"});

@@ -120,8 +120,8 @@ TEST_F(SafetyTest, FullPoolMakesProducerWaitNotOverwrite) {  // [P2]
     held.Reset();  // The last view goes: now the memory may be reused.
   });
   const absl::Time start = absl::Now();
-  absl::StatusOr<Buffer> second = producer.Create(
-      {.size_bytes = 40 << 20, .timeout = absl::Seconds(20)});
+  absl::StatusOr<Buffer> second =
+      producer.Create({.size_bytes = 40 << 20, .timeout = absl::Seconds(20)});
   consumer_done.join();
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(250));

@@ -41,8 +41,8 @@ std::string RefToHex(const ObjectRef& ref) {
 int Run(int argc, char** argv) {
   if (argc < 3) return 2;
   const std::string cmd = argv[1];
-  absl::StatusOr<Client> client = Client::Connect({.address = argv[2],
-                                                   .client_name = "st_child"});
+  absl::StatusOr<Client> client =
+      Client::Connect({.address = argv[2], .client_name = "st_child"});
   if (!client.ok()) return Fail(client.status());
 
   if (cmd == "write-view" || cmd == "write-tensor") {
@@ -63,8 +63,8 @@ int Run(int argc, char** argv) {
   }
   if (cmd == "write-after-seal") {  // argv[3]: name, argv[4]: "exclusive"?
     const bool exclusive = argc > 4 && std::string(argv[4]) == "exclusive";
-    absl::StatusOr<shmtensor::Buffer> buf = client->Create(
-        {.size_bytes = 8192, .name = exclusive ? "" : argv[3]});
+    absl::StatusOr<shmtensor::Buffer> buf =
+        client->Create({.size_bytes = 8192, .name = exclusive ? "" : argv[3]});
     if (!buf.ok()) return Fail(buf.status());
     auto* p = static_cast<uint8_t*>(buf->data());
     std::memset(p, 7, 8192);
@@ -127,23 +127,28 @@ int Run(int argc, char** argv) {
     constexpr uint64_t kMiB = 1 << 20;
     absl::StatusOr<shmtensor::Buffer> half =
         client->Create({.size_bytes = kMiB, .name = "half"});
-    absl::StatusOr<shmtensor::Buffer> unsealed = client->Create({.size_bytes = kMiB});
-    absl::StatusOr<shmtensor::Buffer> shared = client->Create({.size_bytes = kMiB});
-    absl::StatusOr<shmtensor::Buffer> transfer = client->Create({.size_bytes = kMiB});
+    absl::StatusOr<shmtensor::Buffer> unsealed =
+        client->Create({.size_bytes = kMiB});
+    absl::StatusOr<shmtensor::Buffer> shared =
+        client->Create({.size_bytes = kMiB});
+    absl::StatusOr<shmtensor::Buffer> transfer =
+        client->Create({.size_bytes = kMiB});
     if (!half.ok() || !unsealed.ok() || !shared.ok() || !transfer.ok()) {
       return Fail(absl::InternalError("create failed"));
     }
     std::memset(half->data(), 1, kMiB);  // Half-written, never sealed.
     absl::StatusOr<shmtensor::SealedRef> ref = shared->Seal();
     absl::StatusOr<shmtensor::SealedRef> xfer = transfer->Seal(true);
-    if (!ref.ok() || !xfer.ok()) return Fail(absl::InternalError("seal failed"));
+    if (!ref.ok() || !xfer.ok())
+      return Fail(absl::InternalError("seal failed"));
     absl::StatusOr<shmtensor::View> view = client->Get(ref->ref());
     if (!view.ok()) return Fail(view.status());
     Say("ready");
     while (true) pause();
   }
   if (cmd == "exclusive-and-exit") {
-    absl::StatusOr<shmtensor::Buffer> buf = client->Create({.size_bytes = 4096});
+    absl::StatusOr<shmtensor::Buffer> buf =
+        client->Create({.size_bytes = 4096});
     if (!buf.ok()) return Fail(buf.status());
     absl::StatusOr<shmtensor::SealedRef> ref = buf->Seal(true);
     if (!ref.ok()) return Fail(ref.status());

@@ -1,5 +1,6 @@
 #include "tests/test_util.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -18,7 +19,6 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/daemon.h"
 #include "daemon/host_segment.h"
-#include <dirent.h>
 
 namespace shmtensor::testing {
 
@@ -27,7 +27,8 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) return absl::InternalError("pipe failed");
   std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  for (const std::string& a : argv)
+    args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   const pid_t pid = fork();
   if (pid < 0) return absl::InternalError("fork failed");
@@ -66,8 +67,8 @@ absl::StatusOr<std::string> Subprocess::ReadLine(absl::Duration timeout) {
     char buf[4096];
     const ssize_t n = read(out_, buf, sizeof(buf));
     if (n <= 0) {
-      return absl::OutOfRangeError(
-          absl::StrCat("child ", pid_, " closed stdout; got '", buffered_, "'"));
+      return absl::OutOfRangeError(absl::StrCat(
+          "child ", pid_, " closed stdout; got '", buffered_, "'"));
     }
     buffered_.append(buf, n);
   }
@@ -139,7 +140,8 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(
     const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_un addr{};
     addr.sun_family = AF_UNIX;
-    std::strncpy(addr.sun_path, d->socket_path_.c_str(), sizeof(addr.sun_path) - 1);
+    std::strncpy(addr.sun_path, d->socket_path_.c_str(),
+                 sizeof(addr.sun_path) - 1);
     const bool ok =
         connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
     close(fd);
@@ -150,7 +152,8 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(
     if (waitpid(d->process_->pid(), &status, WNOHANG) == d->process_->pid()) {
       return absl::InternalError("daemon exited during start");
     }
-    if (absl::Now() > deadline) return absl::DeadlineExceededError("daemon start");
+    if (absl::Now() > deadline)
+      return absl::DeadlineExceededError("daemon start");
     absl::SleepFor(absl::Milliseconds(10));
   }
   return d;

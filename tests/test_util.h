@@ -31,7 +31,8 @@ class Subprocess {
   pid_t pid() const { return pid_; }
   // Next line of the child's stdout without the newline; DEADLINE_EXCEEDED
   // after `timeout`, OUT_OF_RANGE at end of output.
-  absl::StatusOr<std::string> ReadLine(absl::Duration timeout = absl::Seconds(20));
+  absl::StatusOr<std::string> ReadLine(
+      absl::Duration timeout = absl::Seconds(20));
   void Signal(int sig);
   // Waits for exit (at most `timeout`, then SIGKILL) and returns the raw
   // wait status.

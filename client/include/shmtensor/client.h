@@ -7,7 +7,8 @@
 //   absl::StatusOr<shmtensor::SealedRef> ref = buf->Seal();
 //   std::string wire = ref->ref().Serialize();       // to another process
 //   ...
-//   absl::StatusOr<shmtensor::View> view = client->Get(*ObjectRef::Parse(wire));
+//   absl::StatusOr<shmtensor::View> view =
+//   client->Get(*ObjectRef::Parse(wire));
 //
 // Every call returns absl::Status; codes are those of the wire contract
 // (proto/shmtensor/v1/shmtensor.proto), reasons via shmtensor/errors.h.

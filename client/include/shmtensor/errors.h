@@ -19,15 +19,11 @@ namespace shmtensor {
 inline constexpr char kErrorReasonPayload[] =
     "type.shmtensor.dev/shmtensor.v1.ErrorReason";
 // gRPC trailing metadata key that carries the same reason on the wire.
-inline constexpr char kErrorReasonMetadata[] =
-    "shmtensor-error-reason";
+inline constexpr char kErrorReasonMetadata[] = "shmtensor-error-reason";
 
-inline constexpr char kReasonStaleReference[] =
-    "ERROR_REASON_STALE_REFERENCE";
-inline constexpr char kReasonSessionEnded[] =
-    "ERROR_REASON_SESSION_ENDED";
-inline constexpr char kReasonAlreadyTaken[] =
-    "ERROR_REASON_ALREADY_TAKEN";
+inline constexpr char kReasonStaleReference[] = "ERROR_REASON_STALE_REFERENCE";
+inline constexpr char kReasonSessionEnded[] = "ERROR_REASON_SESSION_ENDED";
+inline constexpr char kReasonAlreadyTaken[] = "ERROR_REASON_ALREADY_TAKEN";
 
 // Returns `status` with `reason` attached.
 absl::Status WithReason(absl::Status status, absl::string_view reason);

@@ -90,8 +90,9 @@ class Buffer {
   // invalid. From here on a write through the old data() pointer faults.
   // Shared seal: the SealedRef holds a lease that keeps the object alive.
   // Exclusive seal (hand-off to exactly one consumer): the SealedRef holds
-  // nothing, this process loses all access, and the object lives until one
-  // consumer's Get takes it (or this client's session ends).
+  // nothing, this process loses write access (the taker alone may write),
+  // and the object lives until one consumer's Get takes it (or this client's
+  // session ends).
   // FAILED_PRECONDITION if already sealed or discarded.
   absl::StatusOr<SealedRef> Seal(bool exclusive = false);
 
