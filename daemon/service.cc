@@ -137,6 +137,15 @@ absl::Duration BoundedWait(grpc::ServerContext* ctx, uint32_t timeout_ms) {
   return std::max(wait, absl::ZeroDuration());
 }
 
+// Copies what Create and Get have in common into their responses.
+template <typename Response>
+void FillHandout(Handout h, Response* resp) {
+  *resp->mutable_ref() = std::move(h.ref);
+  *resp->mutable_placement() = std::move(h.placement);
+  *resp->mutable_layout() = std::move(h.layout);
+  resp->set_lease_id(h.lease_id);
+}
+
 }  // namespace
 
 grpc::Status ObjectStoreService::Create(grpc::ServerContext* ctx,
@@ -151,10 +160,7 @@ grpc::Status ObjectStoreService::Create(grpc::ServerContext* ctx,
   args.timeout = BoundedWait(ctx, req->timeout_ms());
   absl::StatusOr<Handout> h = store_.Create(args);
   if (!h.ok()) return ToGrpcStatus(ctx, h.status());
-  *resp->mutable_ref() = h->ref;
-  *resp->mutable_placement() = h->placement;
-  *resp->mutable_layout() = h->layout;
-  resp->set_lease_id(h->lease_id);
+  FillHandout(*std::move(h), resp);
   return grpc::Status::OK;
 }
 
@@ -186,11 +192,8 @@ grpc::Status ObjectStoreService::Get(grpc::ServerContext* ctx,
                           "GetRequest names neither a ref nor a name");
   }
   if (!h.ok()) return ToGrpcStatus(ctx, h.status());
-  *resp->mutable_ref() = h->ref;
-  *resp->mutable_placement() = h->placement;
-  *resp->mutable_layout() = h->layout;
-  resp->set_lease_id(h->lease_id);
   resp->set_writable(h->writable);
+  FillHandout(*std::move(h), resp);
   return grpc::Status::OK;
 }
 
