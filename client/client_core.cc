@@ -4,6 +4,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "client/fork_guard.h"
 #include "shmtensor/errors.h"
 
 namespace shmtensor::internal {
@@ -11,7 +12,10 @@ namespace shmtensor::internal {
 absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::Connect(
     const std::string& address, const std::string& client_name,
     absl::Duration connect_timeout) {
+  EnableForkSupport();
+  RegisterDaemonAddress(address);
   std::shared_ptr<ClientCore> core(new ClientCore());
+  core->owner_pid_ = getpid();
   core->address_ = address;
   grpc::ChannelArguments args;
   // A local daemon: never wait long to reconnect, never wait for one to
@@ -32,7 +36,8 @@ absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::Connect(
         "); start it with deploy/run.sh or set SHMTENSOR_ADDRESS"));
   }
   core->stub_ = v1::ObjectStore::NewStub(core->channel_);
-  core->session_ = core->stub_->Session(&core->session_ctx_);
+  core->session_ctx_ = std::make_unique<grpc::ClientContext>();
+  core->session_ = core->stub_->Session(core->session_ctx_.get());
   v1::SessionRequest open;
   open.mutable_open()->set_client_name(client_name);
   open.mutable_open()->set_pid(getpid());
@@ -56,11 +61,29 @@ absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::Connect(
 }
 
 ClientCore::~ClientCore() {
+  if (inherited()) {
+    // The parent's gRPC objects: never touch them in the child.
+    session_.release();
+    session_ctx_.release();
+    stub_.release();
+    new std::shared_ptr<grpc::Channel>(std::move(channel_));
+    return;
+  }
   if (session_ != nullptr) {
     session_->WritesDone();
-    session_ctx_.TryCancel();
+    session_ctx_->TryCancel();
     session_->Finish();
   }
+}
+
+bool ClientCore::inherited() const { return getpid() != owner_pid_; }
+
+absl::Status ClientCore::CheckOwner() const {
+  if (!inherited()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "this client was connected in process ", owner_pid_,
+      " and inherited across fork(); connect a new client in process ",
+      getpid()));
 }
 
 absl::StatusOr<PoolMapping*> ClientCore::Mapping(uint32_t pool_id) const {

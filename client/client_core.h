@@ -2,11 +2,19 @@
 // channel, the session stream and the pool mappings. Leases hold it by
 // shared_ptr, so it outlives the Client handle while any view is alive.
 //
+// Fork: the first Connect makes the process fork-safe (fork_guard.h), so a
+// child's own new clients work and it closes its copies of the parent's
+// connections.
+// A ClientCore inherited across fork() belongs to the parent's session: in
+// the child every call fails with FAILED_PRECONDITION, and its destruction
+// touches nothing the parent uses.
+//
 // Thread safety: thread-safe.
 #ifndef SHMTENSOR_CLIENT_CLIENT_CORE_H_
 #define SHMTENSOR_CLIENT_CLIENT_CORE_H_
 
 #include <grpcpp/grpcpp.h>
+#include <sys/types.h>
 
 #include <memory>
 #include <string>
@@ -37,6 +45,10 @@ class ClientCore {
   ClientCore& operator=(const ClientCore&) = delete;
 
   uint64_t session_id() const { return session_id_; }
+  // True in a child process that inherited this core across fork().
+  bool inherited() const;
+  // FAILED_PRECONDITION naming the owner pid if inherited(), else OK.
+  absl::Status CheckOwner() const;
   uint64_t epoch() const { return epoch_; }
   const std::string& address() const { return address_; }
 
@@ -50,6 +62,7 @@ class ClientCore {
                         grpc::ClientContext*, const Req&, Resp*),
                     const Req& req, Resp* resp,
                     absl::Duration timeout = kRpcDeadline) {
+    if (absl::Status s = CheckOwner(); !s.ok()) return s;
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
     return FromGrpc(ctx, (stub_.get()->*method)(&ctx, req, resp));
@@ -63,10 +76,11 @@ class ClientCore {
   absl::Status FromGrpc(const grpc::ClientContext& ctx,
                         const grpc::Status& status) const;
 
+  pid_t owner_pid_ = 0;  // The process that connected.
   std::string address_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::ObjectStore::Stub> stub_;
-  grpc::ClientContext session_ctx_;
+  std::unique_ptr<grpc::ClientContext> session_ctx_;
   std::unique_ptr<
       grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionEvent>>
       session_;

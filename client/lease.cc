@@ -3,6 +3,7 @@
 namespace shmtensor::internal {
 
 Lease::~Lease() {
+  if (core_->inherited()) return;  // The parent's lease, not ours to drop.
   if (opened_rw_range_ && access_ == Access::kReadWrite) {
     if (absl::StatusOr<PoolMapping*> m = core_->Mapping(placement_.pool_id());
         m.ok()) {

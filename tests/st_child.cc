@@ -2,6 +2,7 @@
 // tests through its arguments and stdout. Each command prints what it did;
 // commands that must fault (writes into sealed memory) print "WROTE" and exit
 // 0 only if the write went through, which the tests treat as a failure.
+#include <sys/types.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -144,6 +145,18 @@ int Run(int argc, char** argv) {
     absl::StatusOr<shmtensor::View> view = client->Get(ref->ref());
     if (!view.ok()) return Fail(view.status());
     Say("ready");
+    while (true) pause();
+  }
+  if (cmd == "fork-hold") {  // Holds a buffer, forks a sleeper, waits.
+    absl::StatusOr<shmtensor::Buffer> buf =
+        client->Create({.size_bytes = 1 << 20});
+    if (!buf.ok()) return Fail(buf.status());
+    const pid_t child = fork();
+    if (child == 0) {
+      // The grandchild keeps whatever fds it inherited until it is killed.
+      while (true) pause();
+    }
+    Say("ready " + std::to_string(child));
     while (true) pause();
   }
   if (cmd == "exclusive-and-exit") {

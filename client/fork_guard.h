@@ -1,0 +1,29 @@
+// Keeps a client process safe across fork().
+//
+// gRPC is not fork-safe by itself. EnableForkSupport() (called before the
+// first channel of the process) turns on gRPC's own fork support
+// (GRPC_ENABLE_FORK_SUPPORT and the grpc_prefork/postfork handlers), and adds
+// one step gRPC lacks: in the child, every inherited connection to a daemon
+// socket is closed. Otherwise a child that outlives its parent would keep the
+// parent's connections open, and the daemon could not see the parent die and
+// reclaim its leases.
+//
+// Thread safety: thread-safe.
+#ifndef SHMTENSOR_CLIENT_FORK_GUARD_H_
+#define SHMTENSOR_CLIENT_FORK_GUARD_H_
+
+#include <string>
+
+namespace shmtensor::internal {
+
+// Idempotent; the first call registers the fork handlers.
+void EnableForkSupport();
+
+// Remembers a daemon's Unix socket path, so that a child closes its inherited
+// connections to it. No-op for other addresses (their connections end by
+// keepalive, within about 15 s, when the parent dies).
+void RegisterDaemonAddress(const std::string& address);
+
+}  // namespace shmtensor::internal
+
+#endif  // SHMTENSOR_CLIENT_FORK_GUARD_H_

@@ -1,0 +1,82 @@
+// fork() with a live client: neither parent nor child breaks, a child gets
+// its own session, and the child's copy of the parent's connection does not
+// keep the parent's session alive after the parent dies.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "gtest/gtest.h"
+#include "shmtensor/client.h"
+#include "tests/test_util.h"
+
+namespace shmtensor {
+namespace {
+
+class ForkTest : public testing::DaemonTest {};
+
+TEST_F(ForkTest, ChildConnectsItsOwnSessionAndParentCarriesOn) {
+  absl::StatusOr<Buffer> before = client_->Create({.size_bytes = 4096});
+  ASSERT_TRUE(before.ok());
+  const uint64_t parent_session = client_->session_id();
+  int pipefd[2];
+  ASSERT_EQ(pipe(pipefd), 0);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    // 1: the inherited client refuses to act for the parent.
+    absl::StatusOr<StoreStats> inherited = client_->Stats();
+    int result =
+        inherited.status().code() == absl::StatusCode::kFailedPrecondition &&
+                absl::StrContains(inherited.status().message(), "fork")
+            ? 0
+            : 1;
+    // 2: a new client works and has a session of its own.
+    absl::StatusOr<Client> own =
+        Client::Connect({.address = daemon_->address()});
+    if (!own.ok() || own->session_id() == parent_session) result |= 2;
+    if (own.ok()) {
+      absl::StatusOr<Buffer> b = own->Create({.size_bytes = 4096});
+      if (!b.ok() || !b->Seal().ok()) result |= 4;
+      absl::StatusOr<StoreStats> s = own->Stats();
+      if (!s.ok() || s->sessions != 2) result |= 8;
+    }
+    write(pipefd[1], &result, sizeof(result));
+    _exit(0);  // Inherited objects are leaked, as in any forked child.
+  }
+  close(pipefd[1]);
+  int result = -1;
+  ASSERT_EQ(read(pipefd[0], &result, sizeof(result)), sizeof(result));
+  int status;
+  waitpid(pid, &status, 0);
+  EXPECT_EQ(result, 0);
+  EXPECT_TRUE(WIFEXITED(status));
+  // The parent's client and buffer are unharmed.
+  absl::StatusOr<StoreStats> s = client_->Stats();
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->sessions, 1u);
+  EXPECT_TRUE(before->Seal().ok());
+}
+
+TEST_F(ForkTest, ParentSessionEndsWhenParentDiesEvenIfForkedChildLives) {
+  std::unique_ptr<testing::Subprocess> parent = Child({"fork-hold"});
+  absl::StatusOr<std::string> line = parent->ReadLine();
+  ASSERT_TRUE(line.ok() && absl::StartsWith(*line, "ready ")) << line.status();
+  pid_t grandchild = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(line->substr(6), &grandchild));
+  EXPECT_EQ(Used(), 1u << 20);
+  parent->Signal(SIGKILL);
+  parent->Wait();
+  const absl::Time deadline = absl::Now() + absl::Seconds(1);
+  while (Used() != 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(Used(), 0u);
+  EXPECT_EQ(kill(grandchild, 0), 0);  // Still alive, holding its fds.
+  kill(grandchild, SIGKILL);
+}
+
+}  // namespace
+}  // namespace shmtensor
