@@ -99,6 +99,11 @@ class Buffer {
   // Discards the unsealed object now. FAILED_PRECONDITION if not valid.
   absl::Status Discard();
 
+  // For adapters (Python arrays, DLPack): the lease, to keep alive with the
+  // data. Exports made from it keep the object alive; after Seal they see
+  // the bytes read-only.
+  const std::shared_ptr<internal::Lease>& lease() const { return lease_; }
+
  private:
   ObjectInfo info_;
   std::shared_ptr<internal::Lease> lease_;

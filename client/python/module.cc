@@ -1,0 +1,462 @@
+// shmtensor._core: the pybind11 binding over the C++ client. The Python
+// package (shmtensor/__init__.py) adds dtype handling, put(), tensor() and
+// the exception classes on top; this module is not meant to be used alone.
+//
+// Every call that may block on the daemon releases the GIL. Errors come out
+// as shmtensor.Error subclasses (see shmtensor/errors.py), built from the
+// absl::Status code and reason.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/python/exports.h"
+#include "shmtensor/client.h"
+#include "shmtensor/defaults.h"
+#include "shmtensor/errors.h"
+
+namespace shmtensor::python {
+namespace {
+
+// A failed absl::Status on its way to Python.
+struct StatusError {
+  absl::Status status;
+};
+
+void Check(const absl::Status& s) {
+  if (!s.ok()) throw StatusError{s};
+}
+template <typename T>
+T Check(absl::StatusOr<T> v) {
+  if (!v.ok()) throw StatusError{v.status()};
+  return *std::move(v);
+}
+
+// Python seconds (None: wait without limit) to a duration.
+absl::Duration ToDuration(std::optional<double> seconds) {
+  if (!seconds.has_value() || std::isinf(*seconds)) {
+    return absl::InfiniteDuration();
+  }
+  if (std::isnan(*seconds) || *seconds < 0) {
+    throw py::value_error("timeout must be None or >= 0 seconds, got " +
+                          std::to_string(*seconds));
+  }
+  return absl::Seconds(*seconds);
+}
+
+py::bytes RefBytes(const ObjectRef& ref) { return py::bytes(ref.Serialize()); }
+
+ObjectRef ParseRef(const std::string& bytes) {
+  return Check(ObjectRef::Parse(bytes));
+}
+
+// The creator's ref as Python sees it (shmtensor.ObjectRef wraps it).
+struct PySealedRef {
+  SealedRef ref;
+  ~PySealedRef() {
+    py::gil_scoped_release release;
+    ref.Reset();
+  }
+};
+
+// A read-only (or taken, writable) view.
+class PyView {
+ public:
+  explicit PyView(View v) : view_(std::move(v)) {}
+  ~PyView() {
+    py::gil_scoped_release release;
+    view_ = View();
+  }
+  const View& get() const {
+    if (!view_.valid()) {
+      throw StatusError{absl::FailedPreconditionError(
+          "view was closed; arrays and tensors made from it stay valid")};
+    }
+    return view_;
+  }
+  ExportSource Source() const {
+    const View& v = get();
+    return {&v.info(), const_cast<void*>(v.data()), v.lease(), v.writable(),
+            nullptr};
+  }
+  void Close() {
+    py::gil_scoped_release release;
+    view_ = View();
+  }
+  bool closed() const { return !view_.valid(); }
+
+ private:
+  View view_;
+};
+
+// A writable, unsealed buffer.
+class PyBuffer {
+ public:
+  explicit PyBuffer(Buffer b)
+      : buffer_(std::move(b)), dlpack_(std::make_shared<std::atomic<int>>(0)) {}
+  ~PyBuffer() {
+    arrays_.clear();
+    py::gil_scoped_release release;
+    buffer_ = Buffer();
+  }
+  const Buffer& get() const {
+    if (!buffer_.valid()) {
+      throw StatusError{absl::FailedPreconditionError(
+          "buffer was sealed or discarded; get() the ref for a view")};
+    }
+    return buffer_;
+  }
+  py::array Array() {
+    const Buffer& b = get();
+    py::array arr =
+        MakeArray({&b.info(), b.data(), b.lease(), /*writable=*/true, nullptr});
+    arrays_.push_back(py::weakref(arr));
+    return arr;
+  }
+  py::capsule DLPack() {
+    const Buffer& b = get();
+    return MakeDLPack({&b.info(), b.data(), b.lease(), true, dlpack_});
+  }
+  PySealedRef Seal(bool exclusive) {
+    get();
+    std::vector<py::object> live;
+    for (const py::weakref& w : arrays_) {
+      py::object a = w();
+      if (!a.is_none()) live.push_back(a);
+    }
+    if (exclusive && (!live.empty() || dlpack_->load() > 0)) {
+      throw py::buffer_error(
+          std::to_string(live.size() + dlpack_->load()) +
+          " arrays or tensors made from this buffer are still alive; delete "
+          "them before seal(exclusive=True): the consumer will own the memory");
+    }
+    // Arrays made before a shared seal stay readable, no longer writable.
+    for (py::object& a : live) a.attr("flags").attr("writeable") = false;
+    arrays_.clear();
+    std::optional<absl::StatusOr<SealedRef>> sealed;
+    {
+      py::gil_scoped_release release;
+      sealed = buffer_.Seal(exclusive);
+    }
+    return PySealedRef{Check(*std::move(sealed))};
+  }
+  void Discard() {
+    get();
+    arrays_.clear();
+    py::gil_scoped_release release;
+    Check(buffer_.Discard());
+  }
+  bool valid() const { return buffer_.valid(); }
+
+ private:
+  Buffer buffer_;
+  std::vector<py::weakref> arrays_;           // NumPy arrays exported.
+  std::shared_ptr<std::atomic<int>> dlpack_;  // Live DLPack exports.
+};
+
+py::dict StatsDict(const StoreStats& s) {
+  py::dict d;
+  py::list pools;
+  for (const PoolUsage& p : s.pools) {
+    py::dict pd;
+    pd["name"] = p.name;
+    pd["size_bytes"] = p.size_bytes;
+    pd["used_bytes"] = p.used_bytes;
+    pd["free_bytes"] = p.free_bytes;
+    pd["largest_free_bytes"] = p.largest_free_bytes;
+    pd["objects"] = p.objects;
+    pools.append(pd);
+  }
+  d["pools"] = pools;
+  d["sessions"] = s.sessions;
+  d["objects"] = s.objects;
+  d["named_objects"] = s.named_objects;
+  d["leases"] = s.leases;
+  d["pending_transfers"] = s.pending_transfers;
+  return d;
+}
+
+template <typename T>
+py::tuple Tuple(const std::vector<T>& v) {
+  py::tuple t(v.size());
+  for (size_t i = 0; i < v.size(); ++i) t[i] = v[i];
+  return t;
+}
+
+// Properties shared by Buffer and View.
+template <typename Cls, typename Get>
+void AddInfoProperties(py::class_<Cls>& cls, Get get_info) {
+  cls.def_property_readonly(
+         "shape", [get_info](const Cls& c) { return Tuple(get_info(c).shape); },
+         "Elements per dimension.")
+      .def_property_readonly(
+          "strides",
+          [get_info](const Cls& c) { return Tuple(get_info(c).strides_bytes); },
+          "Bytes between elements per dimension (NumPy convention).")
+      .def_property_readonly(
+          "dtype_code",
+          [get_info](const Cls& c) {
+            return static_cast<int>(get_info(c).dtype);
+          },
+          "The shmtensor.v1.DType value.")
+      .def_property_readonly(
+          "nbytes", [get_info](const Cls& c) { return get_info(c).size_bytes; },
+          "Bytes the data spans.")
+      .def_property_readonly(
+          "ref_bytes",
+          [get_info](const Cls& c) { return RefBytes(get_info(c).ref); },
+          "The serialised ObjectRef of the object.")
+      .def("__dlpack_device__",
+           [](const Cls&) { return py::make_tuple(1 /* kDLCPU */, 0); });
+}
+
+// Runs `attempt(wait)` in slices of at most one second until it succeeds, fails
+// with something other than `retry_code`, or `timeout` has passed, so that a
+// long wait (timeout=None waits without limit) still answers Ctrl-C.
+template <typename T, typename Attempt>
+T WaitInSlices(absl::Duration timeout, absl::StatusCode retry_code,
+               Attempt attempt) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    const absl::Duration left =
+        std::max(deadline - absl::Now(), absl::ZeroDuration());
+    std::optional<absl::StatusOr<T>> r;
+    {
+      py::gil_scoped_release release;
+      r = attempt(std::min(left, absl::Seconds(1)));
+    }
+    if (r->ok() || r->status().code() != retry_code) {
+      return Check(*std::move(r));
+    }
+    if (absl::Now() >= deadline) {
+      if (timeout <= absl::Seconds(1)) return Check(*std::move(r));
+      throw StatusError{absl::Status(
+          r->status().code(),
+          absl::StrCat(r->status().message(), " (waited ",
+                       absl::FormatDuration(timeout), " in all)"))};
+    }
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+  }
+}
+
+}  // namespace
+}  // namespace shmtensor::python
+
+using namespace shmtensor;          // NOLINT: the module body only.
+using namespace shmtensor::python;  // NOLINT
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "shmtensor C++ client binding (use the shmtensor package).";
+
+  // StatusError -> shmtensor.errors.from_status(code, reason, message).
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const StatusError& e) {
+      py::object errors = py::module_::import("shmtensor.errors");
+      py::object exc = errors.attr("from_status")(
+          static_cast<int>(e.status.code()), ErrorReasonOf(e.status),
+          std::string(e.status.message()));
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())),
+                      exc.ptr());
+    }
+  });
+
+  m.def("default_address", &DefaultAddress,
+        "The daemon address used when none is given ($SHMTENSOR_ADDRESS or "
+        "unix:/tmp/shmtensord-<uid>.sock).");
+  m.def(
+      "parse_ref",
+      [](const std::string& b) {
+        ObjectRef r = ParseRef(b);
+        return py::make_tuple(r.daemon_epoch, r.slot, r.generation,
+                              r.exclusive);
+      },
+      "Fields (epoch, slot, generation, exclusive) of a serialised ref.");
+
+  py::class_<PySealedRef>(m, "SealedRef",
+                          "The creator's ref; holds a lease while alive.")
+      .def_property_readonly(
+          "ref_bytes",
+          [](const PySealedRef& r) { return RefBytes(r.ref.ref()); })
+      .def_property_readonly(
+          "holds_lease",
+          [](const PySealedRef& r) { return r.ref.holds_lease(); })
+      .def("reset", [](PySealedRef& r) {
+        py::gil_scoped_release release;
+        r.ref.Reset();
+      });
+
+  py::class_<PyView> view(m, "View", "A view of a sealed object.");
+  AddInfoProperties(view, [](const PyView& v) -> const ObjectInfo& {
+    return v.get().info();
+  });
+  view.def_property_readonly(
+          "writable", [](const PyView& v) { return v.get().writable(); },
+          "True only for the consumer of an exclusive hand-off.")
+      .def_property_readonly("closed", &PyView::closed)
+      .def_property_readonly(
+          "address",
+          [](const PyView& v) {
+            return reinterpret_cast<uintptr_t>(v.get().data());
+          },
+          "Address of the first byte in this process.")
+      .def(
+          "__array__",
+          [](const PyView& v, py::object dtype) {
+            py::array a = MakeArray(v.Source());
+            return dtype.is_none() ? py::object(a) : a.attr("astype")(dtype);
+          },
+          py::arg("dtype") = py::none(),
+          "A zero-copy ndarray (read-only unless writable). It keeps the "
+          "object alive while it lives.")
+      .def(
+          "__dlpack__",
+          [](const PyView& v, py::object stream) {
+            return MakeDLPack(v.Source());
+          },
+          py::arg("stream") = py::none(), "A DLPack capsule (zero-copy).")
+      .def("close", &PyView::Close,
+           "Drops this view's share of the lease. Arrays and tensors made from "
+           "it keep their own share: the lease ends when the last one dies.");
+
+  py::class_<PyBuffer> buffer(
+      m, "Buffer", "A writable buffer, visible to nobody until sealed.");
+  AddInfoProperties(buffer, [](const PyBuffer& b) -> const ObjectInfo& {
+    return b.get().info();
+  });
+  buffer.def_property_readonly("valid", &PyBuffer::valid)
+      .def_property_readonly(
+          "address",
+          [](const PyBuffer& b) {
+            return reinterpret_cast<uintptr_t>(b.get().data());
+          },
+          "Address of the first byte in this process.")
+      .def(
+          "__array__",
+          [](PyBuffer& b, py::object dtype) {
+            py::array a = b.Array();
+            return dtype.is_none() ? py::object(a) : a.attr("astype")(dtype);
+          },
+          py::arg("dtype") = py::none(), "A zero-copy writable ndarray.")
+      .def(
+          "__dlpack__",
+          [](PyBuffer& b, py::object stream) { return b.DLPack(); },
+          py::arg("stream") = py::none(), "A DLPack capsule (zero-copy).")
+      .def("seal", &PyBuffer::Seal, py::arg("exclusive") = false,
+           "Makes the object immutable; returns the creator's SealedRef.")
+      .def("discard", &PyBuffer::Discard, "Discards the unsealed object.");
+
+  py::class_<Client>(m, "Client", "A session with shmtensord.")
+      .def_static(
+          "connect",
+          [](const std::string& address, const std::string& name,
+             double connect_timeout) {
+            ClientOptions o;
+            o.address = address;
+            o.client_name = name;
+            o.connect_timeout = absl::Seconds(connect_timeout);
+            py::gil_scoped_release release;
+            return Check(Client::Connect(o));
+          },
+          py::arg("address"), py::arg("client_name"),
+          py::arg("connect_timeout"))
+      .def_property_readonly("session_id", &Client::session_id)
+      .def_property_readonly("address", &Client::address)
+      .def(
+          "create",
+          [](Client& c, std::vector<int64_t> shape, int dtype, uint64_t size,
+             const std::string& name, std::optional<double> timeout) {
+            CreateOptions o;
+            o.shape = std::move(shape);
+            o.dtype = static_cast<DType>(dtype);
+            o.size_bytes = size;
+            o.name = name;
+            return std::make_unique<PyBuffer>(WaitInSlices<Buffer>(
+                ToDuration(timeout), absl::StatusCode::kResourceExhausted,
+                [&](absl::Duration slice) {
+                  o.timeout = slice;
+                  return c.Create(o);
+                }));
+          },
+          py::arg("shape"), py::arg("dtype"), py::arg("size_bytes"),
+          py::arg("name"), py::arg("timeout"))
+      .def(
+          "put",
+          [](Client& c, uintptr_t src, std::vector<int64_t> shape, int dtype,
+             uint64_t nbytes, const std::string& name, bool exclusive,
+             std::optional<double> timeout) {
+            CreateOptions o;
+            o.shape = std::move(shape);
+            o.dtype = static_cast<DType>(dtype);
+            o.size_bytes = dtype == 0 ? nbytes : 0;
+            o.name = name;
+            o.timeout = ToDuration(timeout);
+            std::optional<absl::StatusOr<SealedRef>> r;
+            {
+              // The caller keeps `src` alive and unchanged for this call.
+              py::gil_scoped_release release;
+              absl::StatusOr<Buffer> b = c.Create(o);
+              if (!b.ok()) {
+                r = b.status();
+              } else {
+                if (b->size_bytes() != nbytes) {
+                  r = absl::InternalError("put: size mismatch");
+                } else {
+                  std::memcpy(b->data(), reinterpret_cast<const void*>(src),
+                              nbytes);
+                  r = b->Seal(exclusive);
+                }
+              }
+            }
+            return PySealedRef{Check(*std::move(r))};
+          },
+          py::arg("src"), py::arg("shape"), py::arg("dtype"), py::arg("nbytes"),
+          py::arg("name"), py::arg("exclusive"), py::arg("timeout"),
+          "Creates, copies `nbytes` from address `src`, seals.")
+      .def(
+          "get_ref",
+          [](Client& c, const std::string& ref_bytes) {
+            ObjectRef ref = ParseRef(ref_bytes);
+            std::optional<absl::StatusOr<View>> v;
+            {
+              py::gil_scoped_release release;
+              v = c.Get(ref);
+            }
+            return std::make_unique<PyView>(Check(*std::move(v)));
+          },
+          py::arg("ref_bytes"))
+      .def(
+          "get_name",
+          [](Client& c, const std::string& name,
+             std::optional<double> timeout) {
+            return std::make_unique<PyView>(WaitInSlices<View>(
+                ToDuration(timeout), absl::StatusCode::kDeadlineExceeded,
+                [&](absl::Duration slice) { return c.Get(name, slice); }));
+          },
+          py::arg("name"), py::arg("timeout"))
+      .def(
+          "delete",
+          [](Client& c, const std::string& name) {
+            py::gil_scoped_release release;
+            Check(c.Delete(name));
+          },
+          py::arg("name"))
+      .def("stats", [](Client& c) {
+        std::optional<absl::StatusOr<StoreStats>> s;
+        {
+          py::gil_scoped_release release;
+          s = c.Stats();
+        }
+        return StatsDict(Check(*std::move(s)));
+      });
+}

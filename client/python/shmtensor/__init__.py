@@ -1,0 +1,300 @@
+"""shmtensor: zero-copy NumPy arrays and torch tensors out of shmtensord pools.
+
+    import shmtensor, numpy as np
+    client = shmtensor.connect()              # $SHMTENSOR_ADDRESS or the default
+    buf = client.create((64, 1024), "float32")
+    np.asarray(buf)[:] = 1.0                  # zero-copy, writable
+    ref = buf.seal()                          # immutable from here on
+    view = client.get(ref)                    # in any process (refs pickle)
+    a = np.asarray(view)                      # zero-copy, read-only
+    t = view.tensor()                         # zero-copy torch tensor
+
+Lifetimes follow Python's: an object stays alive while the ref returned by
+seal()/put() lives, while any view of it lives, and while any array or tensor
+made from one lives; then its memory goes back to the pool. A pickled ref
+holds nothing until get(). Errors are shmtensor.Error subclasses (see
+shmtensor.errors). Blocking calls release the GIL.
+
+Timeouts are in seconds; None waits without limit (Ctrl-C still works), 0
+does not wait.
+"""
+
+import numpy as _np
+
+from . import errors
+from ._core import Buffer, View, default_address
+from . import _core
+from . import _dtypes
+from .errors import (AlreadyExistsError, AlreadyTakenError,
+                     DaemonUnavailableError, Error, InvalidArgumentError,
+                     NotFoundError, PermissionDeniedError, PoolExhaustedError,
+                     PreconditionError, StaleReferenceError, TimeoutError)
+
+__version__ = "0.1.0"
+__all__ = [
+    "connect", "Client", "Buffer", "View", "ObjectRef", "default_address",
+    "Error", "InvalidArgumentError", "NotFoundError", "StaleReferenceError",
+    "AlreadyExistsError", "PreconditionError", "AlreadyTakenError",
+    "PermissionDeniedError", "PoolExhaustedError", "TimeoutError",
+    "DaemonUnavailableError",
+]
+
+
+def _unpickle_ref(ref_bytes):
+    return ObjectRef(ref_bytes)
+
+
+class ObjectRef:
+    """A reference to a sealed object: small, hashable, picklable.
+
+    The ref that seal()/put() return holds a lease, so the object lives at
+    least as long as that ref (or until release()). A copy made by pickling
+    holds nothing until some process calls get() with it; if the object is
+    gone by then, get() raises StaleReferenceError, never another object's
+    bytes.
+    """
+
+    __slots__ = ("_bytes", "_owner", "__weakref__")
+
+    def __init__(self, ref_bytes, owner=None):
+        _core.parse_ref(ref_bytes)  # Validates.
+        self._bytes = bytes(ref_bytes)
+        self._owner = owner
+
+    def __reduce__(self):
+        return (_unpickle_ref, (self._bytes,))
+
+    def __bytes__(self):
+        return self._bytes
+
+    def __eq__(self, other):
+        return isinstance(other, ObjectRef) and other._bytes == self._bytes
+
+    def __hash__(self):
+        return hash(self._bytes)
+
+    def __repr__(self):
+        _, slot, gen, excl = _core.parse_ref(self._bytes)
+        return (f"ObjectRef(slot={slot}, generation={gen}"
+                f"{', exclusive' if excl else ''}"
+                f"{', holds lease' if self.holds_lease else ''})")
+
+    @property
+    def exclusive(self):
+        """True for a ref sealed for hand-off to exactly one consumer."""
+        return _core.parse_ref(self._bytes)[3]
+
+    @property
+    def holds_lease(self):
+        """True while this ref keeps its object alive."""
+        return self._owner is not None and self._owner.holds_lease
+
+    def release(self):
+        """Drops the lease this ref holds (if any); the ref stays usable as a
+        plain reference."""
+        if self._owner is not None:
+            self._owner.reset()
+            self._owner = None
+
+
+def connect(address=None, client_name=None, connect_timeout=5.0):
+    """Connects to shmtensord and opens a session.
+
+    address: "unix:/path" or "host:port"; None means $SHMTENSOR_ADDRESS, else
+    the daemon's default. Raises DaemonUnavailableError if no daemon answers
+    within connect_timeout seconds. After fork(), call connect() again in the
+    child: a client does not cross fork (the child gets its own session).
+    """
+    return Client(_core.Client.connect(address or "", client_name or "",
+                                       float(connect_timeout)))
+
+
+def _shape_tuple(shape):
+    if isinstance(shape, int) or (hasattr(shape, "__index__")
+                                  and not isinstance(shape, (tuple, list))):
+        return [int(shape)]
+    return [int(d) for d in shape]
+
+
+class Client:
+    """A session with shmtensord. Thread-safe. Use shmtensor.connect()."""
+
+    __slots__ = ("_c",)
+
+    def __init__(self, core):
+        self._c = core
+
+    @property
+    def session_id(self):
+        return self._c.session_id
+
+    @property
+    def address(self):
+        return self._c.address
+
+    def create(self, shape, dtype, name=None, timeout=None):
+        """A writable buffer of `shape` and `dtype` (NumPy dtype or type,
+        torch dtype, or a name). Fill it through numpy.asarray(buf) or
+        buf.tensor(), then seal() it. `name` binds a name visible once
+        sealed. When the pool is full, waits up to `timeout` seconds for
+        memory (None: without limit), then raises PoolExhaustedError."""
+        return self._c.create(_shape_tuple(shape), _dtypes.dtype_code(dtype),
+                              0, name or "", timeout)
+
+    def create_bytes(self, size, name=None, timeout=None):
+        """An untyped writable buffer of `size` bytes (viewed as uint8)."""
+        return self._c.create([], 0, int(size), name or "", timeout)
+
+    def get(self, ref_or_name, timeout=None):
+        """A view of a sealed object, by ObjectRef or by name.
+
+        Read-only for a shared object; writable for the one consumer of an
+        exclusive hand-off (a second get raises AlreadyTakenError). For a
+        name, waits up to `timeout` seconds for an object of that name to be
+        sealed (None: without limit; 0: NotFoundError at once; else
+        TimeoutError)."""
+        if isinstance(ref_or_name, ObjectRef):
+            return self._c.get_ref(ref_or_name._bytes)
+        if isinstance(ref_or_name, str):
+            return self._c.get_name(ref_or_name, timeout)
+        raise TypeError(f"get() takes an ObjectRef or a name, not "
+                        f"{type(ref_or_name).__name__}")
+
+    def put(self, obj, name=None, exclusive=False, timeout=None):
+        """Copies an array or tensor in and seals it; returns the ref.
+
+        Rules: a tensor is detached (no autograd graph is kept) and, if on a
+        GPU, copied to the host; bfloat16 keeps its dtype. Non-contiguous
+        data (slices, transposes) is stored C-contiguous: values and shape
+        round-trip, strides do not. A big-endian array, or a dtype one side
+        lacks, raises InvalidArgumentError saying what to do. Anything else
+        NumPy can make an array of (lists, scalars) is stored as that array.
+        """
+        torch = _dtypes._torch()
+        if torch is not None and isinstance(obj, torch.Tensor):
+            t = obj.detach()
+            if t.device.type != "cpu":
+                t = t.to("cpu")
+            code = _dtypes.code_of_torch(t.dtype)
+            t = t.resolve_conj().resolve_neg().contiguous()
+            shape, nbytes, ptr, keep = (list(t.shape),
+                                        t.numel() * t.element_size(),
+                                        t.data_ptr(), t)
+        else:
+            a = _np.asarray(obj)
+            code = _dtypes.code_of_numpy(a.dtype)
+            a = _np.ascontiguousarray(a)
+            shape, nbytes, ptr, keep = (list(a.shape), a.nbytes,
+                                        a.__array_interface__["data"][0], a)
+        sealed = self._c.put(ptr, shape, code, nbytes, name or "",
+                             bool(exclusive), timeout)
+        del keep
+        return ObjectRef(sealed.ref_bytes,
+                         sealed if sealed.holds_lease else None)
+
+    def delete(self, name):
+        """Unbinds `name`. The memory is freed once nothing uses it
+        (deferred while views are alive). NotFoundError if unbound."""
+        self._c.delete(name)
+
+    def stats(self):
+        """Pool, session, object and lease counters, as a dict."""
+        return self._c.stats()
+
+
+# -- Methods added to the C++ Buffer and View types ---------------------------
+
+def _dtype(self):
+    """The NumPy dtype, or torch.bfloat16 for bfloat16 objects."""
+    dt = _dtypes.numpy_dtype(self.dtype_code)
+    if dt is not None:
+        return dt
+    if self.dtype_code == 0:
+        return _np.dtype(_np.uint8)
+    return _dtypes.torch_dtype(self.dtype_code)
+
+
+def _numpy(self):
+    """numpy.asarray(self): zero-copy, keeps the object alive."""
+    return _np.asarray(self)
+
+
+def _to_tensor(obj, read_only):
+    import torch
+    t = torch.from_dlpack(obj)
+    if obj.dtype_code == _dtypes.BOOL:
+        t = t.view(torch.bool)  # DLPack carries bools as uint8 for torch.
+    if read_only:
+        from ._readonly import ReadOnlyTensor
+        t = ReadOnlyTensor.wrap(t)
+    return t
+
+
+def _view_tensor(self):
+    """A zero-copy torch tensor that keeps the object alive while it lives.
+
+    For a read-only view this is a ReadOnlyTensor: in-place operations on it
+    raise RuntimeError (torch 1.13 has no read-only tensors, and a write into
+    the read-only mapping would kill the process). For the consumer of an
+    exclusive hand-off it is an ordinary writable tensor. TypeError for
+    uint16/32/64, which torch 1.13 lacks (use numpy.asarray)."""
+    return _to_tensor(self, read_only=not self.writable)
+
+
+def _buffer_tensor(self):
+    """A zero-copy writable torch tensor over the unsealed buffer."""
+    return _to_tensor(self, read_only=False)
+
+
+def _buffer_seal(self, exclusive=False):
+    """Makes the object immutable and returns its ObjectRef.
+
+    A shared seal returns a ref that keeps the object alive; arrays made from
+    the buffer stay readable but not writable (a write through a torch
+    tensor made from the buffer would fault: drop those first). With
+    exclusive=True the object goes to exactly one consumer: the returned ref
+    holds nothing, this process can no longer write it, and arrays or tensors
+    made from the buffer must be gone (else BufferError)."""
+    sealed = self._seal(exclusive)
+    return ObjectRef(sealed.ref_bytes, sealed if sealed.holds_lease else None)
+
+
+def _view_ref(self):
+    """The object's ObjectRef (holding nothing)."""
+    return ObjectRef(self.ref_bytes)
+
+
+def _view_exit(self, *exc):
+    self.close()
+    return False
+
+
+def _buffer_exit(self, *exc):
+    if self.valid:
+        self.discard()
+    return False
+
+
+def _repr(self):
+    kind = type(self).__name__
+    try:
+        return (f"<shmtensor.{kind} shape={self.shape} dtype={_dtype(self)}"
+                f"{' writable' if kind == 'Buffer' or self.writable else ''}>")
+    except Error:
+        return f"<shmtensor.{kind} (closed)>"
+
+
+Buffer._seal = Buffer.seal
+Buffer.seal = _buffer_seal
+Buffer.tensor = _buffer_tensor
+Buffer.__enter__ = lambda self: self
+Buffer.__exit__ = _buffer_exit
+View.tensor = _view_tensor
+View.ref = property(_view_ref)
+View.__enter__ = lambda self: self
+View.__exit__ = _view_exit
+for _cls in (Buffer, View):
+    _cls.dtype = property(_dtype)
+    _cls.numpy = _numpy
+    _cls.__repr__ = _repr
+del _cls
