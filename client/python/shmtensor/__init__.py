@@ -183,7 +183,8 @@ class Client:
         else:
             a = _np.asarray(obj)
             code = _dtypes.code_of_numpy(a.dtype)
-            a = _np.ascontiguousarray(a)
+            if not a.flags.c_contiguous:  # (ascontiguousarray makes 0-d 1-d)
+                a = a.copy(order="C")
             shape, nbytes, ptr, keep = (list(a.shape), a.nbytes,
                                         a.__array_interface__["data"][0], a)
         sealed = self._c.put(ptr, shape, code, nbytes, name or "",

@@ -1,0 +1,110 @@
+"""Fixtures: a real shmtensord per test, started from the build tree."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DAEMON = os.environ.get("SHMTENSOR_DAEMON",
+                        os.path.join(REPO, "build", "bin", "shmtensord"))
+PYTHONPATH = os.environ.get("SHMTENSOR_PYTHONPATH",
+                            os.path.join(REPO, "build", "python"))
+if PYTHONPATH not in sys.path:
+    sys.path.insert(0, PYTHONPATH)
+
+
+def shm_entries():
+    return set(os.listdir("/dev/shm"))
+
+
+class Daemon:
+    """A shmtensord on a fresh socket; stop() sends SIGTERM."""
+
+    def __init__(self, pool_size="256MiB"):
+        self.path = f"/tmp/shmtensor-pytest-{os.getpid()}-{uuid.uuid4().hex[:8]}.sock"
+        self.address = "unix:" + self.path
+        before = shm_entries()
+        self.proc = subprocess.Popen(
+            [DAEMON, "--listen", self.address, "--pool-size", pool_size,
+             "--log-level", "warn"])
+        deadline = time.monotonic() + 30
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"shmtensord exited with {self.proc.returncode}")
+            try:
+                with socket.socket(socket.AF_UNIX) as s:
+                    s.connect(self.path)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+        self.segments = shm_entries() - before
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+        return self.proc.returncode
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def daemon():
+    d = Daemon()
+    yield d
+    d.kill()
+    for name in d.segments:  # Only after a kill; a clean stop removed them.
+        try:
+            os.unlink("/dev/shm/" + name)
+        except FileNotFoundError:
+            pass
+    for p in (d.path, d.path + ".lock"):
+        try:
+            os.unlink(p)
+        except FileNotFoundError:
+            pass
+
+
+@pytest.fixture
+def client(daemon):
+    import shmtensor
+    return shmtensor.connect(daemon.address)
+
+
+def used(client):
+    return client.stats()["pools"][0]["used_bytes"]
+
+
+def wait_until(predicate, timeout=1.0):
+    """Polls `predicate` until true or `timeout` seconds; returns its value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.005)
+
+
+def run_python(code, address, *args, timeout=60):
+    """Runs `code` in a fresh interpreter (Debian's, with the package on its
+    path) and returns the CompletedProcess."""
+    env = dict(os.environ, PYTHONPATH=PYTHONPATH, SHMTENSOR_ADDRESS=address)
+    return subprocess.run([sys.executable, "-c", code, *args], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def spawn_python(code, address, *args):
+    env = dict(os.environ, PYTHONPATH=PYTHONPATH, SHMTENSOR_ADDRESS=address)
+    return subprocess.Popen([sys.executable, "-c", code, *args], env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)

@@ -1,0 +1,202 @@
+"""The Python API: lifetimes, errors, refs, hand-off, GIL."""
+
+import gc
+import pickle
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import shmtensor
+from conftest import used
+
+
+def test_connect_uses_env_address(daemon, monkeypatch):
+    monkeypatch.setenv("SHMTENSOR_ADDRESS", daemon.address)
+    assert shmtensor.default_address() == daemon.address
+    assert shmtensor.connect().address == daemon.address
+
+
+def test_connect_without_daemon_is_unavailable():
+    with pytest.raises(shmtensor.DaemonUnavailableError, match="nobody.sock"):
+        shmtensor.connect("unix:/tmp/nobody.sock", connect_timeout=0.2)
+
+
+def test_lifecycle_create_seal_get_release(client):
+    buf = client.create((64, 1024), "float32")
+    np.asarray(buf)[:] = 1.5
+    ref = buf.seal()
+    assert ref.holds_lease and not buf.valid
+    with pytest.raises(shmtensor.PreconditionError, match="sealed"):
+        np.asarray(buf)
+    view = client.get(ref)
+    assert not view.writable
+    assert np.asarray(view).sum() == 1.5 * 64 * 1024
+    assert used(client) == 256 << 10
+    ref.release()
+    assert used(client) == 256 << 10  # The view still holds it.
+    del view
+    gc.collect()
+    assert used(client) == 0
+
+
+def test_lease_follows_arrays_and_tensors(client):
+    ref = client.put(np.arange(1024.0))
+    view = client.get(ref)
+    a = np.asarray(view)[10:20]  # A slice keeps its base, which keeps the lease.
+    t = view.tensor()[5]
+    ref.release()
+    view.close()
+    assert view.closed
+    assert used(client) == 8192
+    del a
+    assert used(client) == 8192  # The tensor still holds it.
+    assert t.item() == 5.0
+    del t
+    gc.collect()
+    assert used(client) == 0
+
+
+def test_view_context_manager_and_close(client):
+    ref = client.put(np.ones(4))
+    with client.get(ref) as view:
+        assert np.asarray(view).sum() == 4
+    assert view.closed
+    with pytest.raises(shmtensor.PreconditionError, match="closed"):
+        np.asarray(view)
+    ref.release()
+    assert used(client) == 0
+
+
+def test_buffer_context_manager_discards_unsealed(client):
+    with client.create(1024, "uint8") as buf:
+        np.asarray(buf)[:] = 1
+    assert not buf.valid
+    assert used(client) == 0
+
+
+def test_pickled_ref_holds_nothing(client):
+    ref = client.put(np.ones(4))
+    copy = pickle.loads(pickle.dumps(ref))
+    assert copy == ref and hash(copy) == hash(ref)
+    assert not copy.holds_lease and ref.holds_lease
+    assert len(pickle.dumps(ref)) < 128
+    del ref
+    gc.collect()
+    with pytest.raises(shmtensor.StaleReferenceError):
+        client.get(copy)
+
+
+def test_named_get_waits_for_seal_and_releases_the_gil(client):
+    result = {}
+
+    def waiter():
+        result["view"] = client.get("late", timeout=10)
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    # While the waiter blocks in the daemon, this thread keeps running Python:
+    # only possible if the wait released the GIL.
+    spins, end = 0, time.monotonic() + 0.3
+    while time.monotonic() < end:
+        spins += 1
+    assert thread.is_alive()
+    assert spins > 10000
+    client.put(np.full(3, 4.0), name="late")
+    thread.join(10)
+    assert np.asarray(result["view"]).tolist() == [4.0, 4.0, 4.0]
+
+
+def test_named_get_timeout_and_immediate(client):
+    with pytest.raises(shmtensor.TimeoutError, match="'missing'"):
+        client.get("missing", timeout=0.1)
+    with pytest.raises(shmtensor.NotFoundError, match="'missing'"):
+        client.get("missing", timeout=0)
+
+
+def test_names_are_never_rebound(client):
+    client.put(np.ones(2), name="model")
+    with pytest.raises(shmtensor.AlreadyExistsError, match="'model'"):
+        client.put(np.zeros(2), name="model")
+    assert np.asarray(client.get("model")).tolist() == [1.0, 1.0]
+
+
+def test_deferred_delete(client):
+    client.put(np.ones(512), name="w")
+    view = client.get("w")
+    client.delete("w")
+    assert used(client) == 4096
+    assert np.asarray(view).sum() == 512
+    del view
+    gc.collect()
+    assert used(client) == 0
+
+
+def test_exclusive_hand_off(client, daemon):
+    ref = client.put(torch.arange(6.0), exclusive=True)
+    assert ref.exclusive and not ref.holds_lease
+    consumer = shmtensor.connect(daemon.address)
+    view = consumer.get(ref)
+    assert view.writable
+    t = view.tensor()
+    assert type(t) is torch.Tensor
+    t.mul_(2)  # The one consumer owns it: writes are allowed.
+    assert np.asarray(view).tolist() == [0, 2, 4, 6, 8, 10]
+    with pytest.raises(shmtensor.AlreadyTakenError):
+        client.get(ref)
+
+
+def test_exclusive_seal_refuses_live_exports(client):
+    buf = client.create(16, "float32")
+    a = np.asarray(buf)
+    with pytest.raises(BufferError, match="still alive"):
+        buf.seal(exclusive=True)
+    del a
+    assert buf.seal(exclusive=True).exclusive
+
+
+def test_errors_name_the_value(client):
+    with pytest.raises(shmtensor.InvalidArgumentError, match="-3"):
+        client.create((4, -3), "float32")
+    with pytest.raises(shmtensor.InvalidArgumentError, match="exceeds pool"):
+        client.create(1 << 40, "uint8")
+    with pytest.raises(shmtensor.InvalidArgumentError, match="name"):
+        client.create(4, "uint8", name="x" * 300)
+    with pytest.raises(ValueError, match="timeout"):
+        client.create(4, "uint8", timeout=-1)
+    with pytest.raises(TypeError, match="ObjectRef or a name"):
+        client.get(42)
+    with pytest.raises(shmtensor.InvalidArgumentError):
+        shmtensor.ObjectRef(b"not a ref")
+
+
+def test_error_hierarchy():
+    for cls in (shmtensor.TimeoutError, shmtensor.PoolExhaustedError,
+                shmtensor.StaleReferenceError, shmtensor.NotFoundError,
+                shmtensor.InvalidArgumentError,
+                shmtensor.DaemonUnavailableError, shmtensor.AlreadyTakenError):
+        assert issubclass(cls, shmtensor.Error)
+    assert issubclass(shmtensor.StaleReferenceError, shmtensor.NotFoundError)
+    assert issubclass(shmtensor.TimeoutError, TimeoutError)
+    assert issubclass(shmtensor.InvalidArgumentError, ValueError)
+    assert issubclass(shmtensor.DaemonUnavailableError, ConnectionError)
+
+
+def test_pool_exhausted_message(client):
+    hog = client.create(200 << 20, "uint8")
+    with pytest.raises(shmtensor.PoolExhaustedError) as e:
+        client.create(100 << 20, "uint8", timeout=0.1)
+    msg = str(e.value)
+    assert "pool 'default'" in msg and "asked for 104857600 bytes" in msg
+    assert "holds 209715200 bytes" in msg
+    del hog
+
+
+def test_stats_dict(client):
+    client.put(np.ones(4), name="n")
+    s = client.stats()
+    assert s["sessions"] == 1 and s["named_objects"] == 1
+    assert s["pools"][0]["name"] == "default"
+    assert s["pools"][0]["size_bytes"] == 256 << 20
