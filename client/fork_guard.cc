@@ -60,8 +60,14 @@ void Child() {
 void EnableForkSupport() {
   static std::once_flag once;
   std::call_once(once, [] {
-    // gRPC reads this once, when it initialises; a user's setting wins.
+    // gRPC reads these once, when it initialises; a user's setting wins.
     setenv("GRPC_ENABLE_FORK_SUPPORT", "1", /*overwrite=*/0);
+    // With epoll, parent and child share one kernel epoll instance across
+    // fork(), and a child's poller steals the parent's events (seen: the
+    // parent's session broke as soon as a forked child used gRPC). poll()
+    // keeps no kernel state; for a client's one or two connections it costs
+    // nothing measurable.
+    setenv("GRPC_POLL_STRATEGY", "poll", /*overwrite=*/0);
     pthread_atfork(grpc_prefork, grpc_postfork_parent, grpc_postfork_child);
     // Registered after gRPC's: runs before it in the prepare phase and after
     // it in the child.

@@ -128,12 +128,20 @@ py::array MakeArray(const ExportSource& src) {
     shape.assign(info.shape.begin(), info.shape.end());
     strides.assign(info.strides_bytes.begin(), info.strides_bytes.end());
   }
+  // Parsed once per dtype: dtype construction dominates a small export.
+  static py::object* dtypes[kMaxDTypeValue + 1] = {};
+  py::object*& dt = dtypes[static_cast<int>(info.dtype)];
+  if (dt == nullptr) dt = new py::object(py::dtype(format));  // Never freed.
   auto* lease = new std::shared_ptr<internal::Lease>(src.lease);
   py::capsule owner(lease, [](void* p) {
     DropWithoutGil(static_cast<std::shared_ptr<internal::Lease>*>(p));
   });
-  py::array arr(py::dtype(format), shape, strides, src.data, owner);
-  if (!src.writable) arr.attr("flags").attr("writeable") = false;
+  py::array arr(py::reinterpret_borrow<py::dtype>(*dt), shape, strides,
+                src.data, owner);
+  if (!src.writable) {
+    py::detail::array_proxy(arr.ptr())->flags &=
+        ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+  }
   return arr;
 }
 

@@ -140,7 +140,10 @@ class PyBuffer {
           "them before seal(exclusive=True): the consumer will own the memory");
     }
     // Arrays made before a shared seal stay readable, no longer writable.
-    for (py::object& a : live) a.attr("flags").attr("writeable") = false;
+    for (py::object& a : live) {
+      py::detail::array_proxy(a.ptr())->flags &=
+          ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+    }
     arrays_.clear();
     std::optional<absl::StatusOr<SealedRef>> sealed;
     {
@@ -271,6 +274,31 @@ PYBIND11_MODULE(_core, m) {
     }
   });
 
+  m.def(
+      "_cpp_lifecycles",
+      [](Client& c, int64_t nbytes, int iters) {
+        // Benchmark hook (bench/python_bench.py): the C++ client's lifecycle
+        // in this process, to compare the binding's overhead against.
+        py::gil_scoped_release release;
+        std::vector<double> out;
+        for (int i = 0; i < iters; ++i) {
+          const absl::Time t0 = absl::Now();
+          Buffer buf = Check(c.Create(
+              {.dtype = DType::kFloat32, .shape = {nbytes / 4}}));
+          static_cast<float*>(buf.data())[0] = 1.0f;
+          SealedRef ref = Check(buf.Seal());
+          {
+            View v = Check(c.Get(ref.ref()));
+            if (static_cast<const float*>(v.data())[0] != 1.0f) {
+              throw StatusError{absl::DataLossError("bytes differ")};
+            }
+          }
+          ref.Reset();
+          out.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
+        }
+        return out;
+      },
+      py::arg("client"), py::arg("nbytes"), py::arg("iters"));
   m.def("default_address", &DefaultAddress,
         "The daemon address used when none is given ($SHMTENSOR_ADDRESS or "
         "unix:/tmp/shmtensord-<uid>.sock).");

@@ -94,3 +94,34 @@ def test_two_readers_outlive_their_producer(client, daemon):
         out, err = r.communicate("go\n", timeout=60)
         assert out.strip().endswith(f"sum {expected}"), err
     assert wait_until(lambda: used(client) == 0)
+
+
+def _forked_taker(address, q, done):
+    own = shmtensor.connect(address)
+    done.put("ready")
+    total = 0.0
+    for _ in range(5):
+        view = own.get(q.get())
+        total += float(view.tensor().sum())
+        del view
+    done.put(total)
+
+
+def test_parent_and_forked_child_use_grpc_at_once(client, daemon):
+    # Regression: with gRPC's epoll poller, parent and child shared one
+    # epoll instance after fork, and the parent's session broke as soon as
+    # both were active.
+    ctx = mp.get_context("fork")
+    q, done = ctx.Queue(maxsize=2), ctx.Queue()
+    proc = ctx.Process(target=_forked_taker, args=(daemon.address, q, done))
+    proc.start()
+    assert done.get(timeout=60) == "ready"
+    session = client.session_id
+    for i in range(5):
+        q.put(client.put(np.full(1 << 18, float(i), dtype=np.float32),
+                         exclusive=True))
+        assert client.stats()["sessions"] == 2  # Both sessions alive.
+    assert done.get(timeout=60) == sum(i * (1 << 18) for i in range(5))
+    proc.join(30)
+    assert proc.exitcode == 0 and client.session_id == session
+    assert client.stats()["pending_transfers"] == 0

@@ -61,6 +61,14 @@ class ObjectRef:
         self._bytes = bytes(ref_bytes)
         self._owner = owner
 
+    @classmethod
+    def _from_core(cls, sealed):
+        """The ref of a SealedRef the binding just made (no re-validation)."""
+        ref = cls.__new__(cls)
+        ref._bytes = sealed.ref_bytes
+        ref._owner = sealed if sealed.holds_lease else None
+        return ref
+
     def __reduce__(self):
         return (_unpickle_ref, (self._bytes,))
 
@@ -190,8 +198,7 @@ class Client:
         sealed = self._c.put(ptr, shape, code, nbytes, name or "",
                              bool(exclusive), timeout)
         del keep
-        return ObjectRef(sealed.ref_bytes,
-                         sealed if sealed.holds_lease else None)
+        return ObjectRef._from_core(sealed)
 
     def delete(self, name):
         """Unbinds `name`. The memory is freed once nothing uses it
@@ -256,8 +263,7 @@ def _buffer_seal(self, exclusive=False):
     exclusive=True the object goes to exactly one consumer: the returned ref
     holds nothing, this process can no longer write it, and arrays or tensors
     made from the buffer must be gone (else BufferError)."""
-    sealed = self._seal(exclusive)
-    return ObjectRef(sealed.ref_bytes, sealed if sealed.holds_lease else None)
+    return ObjectRef._from_core(self._seal(exclusive))
 
 
 def _view_ref(self):

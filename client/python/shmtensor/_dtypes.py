@@ -71,8 +71,25 @@ def code_of_torch(dt):
         f"{', '.join(sorted(_TORCH_NAMES.values()))})", "INVALID_ARGUMENT")
 
 
+_CACHE = {}
+
+
 def dtype_code(dtype):
     """The wire code of a NumPy dtype or type, a torch dtype, or a name."""
+    try:
+        return _CACHE[dtype]
+    except (KeyError, TypeError):  # TypeError: unhashable.
+        pass
+    code = _dtype_code(dtype)
+    try:
+        if len(_CACHE) < 256:
+            _CACHE[dtype] = code
+    except TypeError:
+        pass
+    return code
+
+
+def _dtype_code(dtype):
     torch = _torch()
     if torch is not None and isinstance(dtype, torch.dtype):
         return code_of_torch(dtype)

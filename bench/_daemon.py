@@ -1,0 +1,34 @@
+"""A shmtensord for the Python benchmarks, started from the build tree."""
+
+import os
+import socket
+import subprocess
+import time
+
+DAEMON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build",
+                      "bin", "shmtensord")
+
+
+class Daemon:
+    def __init__(self, pool_size):
+        self.path = f"/tmp/shmtensor-pybench-{os.getpid()}.sock"
+        self.address = "unix:" + self.path
+        self.proc = subprocess.Popen([DAEMON, "--listen", self.address,
+                                      "--pool-size", pool_size,
+                                      "--log-level", "warn"])
+        while True:
+            try:
+                with socket.socket(socket.AF_UNIX) as s:
+                    s.connect(self.path)
+                return
+            except OSError:
+                if self.proc.poll() is not None:
+                    raise RuntimeError("shmtensord did not start")
+                time.sleep(0.01)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.proc.terminate()
+        self.proc.wait()
