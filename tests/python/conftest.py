@@ -18,8 +18,18 @@ if PYTHONPATH not in sys.path:
     sys.path.insert(0, PYTHONPATH)
 
 
-def shm_entries():
-    return set(os.listdir("/dev/shm"))
+def segment_prefix(address):
+    """The /dev/shm name prefix of a daemon's segments (Daemon::SegmentPrefix
+    in daemon/daemon.cc: uid and the FNV-1a hash of the address)."""
+    h = 1469598103934665603
+    for byte in address.encode():
+        h = ((h ^ byte) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return f"shmtensor-{os.getuid()}-{h & 0xFFFFFFFF:08x}-"
+
+
+def segments_of(address):
+    prefix = segment_prefix(address)
+    return {n for n in os.listdir("/dev/shm") if n.startswith(prefix)}
 
 
 class Daemon:
@@ -28,7 +38,6 @@ class Daemon:
     def __init__(self, pool_size="256MiB"):
         self.path = f"/tmp/shmtensor-pytest-{os.getpid()}-{uuid.uuid4().hex[:8]}.sock"
         self.address = "unix:" + self.path
-        before = shm_entries()
         self.proc = subprocess.Popen(
             [DAEMON, "--listen", self.address, "--pool-size", pool_size,
              "--log-level", "warn"])
@@ -44,7 +53,8 @@ class Daemon:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.01)
-        self.segments = shm_entries() - before
+        self.segments = segments_of(self.address)
+        assert self.segments, "daemon serves but has no segment"
 
     def stop(self):
         if self.proc.poll() is None:
