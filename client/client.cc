@@ -80,12 +80,28 @@ absl::StatusOr<std::shared_ptr<internal::Lease>> MakeLease(
 
 absl::StatusOr<View> ViewFromResponse(
     const std::shared_ptr<internal::ClientCore>& core,
-    const v1::GetResponse& resp) {
+    const v1::GetResponse& resp, bool want_writable) {
+  const bool writable = resp.writable() && want_writable;
   absl::StatusOr<std::shared_ptr<internal::Lease>> lease =
-      MakeLease(core, resp.lease_id(), resp.placement(), resp.writable());
+      MakeLease(core, resp.lease_id(), resp.placement(), writable);
   if (!lease.ok()) return lease.status();
   return View(MakeInfo(resp.ref(), resp.placement(), resp.layout()),
-              *std::move(lease), resp.writable());
+              *std::move(lease), writable);
+}
+
+v1::CreateRequest MakeCreateRequest(uint64_t session_id,
+                                    const CreateOptions& options) {
+  v1::CreateRequest req;
+  req.set_session_id(session_id);
+  req.set_pool(options.pool);
+  req.set_size_bytes(options.size_bytes);
+  req.set_name(options.name);
+  req.set_timeout_ms(ToMillis(options.timeout));
+  v1::Layout* layout = req.mutable_layout();
+  layout->set_dtype(static_cast<v1::DType>(options.dtype));
+  for (int64_t d : options.shape) layout->add_shape(d);
+  for (int64_t s : options.strides_bytes) layout->add_strides_bytes(s);
+  return req;
 }
 
 }  // namespace
@@ -103,16 +119,7 @@ absl::StatusOr<Client> Client::Connect(const ClientOptions& options) {
 }
 
 absl::StatusOr<Buffer> Client::Create(const CreateOptions& options) {
-  v1::CreateRequest req;
-  req.set_session_id(core_->session_id());
-  req.set_pool(options.pool);
-  req.set_size_bytes(options.size_bytes);
-  req.set_name(options.name);
-  req.set_timeout_ms(ToMillis(options.timeout));
-  v1::Layout* layout = req.mutable_layout();
-  layout->set_dtype(static_cast<v1::DType>(options.dtype));
-  for (int64_t d : options.shape) layout->add_shape(d);
-  for (int64_t s : options.strides_bytes) layout->add_strides_bytes(s);
+  const v1::CreateRequest req = MakeCreateRequest(core_->session_id(), options);
   v1::CreateResponse resp;
   if (absl::Status s = core_->Call(&v1::ObjectStore::Stub::Create, req, &resp,
                                    options.timeout + internal::kRpcDeadline);
@@ -126,7 +133,48 @@ absl::StatusOr<Buffer> Client::Create(const CreateOptions& options) {
                 *std::move(lease));
 }
 
-absl::StatusOr<View> Client::Get(const ObjectRef& ref) {
+absl::StatusOr<SealedRef> Client::Put(const void* data,
+                                      const CreateOptions& options,
+                                      bool exclusive) {
+  const v1::CreateRequest req = MakeCreateRequest(core_->session_id(), options);
+  v1::CreateResponse created;
+  if (absl::Status s =
+          core_->Call(&v1::ObjectStore::Stub::Create, req, &created,
+                      options.timeout + internal::kRpcDeadline);
+      !s.ok()) {
+    return s;
+  }
+  // The write lease, read-only here: until sealed, nobody else sees the
+  // object, and if anything below fails the lease's release discards it.
+  absl::StatusOr<std::shared_ptr<internal::Lease>> lease =
+      MakeLease(core_, created.lease_id(), created.placement(), false);
+  if (!lease.ok()) return lease.status();
+  absl::StatusOr<internal::PoolMapping*> m =
+      core_->Mapping(created.placement().pool_id());
+  if (!m.ok()) return m.status();
+  if (absl::Status s = (*m)->Write(created.placement().offset(), data,
+                                   created.placement().size_bytes());
+      !s.ok()) {
+    return s;
+  }
+  v1::SealRequest seal;
+  seal.set_session_id(core_->session_id());
+  seal.set_lease_id(created.lease_id());
+  seal.set_exclusive(exclusive);
+  v1::SealResponse sealed;
+  if (absl::Status s = core_->Call(&v1::ObjectStore::Stub::Seal, seal, &sealed);
+      !s.ok()) {
+    return s;
+  }
+  const ObjectRef ref = FromProto(sealed.ref());
+  if (exclusive) {
+    (*lease)->Forget();
+    return SealedRef(ref, nullptr);
+  }
+  return SealedRef(ref, *std::move(lease));
+}
+
+absl::StatusOr<View> Client::Get(const ObjectRef& ref, bool writable) {
   v1::GetRequest req;
   req.set_session_id(core_->session_id());
   *req.mutable_ref() = ToProto(ref);
@@ -135,7 +183,7 @@ absl::StatusOr<View> Client::Get(const ObjectRef& ref) {
       !s.ok()) {
     return s;
   }
-  return ViewFromResponse(core_, resp);
+  return ViewFromResponse(core_, resp, writable);
 }
 
 absl::StatusOr<View> Client::Get(std::string_view name,
@@ -150,7 +198,7 @@ absl::StatusOr<View> Client::Get(std::string_view name,
       !s.ok()) {
     return s;
   }
-  return ViewFromResponse(core_, resp);
+  return ViewFromResponse(core_, resp, false);
 }
 
 absl::Status Client::Delete(std::string_view name) {

@@ -15,7 +15,10 @@
 namespace shmtensor::internal {
 namespace {
 
-absl::StatusOr<uint8_t*> MapShm(const v1::PoolInfo& info, bool writable) {
+// Maps the pool PROT_READ. With `writable`, opens it O_RDWR and hands the fd
+// to `*fd_out` (kept for pwrite); else closes it.
+absl::StatusOr<uint8_t*> MapShm(const v1::PoolInfo& info, bool writable,
+                                int* fd_out = nullptr) {
   const int fd = shm_open(info.shm_name().c_str(),
                           (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC, 0);
   if (fd < 0) {
@@ -26,7 +29,11 @@ absl::StatusOr<uint8_t*> MapShm(const v1::PoolInfo& info, bool writable) {
   // PROT_READ for both: the writable mapping opens ranges one by one.
   void* p = mmap(nullptr, info.size_bytes(), PROT_READ, MAP_SHARED, fd, 0);
   const int err = errno;
-  close(fd);
+  if (fd_out != nullptr && p != MAP_FAILED) {
+    *fd_out = fd;
+  } else {
+    close(fd);
+  }
   if (p == MAP_FAILED) {
     return absl::InternalError(
         absl::StrFormat("mmap of pool '%s' (%d bytes): %s", info.name(),
@@ -64,6 +71,7 @@ absl::StatusOr<std::shared_ptr<PoolMapping>> PoolMapping::Get(
 PoolMapping::~PoolMapping() {
   munmap(ro_, info_.size_bytes());
   if (rw_ != nullptr) munmap(rw_, info_.size_bytes());
+  if (rw_fd_ >= 0) close(rw_fd_);
 }
 
 absl::StatusOr<uint8_t*> PoolMapping::Protect(uint64_t offset,
@@ -76,15 +84,7 @@ absl::StatusOr<uint8_t*> PoolMapping::Protect(uint64_t offset,
         "range [%d, +%d) is not a page-aligned range of pool '%s' (%d bytes)",
         offset, capacity, info_.name(), info_.size_bytes()));
   }
-  std::call_once(rw_once_, [this] {
-    absl::StatusOr<uint8_t*> rw = MapShm(info_, true);
-    if (!rw.ok()) {
-      rw_status_ = rw.status();
-      return;
-    }
-    rw_ = *rw;
-  });
-  if (rw_ == nullptr) return rw_status_;
+  if (absl::Status s = EnsureWritable(); !s.ok()) return s;
   if (capacity > 0) {
     const int prot =
         access == Access::kReadWrite ? PROT_READ | PROT_WRITE : PROT_READ;
@@ -95,6 +95,42 @@ absl::StatusOr<uint8_t*> PoolMapping::Protect(uint64_t offset,
     }
   }
   return rw_ + offset;
+}
+
+absl::Status PoolMapping::EnsureWritable() {
+  std::call_once(rw_once_, [this] {
+    absl::StatusOr<uint8_t*> rw = MapShm(info_, true, &rw_fd_);
+    if (!rw.ok()) {
+      rw_status_ = rw.status();
+      return;
+    }
+    rw_ = *rw;
+  });
+  return rw_ != nullptr ? absl::OkStatus() : rw_status_;
+}
+
+absl::Status PoolMapping::Write(uint64_t offset, const void* data,
+                                uint64_t size) {
+  if (offset > info_.size_bytes() || size > info_.size_bytes() - offset) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "write of %d bytes at %d is outside pool '%s' (%d bytes)", size, offset,
+        info_.name(), info_.size_bytes()));
+  }
+  if (absl::Status s = EnsureWritable(); !s.ok()) return s;
+  const auto* p = static_cast<const uint8_t*>(data);
+  while (size > 0) {
+    const ssize_t n = pwrite(rw_fd_, p, size, static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return absl::InternalError(absl::StrFormat(
+          "pwrite into pool '%s' at %d: %s", info_.name(), offset,
+          n < 0 ? std::strerror(errno) : "wrote nothing"));
+    }
+    p += n;
+    offset += n;
+    size -= n;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace shmtensor::internal

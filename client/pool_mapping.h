@@ -56,14 +56,23 @@ class PoolMapping {
   absl::StatusOr<uint8_t*> Protect(uint64_t offset, uint64_t capacity,
                                    Access access);
 
+  // Copies `size` bytes to `offset` with pwrite(2) on the segment: no
+  // writable mapping, no page-table change, no fault in this process. For
+  // Client::Put, whose buffer is never exposed for writing.
+  absl::Status Write(uint64_t offset, const void* data, uint64_t size);
+
  private:
   PoolMapping(v1::PoolInfo info, uint8_t* ro)
       : info_(std::move(info)), ro_(ro) {}
 
   const v1::PoolInfo info_;
   uint8_t* const ro_;
+  // Opens the writable mapping and fd on first use.
+  absl::Status EnsureWritable();
+
   std::once_flag rw_once_;
   uint8_t* rw_ = nullptr;   // Set once under rw_once_.
+  int rw_fd_ = -1;          // Set once under rw_once_; O_RDWR, for Write.
   absl::Status rw_status_;  // Set once under rw_once_.
 };
 

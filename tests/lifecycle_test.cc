@@ -183,6 +183,34 @@ TEST_F(LifecycleTest, UnclaimedTransferReclaimedWhenCreatorEnds) {
   EXPECT_TRUE(IsStaleReference(client_->Get(*ref).status()));
 }
 
+TEST_F(LifecycleTest, PutCopiesInAndSealsInOneCall) {
+  std::vector<int32_t> src(1000);
+  for (int i = 0; i < 1000; ++i) src[i] = i * 7;
+  absl::StatusOr<SealedRef> ref = client_->Put(
+      src.data(), {.dtype = DType::kInt32, .shape = {10, 100}, .name = "put"});
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  EXPECT_TRUE(ref->holds_lease());
+  View v = *client_->Get("put");
+  EXPECT_EQ(v.shape(), (std::vector<int64_t>{10, 100}));
+  EXPECT_EQ(std::memcmp(v.data(), src.data(), 4000), 0);
+  // A failed put leaves nothing behind.
+  EXPECT_FALSE(
+      client_->Put(src.data(), {.size_bytes = 4000, .name = "put"}).ok());
+  EXPECT_EQ(Used(), 4096u);
+}
+
+TEST_F(LifecycleTest, ExclusiveTakeCanBeReadOnly) {
+  std::vector<uint8_t> src(8192, 9);
+  SealedRef xfer = *client_->Put(src.data(), {.size_bytes = 8192}, true);
+  Client consumer = Connect();
+  absl::StatusOr<View> v = consumer.Get(xfer.ref(), /*writable=*/false);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_FALSE(v->writable());
+  EXPECT_EQ(v->mutable_data(), nullptr);
+  EXPECT_EQ(static_cast<const uint8_t*>(v->data())[8191], 9);
+  EXPECT_TRUE(IsAlreadyTaken(client_->Get(xfer.ref()).status()));
+}
+
 TEST_F(LifecycleTest, TypedLayoutsRoundTrip) {  // [P3] [P7]
   absl::StatusOr<Buffer> strided = client_->Create(
       {.dtype = DType::kFloat64, .shape = {3, 4}, .strides_bytes = {8, 24}});

@@ -283,8 +283,8 @@ PYBIND11_MODULE(_core, m) {
         std::vector<double> out;
         for (int i = 0; i < iters; ++i) {
           const absl::Time t0 = absl::Now();
-          Buffer buf = Check(c.Create(
-              {.dtype = DType::kFloat32, .shape = {nbytes / 4}}));
+          Buffer buf = Check(
+              c.Create({.dtype = DType::kFloat32, .shape = {nbytes / 4}}));
           static_cast<float*>(buf.data())[0] = 1.0f;
           SealedRef ref = Check(buf.Seal());
           {
@@ -426,43 +426,34 @@ PYBIND11_MODULE(_core, m) {
             CreateOptions o;
             o.shape = std::move(shape);
             o.dtype = static_cast<DType>(dtype);
-            o.size_bytes = dtype == 0 ? nbytes : 0;
+            // Exactly the bytes at `src`: the daemon refuses a layout that
+            // needs more, so Put never reads past the caller's data.
+            o.size_bytes = nbytes;
             o.name = name;
-            o.timeout = ToDuration(timeout);
-            std::optional<absl::StatusOr<SealedRef>> r;
-            {
-              // The caller keeps `src` alive and unchanged for this call.
-              py::gil_scoped_release release;
-              absl::StatusOr<Buffer> b = c.Create(o);
-              if (!b.ok()) {
-                r = b.status();
-              } else {
-                if (b->size_bytes() != nbytes) {
-                  r = absl::InternalError("put: size mismatch");
-                } else {
-                  std::memcpy(b->data(), reinterpret_cast<const void*>(src),
-                              nbytes);
-                  r = b->Seal(exclusive);
-                }
-              }
-            }
-            return PySealedRef{Check(*std::move(r))};
+            // The caller keeps `src` alive and unchanged for this call.
+            return PySealedRef{WaitInSlices<SealedRef>(
+                ToDuration(timeout), absl::StatusCode::kResourceExhausted,
+                [&](absl::Duration slice) {
+                  o.timeout = slice;
+                  return c.Put(reinterpret_cast<const void*>(src), o,
+                               exclusive);
+                })};
           },
           py::arg("src"), py::arg("shape"), py::arg("dtype"), py::arg("nbytes"),
           py::arg("name"), py::arg("exclusive"), py::arg("timeout"),
           "Creates, copies `nbytes` from address `src`, seals.")
       .def(
           "get_ref",
-          [](Client& c, const std::string& ref_bytes) {
+          [](Client& c, const std::string& ref_bytes, bool writable) {
             ObjectRef ref = ParseRef(ref_bytes);
             std::optional<absl::StatusOr<View>> v;
             {
               py::gil_scoped_release release;
-              v = c.Get(ref);
+              v = c.Get(ref, writable);
             }
             return std::make_unique<PyView>(Check(*std::move(v)));
           },
-          py::arg("ref_bytes"))
+          py::arg("ref_bytes"), py::arg("writable") = true)
       .def(
           "get_name",
           [](Client& c, const std::string& name,

@@ -148,6 +148,32 @@ def test_exclusive_hand_off(client, daemon):
         client.get(ref)
 
 
+def test_exclusive_take_read_only(client, daemon):
+    ref = client.put(np.arange(4.0), exclusive=True)
+    consumer = shmtensor.connect(daemon.address)
+    view = consumer.get(ref, writable=False)
+    assert not view.writable
+    a = np.asarray(view)
+    assert not a.flags.writeable and a.tolist() == [0.0, 1.0, 2.0, 3.0]
+    with pytest.raises(shmtensor.AlreadyTakenError):
+        client.get(ref)
+
+
+def test_put_opens_no_writable_mapping(client, daemon):
+    ref = client.put(np.arange(3.0))
+    (segment,) = daemon.segments
+    with open("/proc/self/maps") as f:
+        perms = [line.split()[1] for line in f if segment in line]
+    assert perms and all("w" not in p for p in perms), perms
+    assert np.asarray(client.get(ref)).tolist() == [0.0, 1.0, 2.0]
+    buf = client.create(4, "float32")  # A buffer does open one, while unsealed.
+    with open("/proc/self/maps") as f:
+        assert any("w" in line.split()[1] for line in f if segment in line)
+    buf.seal()
+    with open("/proc/self/maps") as f:
+        assert all("w" not in line.split()[1] for line in f if segment in line)
+
+
 def test_exclusive_seal_refuses_live_exports(client):
     buf = client.create(16, "float32")
     a = np.asarray(buf)

@@ -84,10 +84,22 @@ class Client {
   // Allocates a writable buffer (see CreateOptions).
   absl::StatusOr<Buffer> Create(const CreateOptions& options);
 
+  // Copies `options`' bytes from `data` into a new object and seals it, in
+  // one call (size from size_bytes, or from the layout). The bytes go in with
+  // pwrite(2): the buffer is never mapped writable in this process, so no
+  // page-table change and no window for a stray write. `exclusive` as in
+  // Buffer::Seal.
+  absl::StatusOr<SealedRef> Put(const void* data, const CreateOptions& options,
+                                bool exclusive = false);
+
   // A view of a sealed object. Read-only, or writable for the one consumer of
   // an exclusive transfer. NOT_FOUND with IsStaleReference for a ref whose
   // object is gone; FAILED_PRECONDITION with IsAlreadyTaken for a second take.
-  absl::StatusOr<View> Get(const ObjectRef& ref);
+  // `writable` = false takes an exclusive transfer (the object is this
+  // client's alone) but maps it read-only, which skips opening a writable
+  // range: cheaper when the consumer only reads. Shared objects are always
+  // read-only.
+  absl::StatusOr<View> Get(const ObjectRef& ref, bool writable = true);
 
   // A read-only view of the object bound to `name`, waiting up to `timeout`
   // for one to be sealed (DEADLINE_EXCEEDED after; NOT_FOUND at once for a

@@ -153,16 +153,18 @@ class Client:
         """An untyped writable buffer of `size` bytes (viewed as uint8)."""
         return self._c.create([], 0, int(size), name or "", timeout)
 
-    def get(self, ref_or_name, timeout=None):
+    def get(self, ref_or_name, timeout=None, writable=True):
         """A view of a sealed object, by ObjectRef or by name.
 
         Read-only for a shared object; writable for the one consumer of an
-        exclusive hand-off (a second get raises AlreadyTakenError). For a
-        name, waits up to `timeout` seconds for an object of that name to be
-        sealed (None: without limit; 0: NotFoundError at once; else
-        TimeoutError)."""
+        exclusive hand-off (a second get raises AlreadyTakenError). Pass
+        writable=False to take an exclusive hand-off read-only: still yours
+        alone, but no writable range is opened, which is cheaper when you only
+        read it. For a name, waits up to `timeout` seconds for an object of
+        that name to be sealed (None: without limit; 0: NotFoundError at
+        once; else TimeoutError)."""
         if isinstance(ref_or_name, ObjectRef):
-            return self._c.get_ref(ref_or_name._bytes)
+            return self._c.get_ref(ref_or_name._bytes, bool(writable))
         if isinstance(ref_or_name, str):
             return self._c.get_name(ref_or_name, timeout)
         raise TypeError(f"get() takes an ObjectRef or a name, not "
@@ -170,6 +172,9 @@ class Client:
 
     def put(self, obj, name=None, exclusive=False, timeout=None):
         """Copies an array or tensor in and seals it; returns the ref.
+
+        The copy goes in through the kernel (pwrite): the new object is never
+        writable in this process, not even for an instant.
 
         Rules: a tensor is detached (no autograd graph is kept) and, if on a
         GPU, copied to the host; bfloat16 keeps its dtype. Non-contiguous
