@@ -7,9 +7,12 @@ one run, at 1 MiB, 16 MiB and 128 MiB:
   torch       a torch tensor through torch.multiprocessing.Queue (moved into
               a new shared-memory segment per tensor, faulted in page by page)
   shm         a new multiprocessing.shared_memory segment per array
-  shmtensor   put(exclusive=True) into a recycled, pre-faulted pool; the ref
-              goes through a multiprocessing.Queue; the consumer takes it
-              (get), reads it as a tensor, and drops it (back to the pool)
+  shmtensor   put(exclusive=True) into a recycled, pre-faulted pool (copied
+              in with pwrite); the ref goes through a multiprocessing.Queue;
+              the consumer takes it writable (get), reads it as a tensor,
+              and drops it (back to the pool)
+  shm-ro      the same, but the consumer takes it read-only
+              (get(ref, writable=False)): no writable range is opened
 
 Every method starts from the same source array in the producer (so the copy
 into the transport is included for all) and ends when the consumer has the
@@ -55,7 +58,7 @@ WARM = 4
 def consumer(method, q, done, n, address):
     """Receives WARM + n items; reports the time after the warm-up and at
     the end."""
-    c = shmtensor.connect(address) if method == "shmtensor" else None
+    c = shmtensor.connect(address) if method.startswith("shmtensor") else None
     done.put("ready")
     for i in range(WARM + n):
         if i == WARM:
@@ -67,8 +70,8 @@ def consumer(method, q, done, n, address):
             touch(np.ndarray((nbytes,), np.uint8, seg.buf))
             seg.close()
             seg.unlink()
-        elif method == "shmtensor":
-            view = c.get(item)
+        elif method.startswith("shmtensor"):
+            view = c.get(item, writable=(method == "shmtensor"))
             touch(view.tensor())
             del view  # Back to the pool.
         else:
@@ -110,18 +113,18 @@ def main():
     sizes = [(1 << 20, 200), (16 << 20, 40), (128 << 20, 8)]
     if quick:
         sizes = [(1 << 20, 40), (16 << 20, 10), (128 << 20, 3)]
-    methods = ["pickle", "torch", "shm", "shmtensor"]
+    methods = ["pickle", "torch", "shm", "shmtensor", "shmtensor-ro"]
     with Daemon("2GiB") as d:
         client = shmtensor.connect(d.address)  # The producer's, for all runs.
-        print(f"{'size':>8} " + " ".join(f"{m + ' GB/s':>15}" for m in methods)
-              + f" {'shmtensor/torch':>16} {'shmtensor/pickle':>17}")
+        print(f"{'size':>8} " + " ".join(f"{m + ' GB/s':>18}" for m in methods)
+              + f" {'shmtensor/torch':>16} {'(ro)/torch':>11}")
         for nbytes, n in sizes:
             src = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
             gbps = {m: run(m, src, n, d.address, client) for m in methods}
             label = f"{nbytes >> 20}MiB"
-            print(f"{label:>8} " + " ".join(f"{gbps[m]:15.2f}" for m in methods)
+            print(f"{label:>8} " + " ".join(f"{gbps[m]:18.2f}" for m in methods)
                   + f" {gbps['shmtensor'] / gbps['torch']:15.1f}x"
-                  + f" {gbps['shmtensor'] / gbps['pickle']:16.1f}x", flush=True)
+                  + f" {gbps['shmtensor-ro'] / gbps['torch']:10.1f}x", flush=True)
 
 
 if __name__ == "__main__":
