@@ -23,8 +23,7 @@ grpc::Status ToGrpcStatus(grpc::ServerContextBase* ctx,
 class SessionReactor final
     : public grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionEvent> {
  public:
-  SessionReactor(ObjectStoreService& service, std::string peer)
-      : service_(service), peer_(std::move(peer)) {
+  explicit SessionReactor(ObjectStoreService& service) : service_(service) {
     StartRead(&request_);
   }
 
@@ -82,7 +81,6 @@ class SessionReactor final
 
  private:
   ObjectStoreService& service_;
-  const std::string peer_;
   v1::SessionRequest request_;
   v1::SessionEvent event_;
   uint64_t session_id_ = 0;  // Set once, on the reactor's read callback.
@@ -92,7 +90,7 @@ class SessionReactor final
 
 grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionEvent>*
 ObjectStoreService::Session(grpc::CallbackServerContext* ctx) {
-  return new SessionReactor(*this, ctx->peer());
+  return new SessionReactor(*this);
 }
 
 void ObjectStoreService::Register(SessionReactor* r) {
