@@ -103,6 +103,10 @@ void ObjectStore::EndSession(uint64_t session_id) {
       session_id, it->second.client_name, it->second.pid, leases.size(),
       transfers.size(), used_before - used_after, sessions_.size() - 1);
   sessions_.erase(it);
+  // Waiters of this session (a Create for memory, a Get for a name) give up
+  // now instead of holding a server thread until their timeout.
+  memory_freed_.SignalAll();
+  sealed_.SignalAll();
 }
 
 absl::StatusOr<Handout> ObjectStore::Create(const CreateArgs& args) {

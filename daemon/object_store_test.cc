@@ -253,6 +253,19 @@ TEST_F(ObjectStoreTest, EmptyTypedObjectTakesNoMemory) {
   EXPECT_EQ(v.layout.shape_size(), 2);
 }
 
+TEST_F(ObjectStoreTest, EndingASessionEndsItsWaits) {
+  ASSERT_TRUE(Create(a_, 16 * kPage).ok());
+  std::thread ender([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    store_->EndSession(b_);
+  });
+  const absl::Time start = absl::Now();
+  absl::StatusOr<Handout> h = Create(b_, kPage, "", absl::Seconds(30));
+  ender.join();
+  EXPECT_TRUE(IsSessionEnded(h.status())) << h.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+}
+
 TEST_F(ObjectStoreTest, ShutdownWakesWaiters) {
   ASSERT_TRUE(Create(a_, 16 * kPage).ok());
   std::thread stopper([&] {
