@@ -151,6 +151,10 @@ TEST_F(LifecycleTest, ExclusiveTransferToOneConsumerProcess) {
   EXPECT_EQ(*taker->ReadLine(), "took");
   EXPECT_EQ(WEXITSTATUS(taker->Wait()), 0);
   // The taker's lease ended with its session: the object is gone.
+  const absl::Time deadline = absl::Now() + absl::Seconds(1);
+  while (Used() != 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
   EXPECT_EQ(Used(), 0u);
   std::unique_ptr<Subprocess> second = Child({"take", hex, "8"});
   EXPECT_NE(WEXITSTATUS(second->Wait()), 0);

@@ -60,7 +60,8 @@ def test_fork_gives_child_its_own_session_and_spares_the_parent(client, daemon):
     assert view.writable and np.asarray(view).tolist() == [3.0] * 8
     proc.join(30)
     assert proc.exitcode == 0
-    assert client.stats()["sessions"] == 1
+    # The child's session ended with its process.
+    assert wait_until(lambda: client.stats()["sessions"] == 1)
     assert np.asarray(client.get(client.put(np.ones(2)))).sum() == 2
 
 
