@@ -118,37 +118,52 @@ absl::StatusOr<Client> Client::Connect(const ClientOptions& options) {
   return Client(*std::move(core));
 }
 
-absl::StatusOr<Buffer> Client::Create(const CreateOptions& options) {
-  const v1::CreateRequest req = MakeCreateRequest(core_->session_id(), options);
+namespace {
+
+// A created object and its write lease (the lease's release discards the
+// object until it is sealed).
+struct Created {
   v1::CreateResponse resp;
-  if (absl::Status s = core_->Call(&v1::ObjectStore::Stub::Create, req, &resp,
-                                   options.timeout + internal::kRpcDeadline);
+  std::shared_ptr<internal::Lease> lease;
+};
+
+// The Create RPC shared by Create and Put; `writable` opens the range for
+// writing through this process's mapping (Put writes with pwrite instead).
+absl::StatusOr<Created> CreateObject(
+    const std::shared_ptr<internal::ClientCore>& core,
+    const CreateOptions& options, bool writable) {
+  const v1::CreateRequest req = MakeCreateRequest(core->session_id(), options);
+  Created c;
+  if (absl::Status s = core->Call(&v1::ObjectStore::Stub::Create, req, &c.resp,
+                                  options.timeout + internal::kRpcDeadline);
       !s.ok()) {
     return s;
   }
   absl::StatusOr<std::shared_ptr<internal::Lease>> lease =
-      MakeLease(core_, resp.lease_id(), resp.placement(), true);
+      MakeLease(core, c.resp.lease_id(), c.resp.placement(), writable);
   if (!lease.ok()) return lease.status();
-  return Buffer(MakeInfo(resp.ref(), resp.placement(), resp.layout()),
-                *std::move(lease));
+  c.lease = *std::move(lease);
+  return c;
+}
+
+}  // namespace
+
+absl::StatusOr<Buffer> Client::Create(const CreateOptions& options) {
+  absl::StatusOr<Created> c = CreateObject(core_, options, true);
+  if (!c.ok()) return c.status();
+  return Buffer(MakeInfo(c->resp.ref(), c->resp.placement(), c->resp.layout()),
+                std::move(c->lease));
 }
 
 absl::StatusOr<SealedRef> Client::Put(const void* data,
                                       const CreateOptions& options,
                                       bool exclusive) {
-  const v1::CreateRequest req = MakeCreateRequest(core_->session_id(), options);
-  v1::CreateResponse created;
-  if (absl::Status s =
-          core_->Call(&v1::ObjectStore::Stub::Create, req, &created,
-                      options.timeout + internal::kRpcDeadline);
-      !s.ok()) {
-    return s;
-  }
-  // The write lease, read-only here: until sealed, nobody else sees the
-  // object, and if anything below fails the lease's release discards it.
-  absl::StatusOr<std::shared_ptr<internal::Lease>> lease =
-      MakeLease(core_, created.lease_id(), created.placement(), false);
-  if (!lease.ok()) return lease.status();
+  // Read-only here: until sealed nobody else sees the object, and if anything
+  // below fails the lease's release discards it.
+  absl::StatusOr<Created> c = CreateObject(core_, options, false);
+  if (!c.ok()) return c.status();
+  const v1::CreateResponse& created = c->resp;
+  std::shared_ptr<internal::Lease>& lease = c->lease;
   absl::StatusOr<internal::PoolMapping*> m =
       core_->Mapping(created.placement().pool_id());
   if (!m.ok()) return m.status();
@@ -168,10 +183,10 @@ absl::StatusOr<SealedRef> Client::Put(const void* data,
   }
   const ObjectRef ref = FromProto(sealed.ref());
   if (exclusive) {
-    (*lease)->Forget();
+    lease->Forget();
     return SealedRef(ref, nullptr);
   }
-  return SealedRef(ref, *std::move(lease));
+  return SealedRef(ref, std::move(lease));
 }
 
 absl::StatusOr<View> Client::Get(const ObjectRef& ref, bool writable) {

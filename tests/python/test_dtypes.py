@@ -66,14 +66,23 @@ def test_dtype_names(client, name, code):
     assert client.create(2, name).dtype_code == code
 
 
-@pytest.mark.parametrize("spec", [np.float32, np.dtype("uint16"), torch.int8,
-                                  torch.bfloat16, "complex128"])
-def test_create_accepts_numpy_torch_and_names(client, spec):
+@pytest.mark.parametrize("spec,numpy_dtype,torch_dtype", [
+    (np.float32, np.float32, torch.float32),
+    (np.dtype("uint16"), np.uint16, None),
+    (torch.int8, np.int8, torch.int8),
+    (torch.bfloat16, None, torch.bfloat16),
+    ("complex128", np.complex128, torch.complex128),
+], ids=str)
+def test_create_accepts_numpy_torch_and_names(client, spec, numpy_dtype,
+                                              torch_dtype):
     buf = client.create((2, 3), spec)
-    assert buf.shape == (2, 3)
-    t = buf.tensor() if spec in (torch.bfloat16,) else None
-    a = None if t is not None else np.asarray(buf)
-    assert (t if t is not None else a).shape == (2, 3)
+    if numpy_dtype is not None:
+        a = np.asarray(buf)
+        assert a.dtype == numpy_dtype and a.shape == (2, 3)
+        del a
+    if torch_dtype is not None:
+        t = buf.tensor()
+        assert t.dtype == torch_dtype and t.shape == (2, 3)
 
 
 def test_unknown_dtype_names_the_value(client):
