@@ -29,7 +29,7 @@ import multiprocessing as mp
 import os
 import sys
 import time
-from multiprocessing import shared_memory
+from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
 import torch
@@ -97,6 +97,9 @@ def run(method, src, n, address, client):
             q.put(t)
         elif method == "shm":
             seg = shared_memory.SharedMemory(create=True, size=src.nbytes)
+            # The consumer unlinks it: hand the tracking over too, or this
+            # process's resource tracker warns about every segment at exit.
+            resource_tracker.unregister(seg._name, "shared_memory")
             np.ndarray(src.shape, np.uint8, seg.buf)[:] = src
             q.put((seg.name, src.nbytes))
             seg.close()

@@ -156,10 +156,12 @@ Clock::duration Lifecycle(Client& c, uint64_t bytes, const void* src,
   return t6 - t0;
 }
 
-constexpr int kLifecycleRpcs = 5;  // Create, Seal, Get, Release x2.
+// Create, Seal and Get are unary round trips; the two releases are one-way
+// ReleaseLeases messages on the session stream (no reply awaited).
+constexpr int kLifecycleRoundTrips = 3;
 
 // The same lifecycle through Client::Put, which copies in with pwrite and so
-// opens no writable range: no page-table change at all. Same 5 RPCs.
+// opens no writable range: no page-table change at all. Same 3 round trips.
 Clock::duration PutLifecycle(Client& c, uint64_t bytes, const void* src) {
   const auto t0 = Clock::now();
   shmtensor::SealedRef ref = Check(c.Put(src, {.size_bytes = bytes}), "put");
@@ -173,22 +175,24 @@ Clock::duration PutLifecycle(Client& c, uint64_t bytes, const void* src) {
   return Clock::now() - t0;
 }
 
-// What one page-table change costs on this machine: mprotect of a 16 MiB
-// shared range from read-only to read-write and back. Create and Seal each
-// make one such change (the seal guarantee), so their cost above a round
-// trip grows with the object's size by this much.
-void CalibrateMprotect() {
-  const size_t bytes = 16u << 20;
+// What the page-table changes of the seal guarantee cost on this machine, in
+// this (multi-threaded) process: mprotect of a shared range from read-only to
+// read-write (Create opens the range) and back (Seal closes it), per size.
+struct ProtectCost {
+  double open_us = 0, close_us = 0;
+};
+
+ProtectCost CalibrateMprotect(size_t bytes) {
   const std::string name = absl::StrCat("/shmtensor-bench-mprotect-", getpid());
   const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
   shm_unlink(name.c_str());
-  if (fd < 0 || posix_fallocate(fd, 0, bytes) != 0) return;
+  if (fd < 0 || posix_fallocate(fd, 0, bytes) != 0) return {};
   auto* p = static_cast<uint8_t*>(
       mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
   close(fd);
   std::memset(p, 1, bytes);
   std::vector<double> open, close_;
-  for (int i = 0; i < 20; ++i) {
+  for (int i = 0; i < 50; ++i) {
     const auto t0 = Clock::now();
     mprotect(p, bytes, PROT_READ);
     const auto t1 = Clock::now();
@@ -199,10 +203,12 @@ void CalibrateMprotect() {
     open.push_back(Us(t2 - t1));
   }
   munmap(p, bytes);
-  std::printf(
-      "mprotect of 16 MiB (4096 pages) here: read-only->writable %.0f us, "
-      "writable->read-only %.0f us\n",
-      Summarize(open).p50, Summarize(close_).p50);
+  return {Summarize(open).p50, Summarize(close_).p50};
+}
+
+std::string SizeName(uint64_t bytes) {
+  return bytes >= (1u << 20) ? absl::StrCat(bytes >> 20, "MiB")
+                             : absl::StrCat(bytes >> 10, "KiB");
 }
 
 void BenchLifecycle(Client& c, int iters) {
@@ -216,12 +222,26 @@ void BenchLifecycle(Client& c, int iters) {
   std::printf("\n== 1. Lifecycle vs bare unary RPC (same socket) ==\n");
   std::printf("bare unary RPC (Stats) round trip: p50 %.1f us, mean %.1f us\n",
               r.p50, r.mean);
-  CalibrateMprotect();
-  std::printf("%-8s %9s %9s %9s %12s %15s %10s   %s\n", "size", "p50 us",
-              "p99 us", "fill us", "overhead us", "overhead/5 RTT", "minflt/op",
+  const std::vector<uint64_t> sizes = {uint64_t{64} << 10, uint64_t{1} << 20,
+                                       uint64_t{16} << 20};
+  std::vector<ProtectCost> protect;
+  std::printf("page-table cost of the seal guarantee here (mprotect p50):\n");
+  for (uint64_t bytes : sizes) {
+    protect.push_back(CalibrateMprotect(bytes));
+    std::printf("  %-6s read-only->writable %8.0f us, writable->read-only "
+                "%6.0f us\n",
+                SizeName(bytes).c_str(), protect.back().open_us,
+                protect.back().close_us);
+  }
+  std::printf("lifecycle = create, fill, seal, get, release view, release ref: "
+              "%d round trips + 2 one-way messages\n",
+              kLifecycleRoundTrips);
+  std::printf("%-8s %9s %9s %9s %12s %14s %20s %10s   %s\n", "size",
+              "p50 us", "p99 us", "fill us", "overhead us", "overhead/3 RTT",
+              "(minus mprotect)/3RTT", "minflt/op",
               "p50 us: create seal get release(view) release(ref)");
-  for (uint64_t bytes :
-       {uint64_t{64} << 10, uint64_t{1} << 20, uint64_t{16} << 20}) {
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    const uint64_t bytes = sizes[k];
     std::vector<uint8_t> src(bytes, 0xab);
     const int n = bytes >= (16u << 20) ? std::max(iters / 8, 20) : iters;
     for (int i = 0; i < 10; ++i) Lifecycle(c, bytes, src.data(), nullptr);
@@ -240,21 +260,22 @@ void BenchLifecycle(Client& c, int iters) {
     const double faults = double(MinorFaults() - faults0) / n;
     const Summary t = Summarize(total), fl = Summarize(fill);
     const double overhead = t.p50 - fl.p50;
+    const double budget = kLifecycleRoundTrips * r.p50;
     std::printf(
-        "%-8s %9.1f %9.1f %9.1f %12.1f %15.2f %10.2f   %.0f %.0f %.0f %.0f "
-        "%.0f\n",
-        bytes >= (1u << 20) ? absl::StrCat(bytes >> 20, "MiB").c_str()
-                            : absl::StrCat(bytes >> 10, "KiB").c_str(),
-        t.p50, t.p99, fl.p50, overhead, overhead / (kLifecycleRpcs * r.p50),
-        faults, Summarize(create).p50, Summarize(seal).p50, Summarize(get).p50,
+        "%-8s %9.1f %9.1f %9.1f %12.1f %14.2f %20.2f %10.2f   %.0f %.0f %.0f "
+        "%.0f %.0f\n",
+        SizeName(bytes).c_str(), t.p50, t.p99, fl.p50, overhead,
+        overhead / budget,
+        (overhead - protect[k].open_us - protect[k].close_us) / budget, faults,
+        Summarize(create).p50, Summarize(seal).p50, Summarize(get).p50,
         Summarize(rel_view).p50, Summarize(rel_ref).p50);
   }
   std::printf(
-      "via Client::Put (pwrite copy-in, no writable range, same 5 RPCs):\n");
+      "via Client::Put (pwrite copy-in, no writable range, no page-table "
+      "change; same 3 round trips):\n");
   std::printf("%-8s %9s %9s %12s %15s %10s\n", "size", "p50 us", "p99 us",
-              "memcpy us", "overhead/5 RTT", "minflt/op");
-  for (uint64_t bytes :
-       {uint64_t{64} << 10, uint64_t{1} << 20, uint64_t{16} << 20}) {
+              "memcpy us", "overhead/3 RTT", "minflt/op");
+  for (uint64_t bytes : sizes) {
     std::vector<uint8_t> src(bytes, 0xab);
     const int n = bytes >= (16u << 20) ? std::max(iters / 8, 20) : iters;
     for (int i = 0; i < 10; ++i) PutLifecycle(c, bytes, src.data());
@@ -271,10 +292,8 @@ void BenchLifecycle(Client& c, int iters) {
     const double copy = Us(Clock::now() - c0) / 10;
     const Summary t = Summarize(total);
     std::printf("%-8s %9.1f %9.1f %12.1f %15.2f %10.2f\n",
-                bytes >= (1u << 20) ? absl::StrCat(bytes >> 20, "MiB").c_str()
-                                    : absl::StrCat(bytes >> 10, "KiB").c_str(),
-                t.p50, t.p99, copy, (t.p50 - copy) / (kLifecycleRpcs * r.p50),
-                faults);
+                SizeName(bytes).c_str(), t.p50, t.p99, copy,
+                (t.p50 - copy) / (kLifecycleRoundTrips * r.p50), faults);
   }
 }
 

@@ -89,10 +89,11 @@ absl::StatusOr<View> ViewFromResponse(
               *std::move(lease), writable);
 }
 
-v1::CreateRequest MakeCreateRequest(uint64_t session_id,
+v1::CreateRequest MakeCreateRequest(const internal::ClientCore& core,
                                     const CreateOptions& options) {
   v1::CreateRequest req;
-  req.set_session_id(session_id);
+  req.set_session_id(core.session_id());
+  req.set_releases_through(core.releases_sent());
   req.set_pool(options.pool);
   req.set_size_bytes(options.size_bytes);
   req.set_name(options.name);
@@ -132,7 +133,7 @@ struct Created {
 absl::StatusOr<Created> CreateObject(
     const std::shared_ptr<internal::ClientCore>& core,
     const CreateOptions& options, bool writable) {
-  const v1::CreateRequest req = MakeCreateRequest(core->session_id(), options);
+  const v1::CreateRequest req = MakeCreateRequest(*core, options);
   Created c;
   if (absl::Status s = core->Call(&v1::ObjectStore::Stub::Create, req, &c.resp,
                                   options.timeout + internal::kRpcDeadline);
@@ -193,6 +194,7 @@ absl::StatusOr<View> Client::Get(const ObjectRef& ref, bool writable) {
   v1::GetRequest req;
   req.set_session_id(core_->session_id());
   *req.mutable_ref() = ToProto(ref);
+  req.set_releases_through(core_->releases_sent());
   v1::GetResponse resp;
   if (absl::Status s = core_->Call(&v1::ObjectStore::Stub::Get, req, &resp);
       !s.ok()) {
@@ -207,6 +209,7 @@ absl::StatusOr<View> Client::Get(std::string_view name,
   req.set_session_id(core_->session_id());
   req.set_name(std::string(name));
   req.set_timeout_ms(ToMillis(timeout));
+  req.set_releases_through(core_->releases_sent());
   v1::GetResponse resp;
   if (absl::Status s = core_->Call(&v1::ObjectStore::Stub::Get, req, &resp,
                                    timeout + kWaitMargin);
@@ -220,14 +223,17 @@ absl::Status Client::Delete(std::string_view name) {
   v1::DeleteRequest req;
   req.set_session_id(core_->session_id());
   req.set_name(std::string(name));
+  req.set_releases_through(core_->releases_sent());
   v1::DeleteResponse resp;
   return core_->Call(&v1::ObjectStore::Stub::Delete, req, &resp);
 }
 
 absl::StatusOr<StoreStats> Client::Stats() {
+  v1::StatsRequest req;
+  req.set_session_id(core_->session_id());
+  req.set_releases_through(core_->releases_sent());
   v1::StatsResponse resp;
-  if (absl::Status s =
-          core_->Call(&v1::ObjectStore::Stub::Stats, v1::StatsRequest(), &resp);
+  if (absl::Status s = core_->Call(&v1::ObjectStore::Stub::Stats, req, &resp);
       !s.ok()) {
     return s;
   }

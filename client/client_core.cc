@@ -96,11 +96,21 @@ absl::StatusOr<PoolMapping*> ClientCore::Mapping(uint32_t pool_id) const {
 }
 
 absl::Status ClientCore::ReleaseLease(uint64_t lease_id) {
-  v1::ReleaseRequest req;
-  req.set_session_id(session_id_);
-  req.set_lease_id(lease_id);
-  v1::ReleaseResponse resp;
-  return Call(&v1::ObjectStore::Stub::Release, req, &resp);
+  if (absl::Status s = CheckOwner(); !s.ok()) return s;
+  v1::SessionRequest req;
+  req.mutable_release()->add_lease_ids(lease_id);
+  std::lock_guard<std::mutex> lock(write_mu_);
+  const uint64_t seq = releases_sent_.load(std::memory_order_relaxed) + 1;
+  req.mutable_release()->set_seq(seq);
+  if (!session_->Write(req)) {
+    return absl::UnavailableError(absl::StrCat(
+        "session stream to shmtensord at ", address_,
+        " is closed; the daemon dropped lease ", lease_id, " with it"));
+  }
+  // Published only once written: a call that sends this seq as
+  // releases_through must find the release ahead of it on the wire.
+  releases_sent_.store(seq, std::memory_order_release);
+  return absl::OkStatus();
 }
 
 absl::Status ClientCore::FromGrpc(const grpc::ClientContext& ctx,

@@ -16,7 +16,9 @@
 #include <grpcpp/grpcpp.h>
 #include <sys/types.h>
 
+#include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -68,8 +70,18 @@ class ClientCore {
     return FromGrpc(ctx, (stub_.get()->*method)(&ctx, req, resp));
   }
 
-  // Drops a lease at the daemon.
+  // Drops a lease at the daemon without waiting for it: one ReleaseLeases
+  // message on the session stream (see the proto). UNAVAILABLE when the
+  // stream is broken, in which case the daemon ended the session and dropped
+  // the lease itself.
   absl::Status ReleaseLease(uint64_t lease_id);
+
+  // The seq of the last ReleaseLeases sent: what requests that can observe a
+  // release send as `releases_through`, so the daemon applies this client's
+  // releases before serving them.
+  uint64_t releases_sent() const {
+    return releases_sent_.load(std::memory_order_acquire);
+  }
 
  private:
   ClientCore() = default;
@@ -86,6 +98,9 @@ class ClientCore {
       session_;
   uint64_t session_id_ = 0;
   uint64_t epoch_ = 0;
+  // Serialises writes on session_ (gRPC allows one outstanding write).
+  std::mutex write_mu_;
+  std::atomic<uint64_t> releases_sent_{0};  // Written under write_mu_.
   std::vector<std::shared_ptr<PoolMapping>> mappings_;  // By pool id.
 };
 

@@ -7,6 +7,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "daemon/layout.h"
 #include "shmtensor/errors.h"
 #include "spdlog/spdlog.h"
@@ -107,6 +108,7 @@ void ObjectStore::EndSession(uint64_t session_id) {
   // now instead of holding a server thread until their timeout.
   memory_freed_.SignalAll();
   sealed_.SignalAll();
+  released_.SignalAll();
 }
 
 absl::StatusOr<Handout> ObjectStore::Create(const CreateArgs& args) {
@@ -311,6 +313,54 @@ absl::StatusOr<bool> ObjectStore::Release(uint64_t session_id,
   return DropLease(lease_id);
 }
 
+absl::Status ObjectStore::ReleaseBatch(uint64_t session_id, uint64_t seq,
+                                       const std::vector<uint64_t>& lease_ids) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Session*> session = FindSession(session_id);
+  if (!session.ok()) return session.status();
+  if (seq != (*session)->releases_applied + 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "ReleaseLeases seq %d out of order: expected %d", seq,
+        (*session)->releases_applied + 1));
+  }
+  (*session)->releases_applied = seq;
+  released_.SignalAll();
+  std::vector<uint64_t> unknown;
+  for (uint64_t id : lease_ids) {
+    if (FindLease(session_id, id).ok()) {
+      DropLease(id);
+    } else {
+      unknown.push_back(id);
+    }
+  }
+  if (unknown.empty()) return absl::OkStatus();
+  return absl::NotFoundError(
+      absl::StrFormat("ReleaseLeases seq %d: session holds no lease %s", seq,
+                      absl::StrJoin(unknown, ", ")));
+}
+
+absl::Status ObjectStore::AwaitReleases(uint64_t session_id, uint64_t seq,
+                                        absl::Duration timeout) {
+  if (seq == 0) return absl::OkStatus();
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::MutexLock lock(&mu_);
+  while (true) {
+    if (shutting_down_) return ShuttingDownError();
+    absl::StatusOr<Session*> session = FindSession(session_id);
+    if (!session.ok()) return session.status();
+    if ((*session)->releases_applied >= seq) return absl::OkStatus();
+    if (released_.WaitWithDeadline(&mu_, deadline)) {
+      absl::StatusOr<Session*> again = FindSession(session_id);
+      if (!again.ok()) return again.status();
+      if ((*again)->releases_applied >= seq) return absl::OkStatus();
+      return absl::DeadlineExceededError(absl::StrFormat(
+          "releases_through %d not reached: session applied ReleaseLeases "
+          "through %d only",
+          seq, (*again)->releases_applied));
+    }
+  }
+}
+
 absl::StatusOr<bool> ObjectStore::Delete(uint64_t session_id,
                                          const std::string& name) {
   if (absl::Status s = ValidateName(name); !s.ok()) return s;
@@ -355,6 +405,7 @@ void ObjectStore::Shutdown() {
   shutting_down_ = true;
   memory_freed_.SignalAll();
   sealed_.SignalAll();
+  released_.SignalAll();
 }
 
 absl::StatusOr<ObjectStore::Session*> ObjectStore::FindSession(uint64_t id) {

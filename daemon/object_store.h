@@ -98,6 +98,18 @@ class ObjectStore {
                                     absl::Duration timeout);
   // Returns true when the release freed the object's memory.
   absl::StatusOr<bool> Release(uint64_t session_id, uint64_t lease_id);
+
+  // Applies one ReleaseLeases message of the session stream: drops each lease
+  // the session holds (an id it does not hold is skipped and counted in the
+  // returned status, which the caller logs) and records `seq` as applied.
+  // INVALID_ARGUMENT when `seq` is not one more than the last applied.
+  absl::Status ReleaseBatch(uint64_t session_id, uint64_t seq,
+                            const std::vector<uint64_t>& lease_ids);
+  // Blocks until the session applied every ReleaseLeases through `seq`
+  // (returns at once for seq 0). Fails SESSION_ENDED if the session ends
+  // first, DEADLINE_EXCEEDED naming both seqs after `timeout`.
+  absl::Status AwaitReleases(uint64_t session_id, uint64_t seq,
+                             absl::Duration timeout);
   // Returns true when the memory was freed now (false: deferred).
   absl::StatusOr<bool> Delete(uint64_t session_id, const std::string& name);
 
@@ -136,6 +148,7 @@ class ObjectStore {
     int pid = 0;
     absl::flat_hash_set<uint64_t> leases;
     absl::flat_hash_set<uint32_t> pending_transfers;  // Slots it offered.
+    uint64_t releases_applied = 0;  // Last ReleaseLeases seq applied.
   };
 
   absl::StatusOr<Session*> FindSession(uint64_t id)
@@ -165,6 +178,7 @@ class ObjectStore {
   mutable absl::Mutex mu_;
   absl::CondVar memory_freed_;  // Signalled when a pool range is freed.
   absl::CondVar sealed_;        // Signalled when a named object is sealed.
+  absl::CondVar released_;      // Signalled when a ReleaseLeases is applied.
   std::vector<std::unique_ptr<Pool>> pools_ ABSL_GUARDED_BY(mu_);
   std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
   std::vector<uint32_t> free_slots_ ABSL_GUARDED_BY(mu_);

@@ -277,5 +277,50 @@ TEST_F(ObjectStoreTest, ShutdownWakesWaiters) {
   EXPECT_EQ(h.status().code(), absl::StatusCode::kUnavailable);
 }
 
+TEST_F(ObjectStoreTest, StreamReleasesApplyInOrderAndSkipUnknownLeases) {
+  Handout h1 = *Create(a_, kPage);
+  Handout h2 = *Create(a_, kPage);
+  Handout other = *Create(b_, kPage);
+  // Seq 1 drops h1; another session's lease and an unknown id are skipped
+  // and named, and nothing of theirs is touched.
+  absl::Status s =
+      store_->ReleaseBatch(a_, 1, {h1.lease_id, other.lease_id, 999});
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(s.message().find("999"), std::string::npos) << s;
+  EXPECT_EQ(Used(), 2 * kPage);
+  EXPECT_TRUE(store_->Seal(b_, other.lease_id, false).ok());
+  // A seq that skips or repeats breaks the ordering contract.
+  s = store_->ReleaseBatch(a_, 3, {h2.lease_id});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("seq 3 out of order: expected 2"),
+            std::string::npos)
+      << s;
+  EXPECT_EQ(store_->ReleaseBatch(a_, 1, {h2.lease_id}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(store_->ReleaseBatch(a_, 2, {h2.lease_id}).ok());
+  EXPECT_EQ(Used(), kPage);
+}
+
+TEST_F(ObjectStoreTest, AwaitReleasesWaitsForTheSeqThenTimesOut) {
+  EXPECT_TRUE(store_->AwaitReleases(a_, 0, absl::ZeroDuration()).ok());
+  Handout h = *Create(a_, kPage);
+  std::thread releaser([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    ASSERT_TRUE(store_->ReleaseBatch(a_, 1, {h.lease_id}).ok());
+  });
+  EXPECT_TRUE(store_->AwaitReleases(a_, 1, absl::Seconds(30)).ok());
+  releaser.join();
+  EXPECT_EQ(Used(), 0u);  // The release is applied before the wait returns.
+  absl::Status s = store_->AwaitReleases(a_, 2, absl::Milliseconds(50));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(s.message().find("through 1 only"), std::string::npos) << s;
+  std::thread ender([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    store_->EndSession(a_);
+  });
+  EXPECT_TRUE(IsSessionEnded(store_->AwaitReleases(a_, 2, absl::Seconds(30))));
+  ender.join();
+}
+
 }  // namespace
 }  // namespace shmtensor::daemon

@@ -32,6 +32,10 @@ class SessionReactor final
       FinishOnce(grpc::Status::OK);
       return;
     }
+    if (session_id_ != 0 && request_.has_release()) {
+      OnRelease(request_.release());
+      return;
+    }
     if (session_id_ != 0 || !request_.has_open()) {
       FinishOnce(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                               session_id_ != 0
@@ -55,6 +59,24 @@ class SessionReactor final
     service_.Register(this);
     StartWrite(&event_);
     StartRead(&request_);  // Completes when the client goes away.
+  }
+
+  // Applies a ReleaseLeases and reads on. A lease the session does not hold
+  // is only logged (the client cannot be told without a reply); a seq out of
+  // order breaks the ordering contract, so it ends the session.
+  void OnRelease(const v1::ReleaseLeases& release) {
+    const std::vector<uint64_t> ids(release.lease_ids().begin(),
+                                    release.lease_ids().end());
+    absl::Status s =
+        service_.store_.ReleaseBatch(session_id_, release.seq(), ids);
+    if (absl::IsInvalidArgument(s)) {
+      spdlog::warn("session {:016x}: {}; ending it", session_id_,
+                   s.ToString());
+      FinishOnce(ToGrpcStatus(nullptr, s));
+      return;
+    }
+    if (!s.ok()) spdlog::warn("session {:016x}: {}", session_id_, s.ToString());
+    StartRead(&request_);
   }
 
   void OnWriteDone(bool ok) override {}
@@ -124,6 +146,10 @@ void ObjectStoreService::EndAllSessions() {
 
 namespace {
 
+// Longest wait for a session's releases to arrive on its stream; they were
+// sent before the call, so this bounds a broken client only.
+constexpr uint32_t kMaxReleaseWaitMs = 10000;
+
 // A wait never outlasts the caller's own deadline: a Create that succeeded
 // after the caller gave up would leave a write lease nobody knows of.
 absl::Duration BoundedWait(grpc::ServerContext* ctx, uint32_t timeout_ms) {
@@ -133,6 +159,15 @@ absl::Duration BoundedWait(grpc::ServerContext* ctx, uint32_t timeout_ms) {
     wait = std::min(wait, deadline - absl::Now() - absl::Milliseconds(50));
   }
   return std::max(wait, absl::ZeroDuration());
+}
+
+// Applies the session's own stream releases through `seq` before a call
+// that could observe them (see ReleaseLeases in the proto).
+absl::Status AwaitReleases(ObjectStore& store, grpc::ServerContext* ctx,
+                           uint64_t session_id, uint64_t seq) {
+  if (seq == 0) return absl::OkStatus();
+  return store.AwaitReleases(session_id, seq,
+                             BoundedWait(ctx, kMaxReleaseWaitMs));
 }
 
 // Copies what Create and Get have in common into their responses.
@@ -149,6 +184,11 @@ void FillHandout(Handout h, Response* resp) {
 grpc::Status ObjectStoreService::Create(grpc::ServerContext* ctx,
                                         const v1::CreateRequest* req,
                                         v1::CreateResponse* resp) {
+  if (absl::Status s = AwaitReleases(store_, ctx, req->session_id(),
+                                     req->releases_through());
+      !s.ok()) {
+    return ToGrpcStatus(ctx, s);
+  }
   CreateArgs args;
   args.session_id = req->session_id();
   args.pool = req->pool();
@@ -176,6 +216,11 @@ grpc::Status ObjectStoreService::Seal(grpc::ServerContext* ctx,
 grpc::Status ObjectStoreService::Get(grpc::ServerContext* ctx,
                                      const v1::GetRequest* req,
                                      v1::GetResponse* resp) {
+  if (absl::Status s = AwaitReleases(store_, ctx, req->session_id(),
+                                     req->releases_through());
+      !s.ok()) {
+    return ToGrpcStatus(ctx, s);
+  }
   absl::StatusOr<Handout> h;
   switch (req->target_case()) {
     case v1::GetRequest::kRef:
@@ -208,6 +253,11 @@ grpc::Status ObjectStoreService::Release(grpc::ServerContext* ctx,
 grpc::Status ObjectStoreService::Delete(grpc::ServerContext* ctx,
                                         const v1::DeleteRequest* req,
                                         v1::DeleteResponse* resp) {
+  if (absl::Status s = AwaitReleases(store_, ctx, req->session_id(),
+                                     req->releases_through());
+      !s.ok()) {
+    return ToGrpcStatus(ctx, s);
+  }
   absl::StatusOr<bool> freed = store_.Delete(req->session_id(), req->name());
   if (!freed.ok()) return ToGrpcStatus(ctx, freed.status());
   resp->set_freed(*freed);
@@ -217,6 +267,11 @@ grpc::Status ObjectStoreService::Delete(grpc::ServerContext* ctx,
 grpc::Status ObjectStoreService::Stats(grpc::ServerContext* ctx,
                                        const v1::StatsRequest* req,
                                        v1::StatsResponse* resp) {
+  if (absl::Status s = AwaitReleases(store_, ctx, req->session_id(),
+                                     req->releases_through());
+      !s.ok()) {
+    return ToGrpcStatus(ctx, s);
+  }
   *resp = store_.Stats();
   return grpc::Status::OK;
 }

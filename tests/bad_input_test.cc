@@ -268,5 +268,44 @@ TEST_F(BadInputTest, SessionStreamProtocolViolations) {
   EXPECT_TRUE(absl::StrContains(st.error_message(), "one OpenSession"));
 }
 
+TEST_F(BadInputTest, StreamReleasesOfOthersAreSkippedAndOutOfOrderEndsSession) {
+  // Another session's lease, released on this session's stream: skipped, the
+  // object stays, and the session goes on.
+  v1::CreateResponse theirs = CreateOk(other_id_, 4096);
+  v1::SessionRequest rel;
+  rel.mutable_release()->set_seq(1);
+  rel.mutable_release()->add_lease_ids(theirs.lease_id());
+  ASSERT_TRUE(session_->Write(rel));
+  v1::StatsRequest stats;
+  stats.set_session_id(session_id_);
+  stats.set_releases_through(1);  // Served only after seq 1 was applied.
+  {
+    grpc::ClientContext ctx;
+    v1::StatsResponse resp;
+    ASSERT_TRUE(stub_->Stats(&ctx, stats, &resp).ok());
+    EXPECT_EQ(resp.sessions(), 3u);  // client_, session_ and other_: all up.
+  }
+  v1::SealRequest seal;
+  seal.set_session_id(other_id_);
+  seal.set_lease_id(theirs.lease_id());
+  {
+    grpc::ClientContext ctx;
+    v1::SealResponse sr;
+    EXPECT_TRUE(stub_->Seal(&ctx, seal, &sr).ok());  // Their lease is intact.
+  }
+  // A seq that skips one: the daemon cannot order releases any more, so it
+  // ends the session with INVALID_ARGUMENT naming both seqs.
+  rel.mutable_release()->set_seq(5);
+  ASSERT_TRUE(session_->Write(rel));
+  v1::SessionEvent ev;
+  EXPECT_FALSE(session_->Read(&ev));
+  grpc::Status st = session_->Finish();
+  session_.reset();
+  EXPECT_EQ(st.error_code(), kInvalid);
+  EXPECT_TRUE(absl::StrContains(st.error_message(),
+                                "seq 5 out of order: expected 2"))
+      << st.error_message();
+}
+
 }  // namespace
 }  // namespace shmtensor
