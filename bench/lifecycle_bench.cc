@@ -228,16 +228,18 @@ void BenchLifecycle(Client& c, int iters) {
   std::printf("page-table cost of the seal guarantee here (mprotect p50):\n");
   for (uint64_t bytes : sizes) {
     protect.push_back(CalibrateMprotect(bytes));
-    std::printf("  %-6s read-only->writable %8.0f us, writable->read-only "
-                "%6.0f us\n",
-                SizeName(bytes).c_str(), protect.back().open_us,
-                protect.back().close_us);
+    std::printf(
+        "  %-6s read-only->writable %8.0f us, writable->read-only "
+        "%6.0f us\n",
+        SizeName(bytes).c_str(), protect.back().open_us,
+        protect.back().close_us);
   }
-  std::printf("lifecycle = create, fill, seal, get, release view, release ref: "
-              "%d round trips + 2 one-way messages\n",
-              kLifecycleRoundTrips);
-  std::printf("%-8s %9s %9s %9s %12s %14s %20s %10s   %s\n", "size",
-              "p50 us", "p99 us", "fill us", "overhead us", "overhead/3 RTT",
+  std::printf(
+      "lifecycle = create, fill, seal, get, release view, release ref: "
+      "%d round trips + 2 one-way messages\n",
+      kLifecycleRoundTrips);
+  std::printf("%-8s %9s %9s %9s %12s %14s %20s %10s   %s\n", "size", "p50 us",
+              "p99 us", "fill us", "overhead us", "overhead/3 RTT",
               "(minus mprotect)/3RTT", "minflt/op",
               "p50 us: create seal get release(view) release(ref)");
   for (size_t k = 0; k < sizes.size(); ++k) {

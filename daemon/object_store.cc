@@ -319,9 +319,9 @@ absl::Status ObjectStore::ReleaseBatch(uint64_t session_id, uint64_t seq,
   absl::StatusOr<Session*> session = FindSession(session_id);
   if (!session.ok()) return session.status();
   if (seq != (*session)->releases_applied + 1) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "ReleaseLeases seq %d out of order: expected %d", seq,
-        (*session)->releases_applied + 1));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("ReleaseLeases seq %d out of order: expected %d", seq,
+                        (*session)->releases_applied + 1));
   }
   (*session)->releases_applied = seq;
   released_.SignalAll();

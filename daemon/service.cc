@@ -70,8 +70,7 @@ class SessionReactor final
     absl::Status s =
         service_.store_.ReleaseBatch(session_id_, release.seq(), ids);
     if (absl::IsInvalidArgument(s)) {
-      spdlog::warn("session {:016x}: {}; ending it", session_id_,
-                   s.ToString());
+      spdlog::warn("session {:016x}: {}; ending it", session_id_, s.ToString());
       FinishOnce(ToGrpcStatus(nullptr, s));
       return;
     }

@@ -302,8 +302,8 @@ TEST_F(BadInputTest, StreamReleasesOfOthersAreSkippedAndOutOfOrderEndsSession) {
   grpc::Status st = session_->Finish();
   session_.reset();
   EXPECT_EQ(st.error_code(), kInvalid);
-  EXPECT_TRUE(absl::StrContains(st.error_message(),
-                                "seq 5 out of order: expected 2"))
+  EXPECT_TRUE(
+      absl::StrContains(st.error_message(), "seq 5 out of order: expected 2"))
       << st.error_message();
 }
 
