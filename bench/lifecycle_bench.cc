@@ -8,9 +8,15 @@
 //     pays today).
 //  3. Scale: 10,000 live objects held by 64 concurrent clients; lifecycle p99
 //     against the one-client figure, and the daemon's memory outside pools.
+//  4. Monitoring: 4 clients run 64 KiB lifecycles flat out, in rounds that
+//     alternate without and with an operator's monitoring load (a Watch at
+//     100 ms plus status, clients and objects listings 4 times a second, with
+//     1,000 live objects to list); the clients' throughput with against
+//     without.
 //
-// Usage: lifecycle_bench [--quick]. Starts its own shmtensord (from the build
-// tree) on a private socket with a 2 GiB pool, and stops it at the end.
+// Usage: lifecycle_bench [--quick] [--monitoring (section 4 only)]. Starts its
+// own shmtensord (from the build tree) on a private socket with a 2 GiB pool,
+// and stops it at the end.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -33,7 +39,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "grpcpp/grpcpp.h"
 #include "shmtensor/client.h"
+#include "shmtensor/v1/monitor.grpc.pb.h"
 
 namespace {
 
@@ -432,18 +440,126 @@ void BenchScale(const Daemon& d, Client& solo, int iters, int clients,
       rss_before / 1048576.0, rss_after / 1048576.0);
 }
 
+void BenchMonitoring(const Daemon& d, int rounds, double round_s) {
+  constexpr int kClients = 4;
+  std::printf(
+      "\n== 4. Monitoring while %d clients run 64 KiB lifecycles flat "
+      "out ==\n",
+      kClients);
+  const uint64_t bytes = 64u << 10;
+  std::vector<uint8_t> src(bytes, 0xab);
+  // Something to list: 1,000 live named objects.
+  Client holder =
+      Check(Client::Connect({.address = d.address(), .client_name = "holder"}),
+            "connect");
+  std::vector<shmtensor::SealedRef> held;
+  for (int i = 0; i < 1000; ++i) {
+    held.push_back(Check(holder.Put(src.data(), {.size_bytes = 4096,
+                                                 .name = absl::StrCat("o", i)}),
+                         "put"));
+  }
+  std::vector<Client> cs;
+  for (int i = 0; i < kClients; ++i) {
+    cs.push_back(
+        Check(Client::Connect({.address = d.address(),
+                               .client_name = absl::StrCat("worker-", i)}),
+              "connect"));
+  }
+  std::atomic<bool> stop{false}, monitoring{false};
+  std::atomic<uint64_t> done{0}, monitor_calls{0};
+  std::vector<std::thread> workers;
+  for (int i = 0; i < kClients; ++i) {
+    workers.emplace_back([&, i] {
+      while (!stop) {
+        Lifecycle(cs[i], bytes, src.data(), nullptr);
+        ++done;
+      }
+    });
+  }
+  // The operator: a Watch stream and listings, only while `monitoring`.
+  auto channel =
+      grpc::CreateChannel(d.address(), grpc::InsecureChannelCredentials());
+  auto monitor = shmtensor::v1::Monitor::NewStub(channel);
+  std::thread operator_thread([&] {
+    while (!stop) {
+      if (!monitoring) {
+        usleep(10000);
+        continue;
+      }
+      grpc::ClientContext watch_ctx;
+      shmtensor::v1::WatchRequest req;
+      req.set_interval_ms(100);
+      auto watch = monitor->Watch(&watch_ctx, req);
+      std::thread watcher([&] {
+        shmtensor::v1::DaemonStatus s;
+        while (watch->Read(&s)) ++monitor_calls;
+      });
+      while (monitoring && !stop) {
+        grpc::ClientContext c1, c2, c3;
+        shmtensor::v1::DaemonStatus s;
+        shmtensor::v1::ListClientsResponse cl;
+        shmtensor::v1::ListObjectsResponse ob;
+        monitor->GetStatus(&c1, {}, &s);
+        monitor->ListClients(&c2, {}, &cl);
+        monitor->ListObjects(&c3, {}, &ob);
+        if (ob.objects_size() < 1000) {
+          Die("monitor", absl::InternalError("listing lost objects"));
+        }
+        monitor_calls += 3;
+        usleep(250000);
+      }
+      watch_ctx.TryCancel();
+      watcher.join();
+      watch->Finish();
+    }
+  });
+  std::vector<double> off, on;
+  for (int r = 0; r < 2 * rounds; ++r) {
+    const bool with = r % 2 == 1;
+    monitoring = with;
+    usleep(200000);  // Let the load settle.
+    const uint64_t n0 = done;
+    const auto t0 = Clock::now();
+    usleep(static_cast<useconds_t>(round_s * 1e6));
+    const double rate =
+        (done - n0) / std::chrono::duration<double>(Clock::now() - t0).count();
+    (with ? on : off).push_back(rate);
+  }
+  stop = true;
+  monitoring = false;
+  for (auto& t : workers) t.join();
+  operator_thread.join();
+  const double off_p50 = Summarize(off).p50, on_p50 = Summarize(on).p50;
+  std::printf("rounds of %.1f s, alternating; %llu monitoring calls answered\n",
+              round_s, (unsigned long long)monitor_calls.load());
+  std::printf("%-34s %14s\n", "4 clients, 64 KiB lifecycles", "lifecycles/s");
+  std::printf("%-34s %14.0f\n", "without monitoring (median)", off_p50);
+  std::printf("%-34s %14.0f\n", "with monitoring (median)", on_p50);
+  std::printf(
+      "throughput with monitoring: %.1f%% of without (drop %.1f%%, "
+      "target under 5%%)\n",
+      100 * on_p50 / off_p50, 100 * (1 - on_p50 / off_p50));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+  bool quick = false, monitoring_only = false;
+  for (int i = 1; i < argc; ++i) {
+    quick |= std::string(argv[i]) == "--quick";
+    monitoring_only |= std::string(argv[i]) == "--monitoring";
+  }
   Daemon daemon("2GiB");
   Client client = Check(
       Client::Connect({.address = daemon.address(), .client_name = "bench"}),
       "connect");
   std::printf("shmtensor lifecycle benchmark%s (daemon %s)\n",
               quick ? " --quick" : "", daemon.address().c_str());
-  BenchLifecycle(client, quick ? 200 : 2000);
-  BenchCopyIn(client, quick ? 8 : 40);
-  BenchScale(daemon, client, quick ? 200 : 2000, 64, 10000);
+  if (!monitoring_only) {
+    BenchLifecycle(client, quick ? 200 : 2000);
+    BenchCopyIn(client, quick ? 8 : 40);
+    BenchScale(daemon, client, quick ? 200 : 2000, 64, 10000);
+  }
+  BenchMonitoring(daemon, quick ? 3 : 8, quick ? 1.0 : 2.0);
   return 0;
 }

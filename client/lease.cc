@@ -2,8 +2,7 @@
 
 namespace shmtensor::internal {
 
-Lease::~Lease() {
-  if (core_->inherited()) return;  // The parent's lease, not ours to drop.
+void Lease::CloseWritableRange() {
   if (opened_rw_range_ && access_ == Access::kReadWrite) {
     if (absl::StatusOr<PoolMapping*> m = core_->Mapping(placement_.pool_id());
         m.ok()) {
@@ -11,8 +10,27 @@ Lease::~Lease() {
                     Access::kRead)
           .IgnoreError();
     }
+    access_ = Access::kRead;
   }
+}
+
+Lease::~Lease() {
+  if (core_->inherited()) return;  // The parent's lease, not ours to drop.
+  CloseWritableRange();
   if (held_) core_->ReleaseLease(id_).IgnoreError();
+}
+
+absl::Status Lease::ReleaseNow() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!held_) return absl::OkStatus();
+  if (absl::Status s = core_->CheckOwner(); !s.ok()) return s;
+  CloseWritableRange();
+  held_ = false;
+  v1::ReleaseRequest req;
+  req.set_session_id(core_->session_id());
+  req.set_lease_id(id_);
+  v1::ReleaseResponse resp;
+  return core_->Call(&v1::ObjectStore::Stub::Release, req, &resp);
 }
 
 absl::Status Lease::CloseForSeal() {

@@ -26,8 +26,9 @@ class Lease {
         access_(access),
         data_(data),
         opened_rw_range_(access == Access::kReadWrite) {}
-  // Closes a writable range, then releases the lease (errors are dropped:
-  // a daemon that is gone has dropped the lease already).
+  // Closes a writable range, then releases the lease without waiting (one
+  // ReleaseLeases message; errors are dropped: a daemon that is gone has
+  // dropped the lease already).
   ~Lease();
 
   // Not copyable or movable: shared by pointer.
@@ -47,8 +48,16 @@ class Lease {
   void BecomeReadLease();
   // After an exclusive seal: the daemon consumed the lease.
   void Forget();
+  // Releases the lease now and waits for the daemon to drop it (a unary
+  // Release), so its effect is visible to every client when this returns.
+  // The destructor then does nothing. Errors: the daemon's (e.g. UNAVAILABLE
+  // when it is gone, having dropped the lease itself).
+  absl::Status ReleaseNow();
 
  private:
+  // Closes the range this lease opened for writing, if still open.
+  void CloseWritableRange();
+
   std::shared_ptr<ClientCore> core_;
   const uint64_t id_;
   const v1::Placement placement_;

@@ -21,8 +21,12 @@ absl::Status View::Release() {
   if (lease_ == nullptr) {
     return absl::FailedPreconditionError("view was already released");
   }
+  // The last holder releases now and waits, so the memory is back for every
+  // client on return; otherwise tensors still share the lease.
+  absl::Status s =
+      lease_.use_count() == 1 ? lease_->ReleaseNow() : absl::OkStatus();
   lease_.reset();
-  return absl::OkStatus();
+  return s;
 }
 
 Buffer::Buffer(ObjectInfo info, std::shared_ptr<internal::Lease> lease)

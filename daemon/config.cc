@@ -58,6 +58,20 @@ absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text) {
 
 namespace {
 
+absl::StatusOr<uint32_t> ParseFileMode(const std::string& text) {
+  uint32_t mode = 0;
+  bool ok = !text.empty() && text.size() <= 4;
+  for (char c : text) {
+    if (c < '0' || c > '7') ok = false;
+    mode = mode * 8 + static_cast<uint32_t>(c - '0');
+  }
+  if (!ok || mode > 0777) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'socket_mode' is '", text, "'; want octal digits like \"0660\""));
+  }
+  return mode;
+}
+
 absl::Status SourceError(const std::string& path, const toml::node& node,
                          const std::string& what) {
   return absl::InvalidArgumentError(
@@ -78,7 +92,65 @@ absl::StatusOr<uint64_t> SizeOf(const std::string& path, const toml::node& n) {
                      "size must be an integer or a string like '1GiB'");
 }
 
+absl::StatusOr<std::string> StringOf(const std::string& path,
+                                     const toml::node& n,
+                                     const std::string& key) {
+  auto v = n.value<std::string>();
+  if (!v || !n.is_string()) {
+    return SourceError(path, n, absl::StrCat("'", key, "' must be a string"));
+  }
+  return *v;
+}
+
+absl::StatusOr<uint64_t> CountOf(const std::string& path, const toml::node& n,
+                                 const std::string& key) {
+  auto v = n.value<int64_t>();
+  if (!v || !n.is_integer() || *v < 0) {
+    return SourceError(
+        path, n, absl::StrCat("'", key, "' must be an integer >= 0 (0: none)"));
+  }
+  return static_cast<uint64_t>(*v);
+}
+
+absl::Status ParseLimits(const std::string& path, const toml::node& node,
+                         StoreLimits* limits) {
+  const toml::table* t = node.as_table();
+  if (t == nullptr) {
+    return SourceError(path, node, "'limits' must be a table ([limits])");
+  }
+  for (const auto& [key, n] : *t) {
+    const std::string k(key.str());
+    absl::StatusOr<uint64_t> v;
+    if (k == "max_objects") {
+      v = CountOf(path, n, "limits.max_objects");
+      if (v.ok()) limits->max_objects = *v;
+    } else if (k == "max_leases_per_client") {
+      v = CountOf(path, n, "limits.max_leases_per_client");
+      if (v.ok()) limits->max_leases_per_client = *v;
+    } else if (k == "max_bytes_per_client") {
+      if (n.is_integer() && n.value<int64_t>().value_or(-1) == 0) {
+        v = 0;  // 0: no limit (SizeOf rejects 0).
+      } else {
+        v = SizeOf(path, n);
+      }
+      if (v.ok()) limits->max_bytes_per_client = *v;
+    } else {
+      return SourceError(path, n, absl::StrCat("unknown key 'limits.", k, "'"));
+    }
+    if (!v.ok()) return v.status();
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+std::string MonitorAddress(const std::string& monitor_listen) {
+  uint32_t port;
+  if (absl::SimpleAtoi(monitor_listen, &port)) {
+    return absl::StrCat("127.0.0.1:", port);
+  }
+  return monitor_listen;
+}
 
 absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path,
                                             DaemonConfig base) {
@@ -98,14 +170,25 @@ absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path,
   }
   for (const auto& [key, node] : table) {
     const std::string k(key.str());
-    if (k == "listen") {
-      auto v = node.value<std::string>();
-      if (!v) return SourceError(path, node, "'listen' must be a string");
-      base.listen = *v;
-    } else if (k == "log_level") {
-      auto v = node.value<std::string>();
-      if (!v) return SourceError(path, node, "'log_level' must be a string");
-      base.log_level = *v;
+    if (k == "listen" || k == "monitor_listen" || k == "socket_group" ||
+        k == "log_level" || k == "socket_mode") {
+      absl::StatusOr<std::string> v = StringOf(path, node, k);
+      if (!v.ok()) return v.status();
+      if (k == "listen") base.listen = *v;
+      if (k == "monitor_listen") base.monitor_listen = *v;
+      if (k == "socket_group") base.socket_group = *v;
+      if (k == "log_level") base.log_level = *v;
+      if (k == "socket_mode") {
+        absl::StatusOr<uint32_t> mode = ParseFileMode(*v);
+        if (!mode.ok()) {
+          return SourceError(path, node, std::string(mode.status().message()));
+        }
+        base.socket_mode = *mode;
+      }
+    } else if (k == "limits") {
+      if (absl::Status s = ParseLimits(path, node, &base.limits); !s.ok()) {
+        return s;
+      }
     } else if (k == "pool") {
       const toml::array* pools = node.as_array();
       if (pools == nullptr) {
@@ -120,19 +203,32 @@ absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path,
         PoolConfig pc;
         for (const auto& [pk, pn] : *t) {
           const std::string pks(pk.str());
-          if (pks == "name") {
-            auto v = pn.value<std::string>();
-            if (!v)
-              return SourceError(path, pn, "pool 'name' must be a string");
-            pc.name = *v;
+          if (pks == "name" || pks == "kind") {
+            absl::StatusOr<std::string> v =
+                StringOf(path, pn, absl::StrCat("pool.", pks));
+            if (!v.ok()) return v.status();
+            (pks == "name" ? pc.name : pc.kind) = *v;
+            if (pks == "kind" && pc.kind != "host") {
+              return SourceError(
+                  path, pn,
+                  absl::StrCat("'pool.kind' is '", pc.kind,
+                               "'; this build supports \"host\" only"));
+            }
           } else if (pks == "size") {
             absl::StatusOr<uint64_t> size = SizeOf(path, pn);
             if (!size.ok()) return size.status();
             pc.size_bytes = *size;
           } else {
             return SourceError(path, pn,
-                               absl::StrCat("unknown pool key '", pks, "'"));
+                               absl::StrCat("unknown key 'pool.", pks, "'"));
           }
+        }
+        if (pc.name.empty()) {
+          return SourceError(path, p, "a [[pool]] has no 'name'");
+        }
+        if (pc.size_bytes == 0) {
+          return SourceError(
+              path, p, absl::StrCat("pool '", pc.name, "' has no 'size'"));
         }
         base.pools.push_back(pc);
       }
@@ -161,6 +257,15 @@ absl::Status ValidateConfig(const DaemonConfig& config) {
       return absl::InvalidArgumentError(
           absl::StrCat("pool '", p.name, "' has size 0"));
     }
+    if (p.kind != "host") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pool '", p.name, "' has kind '", p.kind,
+                       "'; this build supports \"host\" only"));
+    }
+  }
+  if (config.socket_mode > 0777) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "socket mode %o is not within 0777", config.socket_mode));
   }
   static const std::set<std::string> kLevels = {"trace", "debug", "info",
                                                 "warn",  "error", "off"};

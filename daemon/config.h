@@ -1,12 +1,21 @@
 // Daemon configuration: embedded defaults, a TOML file, command-line flags.
 //
-// Precedence: flags over the file over the defaults. File format:
+// Precedence: flags over the file over the defaults. Every key, with its
+// default (deploy/shmtensord.toml is the documented sample):
 //
-//   listen = "unix:/run/shmtensor/shmtensord.sock"
-//   log_level = "info"
-//   [[pool]]
+//   listen = "unix:/tmp/shmtensord-<uid>.sock"   # or $SHMTENSOR_ADDRESS
+//   monitor_listen = ""        # off; "9464" = 127.0.0.1:9464; "host:port"
+//   socket_mode = "0660"       # octal, of the Unix socket
+//   socket_group = ""          # group of socket and pools; "" = keep
+//   log_level = "info"         # trace, debug, info, warn, error, off
+//   [limits]                   # 0 = no limit
+//   max_objects = 0
+//   max_leases_per_client = 0
+//   max_bytes_per_client = 0   # bytes or "64GiB"
+//   [[pool]]                   # repeatable; default: one pool below
 //   name = "default"
 //   size = "1GiB"
+//   kind = "host"              # only "host" in this build
 //
 // Thread safety: pure functions.
 #ifndef SHMTENSOR_DAEMON_CONFIG_H_
@@ -19,6 +28,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "daemon/limits.h"
 
 namespace shmtensor::daemon {
 
@@ -28,13 +38,24 @@ inline constexpr uint64_t kDefaultPoolBytes = uint64_t{1} << 30;
 struct PoolConfig {
   std::string name;
   uint64_t size_bytes = 0;
+  std::string kind = "host";
 };
 
 struct DaemonConfig {
   std::string listen;  // gRPC address, "unix:/path" or "host:port".
+  // Extra TCP address for monitoring from other hosts (the data plane
+  // refuses callers there); empty: none.
+  std::string monitor_listen;
+  uint32_t socket_mode = 0660;
+  std::string socket_group;  // Empty: the daemon's own group.
   std::vector<PoolConfig> pools;
   std::string log_level = "info";
+  StoreLimits limits;
 };
+
+// "9464" -> "127.0.0.1:9464" (loopback unless an address is given); other
+// text is returned as is.
+std::string MonitorAddress(const std::string& monitor_listen);
 
 // Defaults: DefaultAddress() and one pool "default" of kDefaultPoolBytes.
 DaemonConfig DefaultConfig();
@@ -51,7 +72,8 @@ absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path,
                                             DaemonConfig base);
 
 // Checks a complete config: an address, at least one pool, unique non-empty
-// pool names, sizes > 0, a known log level.
+// pool names, sizes > 0, known pool kinds, a known log level, a socket mode
+// within 0777.
 absl::Status ValidateConfig(const DaemonConfig& config);
 
 }  // namespace shmtensor::daemon

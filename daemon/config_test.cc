@@ -78,5 +78,79 @@ TEST(ValidateConfigTest, RejectsDuplicatePoolsAndLevels) {
   EXPECT_NE(ValidateConfig(c).message().find("loud"), std::string::npos);
 }
 
+TEST(LoadConfigFileTest, ReadsEveryKey) {
+  const std::string path = WriteFile(
+      "listen = \"unix:/tmp/y.sock\"\n"
+      "monitor_listen = \"9464\"\n"
+      "socket_mode = \"0600\"\n"
+      "socket_group = \"shmtensor\"\n"
+      "[limits]\n"
+      "max_objects = 1000\n"
+      "max_leases_per_client = 64\n"
+      "max_bytes_per_client = \"2GiB\"\n"
+      "[[pool]]\nname = \"p\"\nsize = \"8MiB\"\nkind = \"host\"\n");
+  absl::StatusOr<DaemonConfig> c = LoadConfigFile(path, DefaultConfig());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(MonitorAddress(c->monitor_listen), "127.0.0.1:9464");
+  EXPECT_EQ(MonitorAddress("0.0.0.0:9464"), "0.0.0.0:9464");
+  EXPECT_EQ(c->socket_mode, 0600u);
+  EXPECT_EQ(c->socket_group, "shmtensor");
+  EXPECT_EQ(c->limits.max_objects, 1000u);
+  EXPECT_EQ(c->limits.max_leases_per_client, 64u);
+  EXPECT_EQ(c->limits.max_bytes_per_client, uint64_t{2} << 30);
+  EXPECT_EQ(c->pools[0].kind, "host");
+  EXPECT_TRUE(ValidateConfig(*c).ok());
+}
+
+// Each bad value: the error names the file, the line and the key.
+TEST(LoadConfigFileTest, BadValuesNameLineAndKey) {
+  struct Case {
+    std::string text, line, needle;
+  };
+  const Case cases[] = {
+      {"log_level = \"info\"\nlisten = 5\n", ":2", "'listen' must be a string"},
+      {"\nsocket_mode = \"0999\"\n", ":2", "'socket_mode' is '0999'"},
+      {"[limits]\nmax_objects = -1\n", ":2", "'limits.max_objects'"},
+      {"[limits]\n\nmax_bytes_per_client = \"lots\"\n", ":3", "'lots'"},
+      {"[limits]\nmax_lease = 3\n", ":2", "unknown key 'limits.max_lease'"},
+      {"[[pool]]\nname = \"g\"\nsize = \"1GiB\"\nkind = \"gpu\"\n", ":4",
+       "'pool.kind' is 'gpu'"},
+      {"[[pool]]\nname = \"g\"\nsizes = 4\n", ":3", "unknown key 'pool.sizes'"},
+      {"[[pool]]\nname = \"g\"\n", ":1", "pool 'g' has no 'size'"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<DaemonConfig> r =
+        LoadConfigFile(WriteFile(c.text), DefaultConfig());
+    ASSERT_FALSE(r.ok()) << c.text;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find(".toml" + c.line + ":"),
+              std::string::npos)
+        << r.status() << " for\n"
+        << c.text;
+    EXPECT_NE(r.status().message().find(c.needle), std::string::npos)
+        << r.status() << " lacks " << c.needle;
+  }
+}
+
+TEST(LoadConfigFileTest, TheSampleConfigIsValidAndHoldsTheDefaults) {
+  absl::StatusOr<DaemonConfig> c = LoadConfigFile(
+      SHMTENSOR_SOURCE_DIR "/deploy/shmtensord.toml", DefaultConfig());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(ValidateConfig(*c).ok());
+  const DaemonConfig d = DefaultConfig();
+  EXPECT_EQ(c->listen, d.listen);  // Commented out in the sample.
+  EXPECT_EQ(c->monitor_listen, d.monitor_listen);
+  EXPECT_EQ(c->socket_mode, d.socket_mode);
+  EXPECT_EQ(c->socket_group, d.socket_group);
+  EXPECT_EQ(c->log_level, d.log_level);
+  EXPECT_EQ(c->limits.max_objects, d.limits.max_objects);
+  EXPECT_EQ(c->limits.max_leases_per_client, d.limits.max_leases_per_client);
+  EXPECT_EQ(c->limits.max_bytes_per_client, d.limits.max_bytes_per_client);
+  ASSERT_EQ(c->pools.size(), 1u);
+  EXPECT_EQ(c->pools[0].name, d.pools[0].name);
+  EXPECT_EQ(c->pools[0].size_bytes, d.pools[0].size_bytes);
+  EXPECT_EQ(c->pools[0].kind, d.pools[0].kind);
+}
+
 }  // namespace
 }  // namespace shmtensor::daemon

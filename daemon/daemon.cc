@@ -1,6 +1,7 @@
 #include "daemon/daemon.h"
 
 #include <fcntl.h>
+#include <grp.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <sys/file.h>
@@ -17,6 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "daemon/host_segment.h"
 #include "spdlog/spdlog.h"
 
@@ -87,10 +89,20 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
         n, config.listen);
   }
 
+  int gid = -1;
+  if (!config.socket_group.empty()) {
+    struct group* g = getgrnam(config.socket_group.c_str());
+    if (g == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "socket_group '", config.socket_group, "' is not a group here"));
+    }
+    gid = static_cast<int>(g->gr_gid);
+  }
+
   std::vector<std::unique_ptr<Pool>> pools;
   for (const PoolConfig& pc : config.pools) {
     absl::StatusOr<std::unique_ptr<HostSegment>> seg =
-        HostSegment::Create(prefix, pc.size_bytes);
+        HostSegment::Create(prefix, pc.size_bytes, gid);
     if (!seg.ok()) {
       return absl::Status(
           seg.status().code(),
@@ -102,8 +114,14 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   }
   std::random_device rd;
   const uint64_t epoch = (uint64_t{rd()} << 32) | rd();
-  d->store_ = std::make_unique<ObjectStore>(std::move(pools), epoch);
+  d->store_ =
+      std::make_unique<ObjectStore>(std::move(pools), epoch, config.limits);
   d->service_ = std::make_unique<ObjectStoreService>(*d->store_);
+  std::vector<std::string> addresses = {config.listen};
+  const std::string monitor_address = MonitorAddress(config.monitor_listen);
+  if (!monitor_address.empty()) addresses.push_back(monitor_address);
+  d->monitor_ = std::make_unique<MonitorService>(*d->store_, SHMTENSOR_VERSION,
+                                                 addresses);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -111,24 +129,53 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   int bound_port = 0;
   builder.AddListeningPort(config.listen, grpc::InsecureServerCredentials(),
                            &bound_port);
+  int monitor_port = 0;
+  if (!monitor_address.empty()) {
+    builder.AddListeningPort(monitor_address, grpc::InsecureServerCredentials(),
+                             &monitor_port);
+  }
   builder.RegisterService(d->service_.get());
+  builder.RegisterService(d->monitor_.get());
   // Notice dead peers on TCP too (a UDS peer's death is seen at once).
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
   builder.AddChannelArgument(
       GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  // The socket is created by BuildAndStart: give it mode 0660 from birth.
-  const mode_t old_umask = umask(0117);
+  // The socket is created by BuildAndStart: give it its mode from birth.
+  const mode_t old_umask = umask(~config.socket_mode & 0777);
   d->server_ = builder.BuildAndStart();
   umask(old_umask);
   if (d->server_ == nullptr) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on '", config.listen, "'"));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on '", absl::StrJoin(addresses, "' and '"), "'"));
   }
-  if (!d->socket_path_.empty()) chmod(d->socket_path_.c_str(), 0660);
+  if (!monitor_address.empty()) {
+    if (monitor_port == 0) {
+      return absl::UnavailableError(absl::StrCat(
+          "cannot listen on monitor address '", monitor_address, "'"));
+    }
+    // Report the port bound, which differs when the config asked for 0.
+    addresses.back() =
+        absl::StrCat(monitor_address.substr(0, monitor_address.rfind(':')), ":",
+                     monitor_port);
+    d->monitor_->SetAddresses(addresses);
+  }
+  if (!d->socket_path_.empty()) {
+    chmod(d->socket_path_.c_str(), config.socket_mode);
+    if (gid >= 0 && chown(d->socket_path_.c_str(), static_cast<uid_t>(-1),
+                          static_cast<gid_t>(gid)) != 0) {
+      return absl::PermissionDeniedError(absl::StrFormat(
+          "cannot give socket %s group '%s': %s", d->socket_path_,
+          config.socket_group, std::strerror(errno)));
+    }
+  }
   spdlog::info("shmtensord {} serving on {} ({} pools, epoch {:016x})",
                SHMTENSOR_VERSION, config.listen, config.pools.size(), epoch);
+  if (!monitor_address.empty()) {
+    spdlog::info("monitoring (Monitor, health, reflection) also on {}",
+                 addresses.back());
+  }
   return d;
 }
 
@@ -136,7 +183,11 @@ void Daemon::Shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
   spdlog::info("shutting down: ending {} sessions", store_->Stats().sessions());
+  // Health first, so probes and load balancers see NOT_SERVING while the
+  // rest winds down (health Watch streams get the change before they end).
+  server_->GetHealthCheckService()->Shutdown();
   store_->Shutdown();
+  monitor_->Shutdown();
   service_->EndAllSessions();
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   server_->Wait();
@@ -146,6 +197,7 @@ Daemon::~Daemon() {
   if (server_ != nullptr) Shutdown();
   server_.reset();
   service_.reset();
+  monitor_.reset();
   const bool had_pools = store_ != nullptr;
   store_.reset();  // Unlinks every segment.
   // The lock file stays: unlinking it would let a third daemon lock a new

@@ -3,8 +3,11 @@
 // Start() does everything that can fail, in order: takes the address lock
 // (so a second daemon on the same address is refused), removes the segments a
 // crashed earlier instance on this address left behind, creates and reserves
-// the pools, and starts serving. Shutdown() stops accepting, ends every
-// session, and (in the destructor) unlinks every segment and the socket. The
+// the pools, and starts serving ObjectStore, Monitor, gRPC health and
+// reflection on the socket (and, when configured, on a TCP monitoring
+// address). Shutdown() turns health to NOT_SERVING, stops accepting, ends
+// every session and watch, and (in the destructor) unlinks every segment and
+// the socket. The
 // lock file (<socket>.lock, holding the pid) stays behind on purpose.
 //
 // Thread safety: Shutdown() may be called from any thread, once.
@@ -18,6 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "daemon/config.h"
+#include "daemon/monitor_service.h"
 #include "daemon/object_store.h"
 #include "daemon/service.h"
 
@@ -58,6 +62,7 @@ class Daemon {
   bool owns_address_ = false;  // This instance holds the address lock.
   std::unique_ptr<ObjectStore> store_;
   std::unique_ptr<ObjectStoreService> service_;
+  std::unique_ptr<MonitorService> monitor_;
   std::unique_ptr<grpc::Server> server_;
   bool shut_down_ = false;
 };

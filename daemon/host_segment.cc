@@ -45,7 +45,7 @@ absl::StatusOr<bip::shared_memory_object> CreateShm(const std::string& name) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<HostSegment>> HostSegment::Create(
-    const std::string& name_prefix, uint64_t size_bytes) {
+    const std::string& name_prefix, uint64_t size_bytes, int gid) {
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   if (size_bytes == 0) {
     return absl::InvalidArgumentError("pool size must be > 0 bytes");
@@ -56,7 +56,14 @@ absl::StatusOr<std::unique_ptr<HostSegment>> HostSegment::Create(
   if (!shm.ok()) return shm.status();
   const int fd = shm->get_mapping_handle().handle;
   // Boost applies the permissions through the umask; make them exact.
-  fchmod(fd, 0600);
+  if (gid >= 0 && fchown(fd, static_cast<uid_t>(-1), gid) != 0) {
+    const int e = errno;
+    bip::shared_memory_object::remove(name.c_str() + 1);
+    return absl::PermissionDeniedError(
+        absl::StrFormat("cannot give pool segment %s group %d: %s", name, gid,
+                        std::strerror(e)));
+  }
+  fchmod(fd, gid >= 0 ? 0660 : 0600);
   // posix_fallocate both reserves tmpfs pages (ENOSPC now, not SIGBUS later)
   // and allocates them, so no client ever faults a fresh page in.
   const int err = posix_fallocate(fd, 0, static_cast<off_t>(size_bytes));

@@ -1,6 +1,7 @@
 // Host shared-memory segment under /dev/shm, created with Boost.Interprocess.
 //
-// Created with mode 0600 under an unguessable name "/<prefix><128-bit hex>".
+// Created with mode 0600 (0660 and a group, for a daemon shared by a group)
+// under an unguessable name "/<prefix><128-bit hex>".
 // Every byte is reserved and faulted in at creation (posix_fallocate on the
 // tmpfs file), so a too-small /dev/shm fails here with ENOSPC instead of with
 // SIGBUS in a client later, and no page is allocated on first touch.
@@ -23,8 +24,9 @@ class HostSegment final : public Segment {
   // Creates and reserves a segment of `size_bytes` (> 0, rounded up to the
   // page size). Fails with RESOURCE_EXHAUSTED when /dev/shm cannot hold it,
   // with INTERNAL for other system errors; the message names the size.
+  // With `gid` >= 0 the segment gets that group and mode 0660.
   static absl::StatusOr<std::unique_ptr<HostSegment>> Create(
-      const std::string& name_prefix, uint64_t size_bytes);
+      const std::string& name_prefix, uint64_t size_bytes, int gid = -1);
 
   // Removes every /dev/shm entry whose name starts with `name_prefix`: the
   // segments an earlier instance left behind when it crashed. Returns how many

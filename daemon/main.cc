@@ -13,13 +13,16 @@ int main(int argc, char** argv) {
   using shmtensor::daemon::DaemonConfig;
   CLI::App app{
       "shmtensord: shared-memory pools for zero-copy arrays and tensors"};
-  std::string listen, pool_size, config_file, log_level;
+  std::string listen, pool_size, config_file, log_level, monitor_listen;
   app.add_option("--listen", listen,
                  "gRPC address: unix:/path or host:port (default: "
                  "$SHMTENSOR_ADDRESS or unix:/tmp/shmtensord-<uid>.sock)");
   app.add_option(
       "--pool-size", pool_size,
       "size of the default pool, e.g. 512MiB or 4GiB (default 1GiB)");
+  app.add_option("--monitor-listen", monitor_listen,
+                 "also serve monitoring (not the data plane) on TCP: PORT "
+                 "(loopback) or HOST:PORT (default: off)");
   app.add_option("--config", config_file, "TOML config file")
       ->check(CLI::ExistingFile);
   app.add_option("--log-level", log_level,
@@ -39,6 +42,7 @@ int main(int argc, char** argv) {
   }
   if (!listen.empty()) config.listen = listen;
   if (!log_level.empty()) config.log_level = log_level;
+  if (!monitor_listen.empty()) config.monitor_listen = monitor_listen;
   if (!pool_size.empty()) {
     absl::StatusOr<uint64_t> size = shmtensor::daemon::ParseByteSize(pool_size);
     if (!size.ok()) {

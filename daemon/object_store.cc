@@ -32,6 +32,9 @@ absl::Status ValidateName(const std::string& name) {
   return absl::OkStatus();
 }
 
+// Slot argument of CheckClientLimits for an object not created yet.
+constexpr uint32_t kNoSlot = UINT32_MAX;
+
 std::string RefString(const v1::ObjectRef& ref) {
   return absl::StrFormat("ref(slot %d, generation %d)", ref.slot(),
                          ref.generation());
@@ -40,8 +43,11 @@ std::string RefString(const v1::ObjectRef& ref) {
 }  // namespace
 
 ObjectStore::ObjectStore(std::vector<std::unique_ptr<Pool>> pools,
-                         uint64_t epoch)
-    : epoch_(epoch), start_time_(absl::Now()), pools_(std::move(pools)) {
+                         uint64_t epoch, StoreLimits limits)
+    : epoch_(epoch),
+      start_time_(absl::Now()),
+      limits_(limits),
+      pools_(std::move(pools)) {
   assert(!pools_.empty());
   for (size_t i = 0; i < pools_.size(); ++i) {
     const Segment& seg = pools_[i]->segment();
@@ -57,7 +63,7 @@ ObjectStore::ObjectStore(std::vector<std::unique_ptr<Pool>> pools,
 }
 
 absl::StatusOr<uint64_t> ObjectStore::OpenSession(
-    const std::string& client_name, int pid) {
+    const std::string& client_name, int pid, PeerInfo peer) {
   if (client_name.size() > kMaxNameBytes) {
     return absl::InvalidArgumentError(
         absl::StrFormat("client name is %d bytes, more than %d",
@@ -72,6 +78,9 @@ absl::StatusOr<uint64_t> ObjectStore::OpenSession(
   Session& s = sessions_[id];
   s.client_name = client_name;
   s.pid = pid;
+  s.peer = std::move(peer);
+  s.opened = absl::Now();
+  s.serial = next_serial_++;
   spdlog::info("session {:016x} opened: client '{}' pid {} ({} open)", id,
                client_name, pid, sessions_.size());
   return id;
@@ -94,6 +103,7 @@ void ObjectStore::EndSession(uint64_t session_id) {
     assert(slots_[slot].live && obj.state == State::kPendingTransfer);
     obj.state = State::kSealed;
     --pending_transfers_;
+    HoldTransfer(slot, false);
     MaybeFree(slot);
   }
   uint64_t used_after = 0;
@@ -154,6 +164,15 @@ absl::StatusOr<Handout> ObjectStore::Create(const CreateArgs& args) {
       return absl::ResourceExhaustedError(absl::StrFormat(
           "%d objects alive, the most the daemon holds", kMaxObjects));
     }
+    if (limits_.max_objects > 0 && live_objects_ >= limits_.max_objects) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "%d objects alive, the limit (limits.max_objects = %d)",
+          live_objects_, limits_.max_objects));
+    }
+    if (absl::Status s = CheckClientLimits(**session, kNoSlot, capacity);
+        !s.ok()) {
+      return s;
+    }
     if (capacity == 0) break;
     if (std::optional<uint64_t> got = pool.allocator().Allocate(capacity)) {
       offset = *got;
@@ -187,6 +206,10 @@ absl::StatusOr<Handout> ObjectStore::Create(const CreateArgs& args) {
   obj.capacity = capacity;
   obj.layout = args.layout;
   obj.creator = args.session_id;
+  obj.created = absl::Now();
+  obj.serial = next_serial_++;
+  pool.high_water_bytes =
+      std::max(pool.high_water_bytes, pool.allocator().used_bytes());
   if (!args.name.empty()) {
     obj.name = args.name;
     names_.emplace(args.name, slot);
@@ -228,6 +251,7 @@ absl::StatusOr<SealResult> ObjectStore::Seal(uint64_t session_id,
     obj.state = State::kPendingTransfer;
     ++pending_transfers_;
     sessions_.at(session_id).pending_transfers.insert(slot);
+    HoldTransfer(slot, true);
     DropLease(lease_id);  // Cannot free: the transfer now holds the object.
   }
   result.ref = MakeRef(slot);
@@ -254,16 +278,25 @@ absl::StatusOr<Handout> ObjectStore::Get(uint64_t session_id,
               " was sealed for exclusive transfer and was already taken")),
           kReasonAlreadyTaken);
     case State::kPendingTransfer: {
+      if (absl::Status s = CheckClientLimits(**session, *slot, obj.capacity);
+          !s.ok()) {
+        return s;
+      }
       obj.state = State::kTaken;
       --pending_transfers_;
       auto creator = sessions_.find(obj.creator);
       if (creator != sessions_.end()) {
         creator->second.pending_transfers.erase(*slot);
       }
+      HoldTransfer(*slot, false);
       const uint64_t lease = AddLease(session_id, **session, *slot, true);
       return MakeHandout(*slot, lease, true);
     }
     case State::kSealed: {
+      if (absl::Status s = CheckClientLimits(**session, *slot, obj.capacity);
+          !s.ok()) {
+        return s;
+      }
       const uint64_t lease = AddLease(session_id, **session, *slot, false);
       return MakeHandout(*slot, lease, false);
     }
@@ -284,6 +317,11 @@ absl::StatusOr<Handout> ObjectStore::GetByName(uint64_t session_id,
     auto it = names_.find(name);
     if (it != names_.end() &&
         slots_[it->second].object.state == State::kSealed) {
+      if (absl::Status s = CheckClientLimits(
+              **session, it->second, slots_[it->second].object.capacity);
+          !s.ok()) {
+        return s;
+      }
       const uint64_t lease = AddLease(session_id, **session, it->second, false);
       return MakeHandout(it->second, lease, false);
     }
@@ -472,7 +510,10 @@ uint64_t ObjectStore::AddLease(uint64_t session_id, Session& session,
   const uint64_t id = next_lease_id_++;
   leases_.emplace(id, Lease{session_id, slot, write});
   session.leases.insert(id);
-  ++slots_[slot].object.leases;
+  Object& obj = slots_[slot].object;
+  ++obj.leases;
+  ++pools_[obj.pool]->leases;
+  if (session.held_slots[slot]++ == 0) session.bytes_held += obj.capacity;
   return id;
 }
 
@@ -481,12 +522,21 @@ bool ObjectStore::DropLease(uint64_t lease_id) {
   assert(it != leases_.end());
   const Lease lease = it->second;
   leases_.erase(it);
-  auto session = sessions_.find(lease.session);
-  if (session != sessions_.end()) session->second.leases.erase(lease_id);
   Object& obj = slots_[lease.slot].object;
+  auto session = sessions_.find(lease.session);
+  if (session != sessions_.end()) {
+    Session& s = session->second;
+    s.leases.erase(lease_id);
+    auto held = s.held_slots.find(lease.slot);
+    if (held != s.held_slots.end() && --held->second == 0) {
+      s.held_slots.erase(held);
+      s.bytes_held -= obj.capacity;
+    }
+  }
   // Invariant: a live object's lease count equals the leases naming it.
   assert(obj.leases > 0);
   --obj.leases;
+  --pools_[obj.pool]->leases;
   if (lease.write && obj.state == State::kWriting && !obj.name.empty()) {
     // An unsealed object is discarded: its name was never visible.
     names_.erase(obj.name);
@@ -511,6 +561,153 @@ bool ObjectStore::MaybeFree(uint32_t slot) {
   free_slots_.push_back(slot);
   memory_freed_.SignalAll();
   return true;
+}
+
+absl::Status ObjectStore::CheckClientLimits(const Session& session,
+                                            uint32_t slot,
+                                            uint64_t capacity) const {
+  if (limits_.max_leases_per_client > 0 &&
+      session.leases.size() >= limits_.max_leases_per_client) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "client '%s' pid %d holds %d leases, the limit "
+        "(limits.max_leases_per_client = %d); release views it no longer "
+        "needs",
+        session.client_name, session.pid, session.leases.size(),
+        limits_.max_leases_per_client));
+  }
+  const bool new_hold = slot == kNoSlot || !session.held_slots.contains(slot);
+  if (limits_.max_bytes_per_client > 0 && new_hold &&
+      session.bytes_held + capacity > limits_.max_bytes_per_client) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "client '%s' pid %d holds %d bytes; %d more would pass the limit "
+        "(limits.max_bytes_per_client = %d)",
+        session.client_name, session.pid, session.bytes_held, capacity,
+        limits_.max_bytes_per_client));
+  }
+  return absl::OkStatus();
+}
+
+void ObjectStore::HoldTransfer(uint32_t slot, bool hold) {
+  const Object& obj = slots_[slot].object;
+  auto it = sessions_.find(obj.creator);
+  if (it == sessions_.end()) return;
+  if (hold) {
+    it->second.bytes_held += obj.capacity;
+  } else {
+    it->second.bytes_held -= obj.capacity;
+  }
+}
+
+std::string ObjectStore::ClientString(uint64_t session_id) const {
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) {
+    return absl::StrFormat("session %016x (ended)", session_id);
+  }
+  return absl::StrFormat("'%s' pid %d", it->second.client_name, it->second.pid);
+}
+
+v1::DaemonStatus ObjectStore::Status() const {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  v1::DaemonStatus out;
+  out.set_daemon_epoch(epoch_);
+  out.set_uptime_ms(absl::ToInt64Milliseconds(now - start_time_));
+  out.set_time_unix_ms(absl::ToUnixMillis(now));
+  for (size_t i = 0; i < pools_.size(); ++i) {
+    const Pool& pool = *pools_[i];
+    v1::PoolStatus* ps = out.add_pools();
+    *ps->mutable_info() = pool_infos_[i];
+    ps->set_used_bytes(pool.allocator().used_bytes());
+    ps->set_free_bytes(pool.allocator().free_bytes());
+    ps->set_largest_free_bytes(pool.allocator().largest_free());
+    ps->set_high_water_bytes(pool.high_water_bytes);
+    ps->set_objects(pool.objects);
+    ps->set_leases(pool.leases);
+  }
+  out.set_sessions(sessions_.size());
+  out.set_objects(live_objects_);
+  out.set_named_objects(names_.size());
+  out.set_leases(leases_.size());
+  out.set_pending_transfers(pending_transfers_);
+  v1::Limits* limits = out.mutable_limits();
+  limits->set_max_objects(limits_.max_objects);
+  limits->set_max_leases_per_client(limits_.max_leases_per_client);
+  limits->set_max_bytes_per_client(limits_.max_bytes_per_client);
+  out.set_serving(!shutting_down_);
+  return out;
+}
+
+v1::ListObjectsResponse ObjectStore::ListObjects(uint32_t limit) const {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  std::vector<uint32_t> live;
+  live.reserve(live_objects_);
+  for (uint32_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i].live) live.push_back(i);
+  }
+  std::sort(live.begin(), live.end(), [&](uint32_t a, uint32_t b) {
+    return slots_[a].object.serial < slots_[b].object.serial;
+  });
+  if (limit > 0 && live.size() > limit) live.resize(limit);
+  v1::ListObjectsResponse out;
+  out.set_total(live_objects_);
+  for (uint32_t slot : live) {
+    const Object& obj = slots_[slot].object;
+    v1::ObjectStatus* o = out.add_objects();
+    *o->mutable_ref() = MakeRef(slot);
+    o->set_name(obj.name);
+    o->set_pool(pools_[obj.pool]->name());
+    o->set_offset(obj.offset);
+    o->set_size_bytes(obj.size);
+    o->set_capacity_bytes(obj.capacity);
+    *o->mutable_layout() = obj.layout;
+    switch (obj.state) {
+      case State::kWriting:
+        o->set_state(v1::OBJECT_STATE_WRITING);
+        break;
+      case State::kSealed:
+        o->set_state(v1::OBJECT_STATE_SEALED);
+        break;
+      case State::kPendingTransfer:
+        o->set_state(v1::OBJECT_STATE_PENDING_TRANSFER);
+        break;
+      case State::kTaken:
+        o->set_state(v1::OBJECT_STATE_TAKEN);
+        break;
+    }
+    o->set_leases(obj.leases);
+    o->set_age_ms(absl::ToInt64Milliseconds(now - obj.created));
+    o->set_creator_session(obj.creator);
+    o->set_creator(ClientString(obj.creator));
+  }
+  return out;
+}
+
+v1::ListClientsResponse ObjectStore::ListClients() const {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  std::vector<const std::pair<const uint64_t, Session>*> open;
+  for (const auto& entry : sessions_) open.push_back(&entry);
+  std::sort(open.begin(), open.end(), [](const auto* a, const auto* b) {
+    return a->second.serial < b->second.serial;
+  });
+  v1::ListClientsResponse out;
+  for (const auto* entry : open) {
+    const Session& s = entry->second;
+    v1::ClientStatus* c = out.add_clients();
+    c->set_session_id(entry->first);
+    c->set_client_name(s.client_name);
+    c->set_pid(s.pid);
+    c->set_has_process(s.peer.has_process);
+    c->set_uid(s.peer.uid);
+    c->set_command_line(s.peer.command_line);
+    c->set_leases(s.leases.size());
+    c->set_bytes_held(s.bytes_held);
+    c->set_pending_transfers(s.pending_transfers.size());
+    c->set_age_ms(absl::ToInt64Milliseconds(now - s.opened));
+    c->set_peer(s.peer.peer);
+  }
+  return out;
 }
 
 v1::ObjectRef ObjectStore::MakeRef(uint32_t slot) const {

@@ -36,7 +36,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "daemon/limits.h"
 #include "daemon/pool.h"
+#include "shmtensor/v1/monitor.pb.h"
 #include "shmtensor/v1/shmtensor.pb.h"
 
 namespace shmtensor::daemon {
@@ -45,6 +47,14 @@ namespace shmtensor::daemon {
 inline constexpr size_t kMaxNameBytes = 255;
 // Most objects alive at once (slots in the object table).
 inline constexpr uint32_t kMaxObjects = 1u << 24;
+
+// What the daemon knows of a client's process (from /proc, where visible).
+struct PeerInfo {
+  std::string peer;  // gRPC peer string.
+  bool has_process = false;
+  uint32_t uid = 0;
+  std::string command_line;
+};
 
 struct CreateArgs {
   uint64_t session_id = 0;
@@ -72,7 +82,8 @@ struct SealResult {
 class ObjectStore {
  public:
   // Takes the pools (at least one); `epoch` is this daemon instance's id.
-  ObjectStore(std::vector<std::unique_ptr<Pool>> pools, uint64_t epoch);
+  ObjectStore(std::vector<std::unique_ptr<Pool>> pools, uint64_t epoch,
+              StoreLimits limits = {});
 
   // Not copyable or movable: sessions and waiters refer to it.
   ObjectStore(const ObjectStore&) = delete;
@@ -84,7 +95,8 @@ class ObjectStore {
 
   // Opens a session and returns its unguessable id. UNAVAILABLE after
   // Shutdown; INVALID_ARGUMENT for a client name over kMaxNameBytes.
-  absl::StatusOr<uint64_t> OpenSession(const std::string& client_name, int pid);
+  absl::StatusOr<uint64_t> OpenSession(const std::string& client_name, int pid,
+                                       PeerInfo peer = {});
   // Ends a session (idempotent): drops its leases, discards its unsealed
   // objects, reclaims its untaken transfers.
   void EndSession(uint64_t session_id);
@@ -115,6 +127,13 @@ class ObjectStore {
 
   v1::StatsResponse Stats() const;
 
+  // Monitoring snapshots (one lock each). Status fills the store's part of
+  // DaemonStatus: pools, counts, limits, uptime, epoch.
+  v1::DaemonStatus Status() const;
+  // The `limit` oldest live objects (0: all).
+  v1::ListObjectsResponse ListObjects(uint32_t limit) const;
+  v1::ListClientsResponse ListClients() const;
+
   // Fails every waiter and every later call with UNAVAILABLE. Sessions stay
   // until EndSession.
   void Shutdown();
@@ -132,6 +151,8 @@ class ObjectStore {
     std::string name;      // Non-empty while a name is bound to it.
     uint64_t creator = 0;  // Session that created it.
     uint32_t leases = 0;
+    absl::Time created;
+    uint64_t serial = 0;  // Creation order, for oldest-first listings.
   };
   struct Slot {
     uint32_t generation = 1;  // Never 0, so an all-zero ref is never valid.
@@ -149,6 +170,13 @@ class ObjectStore {
     absl::flat_hash_set<uint64_t> leases;
     absl::flat_hash_set<uint32_t> pending_transfers;  // Slots it offered.
     uint64_t releases_applied = 0;  // Last ReleaseLeases seq applied.
+    PeerInfo peer;
+    absl::Time opened;
+    uint64_t serial = 0;  // Opening order, for oldest-first listings.
+    // Leases per object it holds, and the capacity of those objects plus of
+    // its untaken transfers: what max_bytes_per_client limits.
+    absl::flat_hash_map<uint32_t, uint32_t> held_slots;
+    uint64_t bytes_held = 0;
   };
 
   absl::StatusOr<Session*> FindSession(uint64_t id)
@@ -167,12 +195,25 @@ class ObjectStore {
   Handout MakeHandout(uint32_t slot, uint64_t lease_id, bool writable) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::ObjectRef MakeRef(uint32_t slot) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RESOURCE_EXHAUSTED naming the client and the limit if taking one more
+  // lease on `slot` (of `capacity` bytes) would break a per-client limit.
+  absl::Status CheckClientLimits(const Session& session, uint32_t slot,
+                                 uint64_t capacity) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves the capacity of an offered transfer into or out of its creator's
+  // holdings.
+  void HoldTransfer(uint32_t slot, bool hold)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // "'name' pid 12" of a session, or "session <id> (ended)".
+  std::string ClientString(uint64_t session_id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // "pool 'default' has 123 bytes free ...; most held by ..." for errors.
   std::string DescribePressure(uint32_t pool, uint64_t capacity) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const uint64_t epoch_;
   const absl::Time start_time_;
+  const StoreLimits limits_;
   std::vector<v1::PoolInfo> pool_infos_;
 
   mutable absl::Mutex mu_;
@@ -186,6 +227,7 @@ class ObjectStore {
   absl::flat_hash_map<uint64_t, Session> sessions_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, uint32_t> names_ ABSL_GUARDED_BY(mu_);
   uint64_t next_lease_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_serial_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t live_objects_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t pending_transfers_ ABSL_GUARDED_BY(mu_) = 0;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;

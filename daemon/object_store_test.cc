@@ -2,6 +2,7 @@
 
 #include <thread>
 
+#include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 #include "shmtensor/errors.h"
 
@@ -320,6 +321,80 @@ TEST_F(ObjectStoreTest, AwaitReleasesWaitsForTheSeqThenTimesOut) {
   });
   EXPECT_TRUE(IsSessionEnded(store_->AwaitReleases(a_, 2, absl::Seconds(30))));
   ender.join();
+}
+
+TEST_F(ObjectStoreTest, ListingsFollowHoldingsThroughTransfersAndSessionEnd) {
+  Handout named = *Create(a_, kPage, "n");
+  ASSERT_TRUE(store_->Seal(a_, named.lease_id, false).ok());
+  Handout xfer = *Create(a_, 2 * kPage);
+  SealResult offered = *store_->Seal(a_, xfer.lease_id, true);
+  auto holder = [&](uint64_t session) {
+    const v1::ListClientsResponse all = store_->ListClients();
+    for (const v1::ClientStatus& c : all.clients()) {
+      if (c.session_id() == session) return c;
+    }
+    return v1::ClientStatus();
+  };
+  EXPECT_EQ(holder(a_).bytes_held(), 3 * kPage);  // Its ref and its transfer.
+  EXPECT_EQ(holder(a_).pending_transfers(), 1u);
+  Handout taken = *store_->Get(b_, offered.ref);
+  EXPECT_EQ(holder(a_).bytes_held(), kPage);  // The transfer moved to b.
+  EXPECT_EQ(holder(b_).bytes_held(), 2 * kPage);
+  v1::ListObjectsResponse objects = store_->ListObjects(0);
+  ASSERT_EQ(objects.objects_size(), 2);
+  EXPECT_EQ(objects.objects(0).name(), "n");
+  EXPECT_EQ(objects.objects(0).state(), v1::OBJECT_STATE_SEALED);
+  EXPECT_EQ(objects.objects(1).state(), v1::OBJECT_STATE_TAKEN);
+  EXPECT_EQ(objects.objects(1).creator(), "'a' pid 1");
+  store_->EndSession(a_);
+  EXPECT_EQ(store_->ListObjects(0).objects(0).creator(),
+            absl::StrFormat("session %016x (ended)", a_));
+  v1::DaemonStatus status = store_->Status();
+  EXPECT_EQ(status.pools(0).used_bytes(), 3 * kPage);  // Name and b's take.
+  EXPECT_EQ(status.pools(0).high_water_bytes(), 3 * kPage);
+  EXPECT_EQ(status.pools(0).leases(), 1u);
+  ASSERT_TRUE(store_->Release(b_, taken.lease_id).ok());
+  EXPECT_EQ(holder(b_).bytes_held(), 0u);
+  EXPECT_EQ(store_->Status().pools(0).high_water_bytes(), 3 * kPage);
+}
+
+TEST(ObjectStoreLimitsTest, LimitsNameTheClientAndTheLimit) {
+  std::vector<std::unique_ptr<Pool>> pools;
+  pools.push_back(std::make_unique<Pool>(
+      "default", std::make_unique<FakeSegment>(64 * kPage)));
+  ObjectStore store(std::move(pools), 1,
+                    {.max_objects = 3,
+                     .max_leases_per_client = 2,
+                     .max_bytes_per_client = 4 * kPage});
+  const uint64_t a = *store.OpenSession("a", 7);
+  const uint64_t b = *store.OpenSession("b", 8);
+  CreateArgs args{.session_id = a, .size_bytes = 5 * kPage};
+  absl::StatusOr<Handout> h = store.Create(args);
+  EXPECT_EQ(h.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(h.status().message().find("'a' pid 7 holds 0 bytes; 20480 more "
+                                      "would pass the limit "
+                                      "(limits.max_bytes_per_client = 16384)"),
+            std::string::npos)
+      << h.status();
+  args.size_bytes = 2 * kPage;
+  Handout h1 = *store.Create(args);
+  SealResult s1 = *store.Seal(a, h1.lease_id, false);
+  // A second lease on an object it already holds costs no bytes.
+  ASSERT_TRUE(store.Get(a, s1.ref).ok());
+  h = store.Get(a, s1.ref);
+  EXPECT_NE(h.status().message().find("holds 2 leases, the limit "
+                                      "(limits.max_leases_per_client = 2)"),
+            std::string::npos)
+      << h.status();
+  args.session_id = b;
+  args.size_bytes = kPage;
+  ASSERT_TRUE(store.Create(args).ok());
+  ASSERT_TRUE(store.Create(args).ok());
+  h = store.Create(args);
+  EXPECT_NE(h.status().message().find("(limits.max_objects = 3)"),
+            std::string::npos)
+      << h.status();
+  EXPECT_EQ(store.Status().limits().max_objects(), 3u);
 }
 
 }  // namespace

@@ -28,7 +28,10 @@ class Pool {
   RangeAllocator& allocator() { return allocator_; }
   const RangeAllocator& allocator() const { return allocator_; }
 
-  uint64_t objects = 0;  // Live objects with memory in this pool.
+  // Counters the owner (ObjectStore) keeps under its lock.
+  uint64_t objects = 0;           // Live objects with memory in this pool.
+  uint64_t leases = 0;            // Leases on objects of this pool.
+  uint64_t high_water_bytes = 0;  // Most bytes ever allocated at once.
 
  private:
   std::string name_;

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "daemon/peer.h"
 #include "shmtensor/errors.h"
 #include "spdlog/spdlog.h"
 
@@ -19,11 +21,24 @@ grpc::Status ToGrpcStatus(grpc::ServerContextBase* ctx,
                       std::string(status.message()));
 }
 
+grpc::Status RemoteRefused(const std::string& peer) {
+  return grpc::Status(
+      grpc::StatusCode::PERMISSION_DENIED,
+      absl::StrCat("peer ", peer,
+                   " is not on this host: the data plane (shared memory) "
+                   "serves local clients only; use the Unix socket"));
+}
+
 // One session stream. Owned by gRPC: deletes itself in OnDone.
 class SessionReactor final
     : public grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionEvent> {
  public:
-  explicit SessionReactor(ObjectStoreService& service) : service_(service) {
+  SessionReactor(ObjectStoreService& service, std::string peer)
+      : service_(service), peer_(std::move(peer)) {
+    if (!IsLocalPeer(peer_)) {
+      FinishOnce(RemoteRefused(peer_));
+      return;
+    }
     StartRead(&request_);
   }
 
@@ -44,7 +59,8 @@ class SessionReactor final
       return;
     }
     absl::StatusOr<uint64_t> id = service_.store_.OpenSession(
-        request_.open().client_name(), request_.open().pid());
+        request_.open().client_name(), request_.open().pid(),
+        DescribePeer(peer_, request_.open().pid()));
     if (!id.ok()) {
       FinishOnce(ToGrpcStatus(nullptr, id.status()));
       return;
@@ -102,6 +118,7 @@ class SessionReactor final
 
  private:
   ObjectStoreService& service_;
+  const std::string peer_;
   v1::SessionRequest request_;
   v1::SessionEvent event_;
   uint64_t session_id_ = 0;  // Set once, on the reactor's read callback.
@@ -111,7 +128,7 @@ class SessionReactor final
 
 grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionEvent>*
 ObjectStoreService::Session(grpc::CallbackServerContext* ctx) {
-  return new SessionReactor(*this);
+  return new SessionReactor(*this, ctx->peer());
 }
 
 void ObjectStoreService::Register(SessionReactor* r) {
@@ -183,6 +200,7 @@ void FillHandout(Handout h, Response* resp) {
 grpc::Status ObjectStoreService::Create(grpc::ServerContext* ctx,
                                         const v1::CreateRequest* req,
                                         v1::CreateResponse* resp) {
+  if (!IsLocalPeer(ctx->peer())) return RemoteRefused(ctx->peer());
   if (absl::Status s = AwaitReleases(store_, ctx, req->session_id(),
                                      req->releases_through());
       !s.ok()) {
@@ -204,6 +222,7 @@ grpc::Status ObjectStoreService::Create(grpc::ServerContext* ctx,
 grpc::Status ObjectStoreService::Seal(grpc::ServerContext* ctx,
                                       const v1::SealRequest* req,
                                       v1::SealResponse* resp) {
+  if (!IsLocalPeer(ctx->peer())) return RemoteRefused(ctx->peer());
   absl::StatusOr<SealResult> r =
       store_.Seal(req->session_id(), req->lease_id(), req->exclusive());
   if (!r.ok()) return ToGrpcStatus(ctx, r.status());
@@ -215,6 +234,7 @@ grpc::Status ObjectStoreService::Seal(grpc::ServerContext* ctx,
 grpc::Status ObjectStoreService::Get(grpc::ServerContext* ctx,
                                      const v1::GetRequest* req,
                                      v1::GetResponse* resp) {
+  if (!IsLocalPeer(ctx->peer())) return RemoteRefused(ctx->peer());
   if (absl::Status s = AwaitReleases(store_, ctx, req->session_id(),
                                      req->releases_through());
       !s.ok()) {
@@ -242,6 +262,7 @@ grpc::Status ObjectStoreService::Get(grpc::ServerContext* ctx,
 grpc::Status ObjectStoreService::Release(grpc::ServerContext* ctx,
                                          const v1::ReleaseRequest* req,
                                          v1::ReleaseResponse* resp) {
+  if (!IsLocalPeer(ctx->peer())) return RemoteRefused(ctx->peer());
   absl::StatusOr<bool> freed =
       store_.Release(req->session_id(), req->lease_id());
   if (!freed.ok()) return ToGrpcStatus(ctx, freed.status());
@@ -252,6 +273,7 @@ grpc::Status ObjectStoreService::Release(grpc::ServerContext* ctx,
 grpc::Status ObjectStoreService::Delete(grpc::ServerContext* ctx,
                                         const v1::DeleteRequest* req,
                                         v1::DeleteResponse* resp) {
+  if (!IsLocalPeer(ctx->peer())) return RemoteRefused(ctx->peer());
   if (absl::Status s = AwaitReleases(store_, ctx, req->session_id(),
                                      req->releases_through());
       !s.ok()) {
@@ -266,6 +288,7 @@ grpc::Status ObjectStoreService::Delete(grpc::ServerContext* ctx,
 grpc::Status ObjectStoreService::Stats(grpc::ServerContext* ctx,
                                        const v1::StatsRequest* req,
                                        v1::StatsResponse* resp) {
+  if (!IsLocalPeer(ctx->peer())) return RemoteRefused(ctx->peer());
   if (absl::Status s = AwaitReleases(store_, ctx, req->session_id(),
                                      req->releases_through());
       !s.ok()) {

@@ -6,6 +6,9 @@
 // closed it, process died, daemon shutting down) its session is ended in the
 // store.
 //
+// Every call from a peer that is not on this host (see IsLocalPeer) fails
+// PERMISSION_DENIED: shared memory is local only.
+//
 // Thread safety: thread-safe; gRPC calls it from many threads.
 #ifndef SHMTENSOR_DAEMON_SERVICE_H_
 #define SHMTENSOR_DAEMON_SERVICE_H_
@@ -22,6 +25,9 @@
 namespace shmtensor::daemon {
 
 class SessionReactor;
+
+// PERMISSION_DENIED naming `peer`, for a data-plane call from another host.
+grpc::Status RemoteRefused(const std::string& peer);
 
 // absl::Status -> grpc::Status, with the reason as trailing metadata.
 grpc::Status ToGrpcStatus(grpc::ServerContextBase* ctx,

@@ -88,8 +88,10 @@ class PyView {
     return {&v.info(), const_cast<void*>(v.data()), v.lease(), v.writable(),
             nullptr};
   }
+  // Explicit: the last holder waits for the daemon (see View::Release).
   void Close() {
     py::gil_scoped_release release;
+    if (view_.valid()) view_.Release().IgnoreError();
     view_ = View();
   }
   bool closed() const { return !view_.valid(); }
@@ -321,7 +323,7 @@ PYBIND11_MODULE(_core, m) {
           [](const PySealedRef& r) { return r.ref.holds_lease(); })
       .def("reset", [](PySealedRef& r) {
         py::gil_scoped_release release;
-        r.ref.Reset();
+        r.ref.Release().IgnoreError();  // Explicit: waits (last holder).
       });
 
   py::class_<PyView> view(m, "View", "A view of a sealed object.");
@@ -355,7 +357,9 @@ PYBIND11_MODULE(_core, m) {
           py::arg("stream") = py::none(), "A DLPack capsule (zero-copy).")
       .def("close", &PyView::Close,
            "Drops this view's share of the lease. Arrays and tensors made from "
-           "it keep their own share: the lease ends when the last one dies.");
+           "it keep their own share: the lease ends when the last one dies. "
+           "When this was the last share, waits for the daemon, so the memory "
+           "is back in the pool for every process on return.");
 
   py::class_<PyBuffer> buffer(
       m, "Buffer", "A writable buffer, visible to nobody until sealed.");

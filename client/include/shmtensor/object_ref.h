@@ -49,8 +49,13 @@ class SealedRef {
   const ObjectRef& ref() const { return ref_; }
   // True while this SealedRef keeps the object alive.
   bool holds_lease() const { return lease_ != nullptr; }
-  // Drops this copy's share of the lease now.
+  // Drops this copy's share of the lease now; the last share sends the
+  // release without waiting (the daemon applies it before any later call of
+  // this client, so this client sees it at once; others a moment later).
   void Reset() { lease_.reset(); }
+  // Like Reset, but the last share waits for the daemon to drop the lease,
+  // so the memory is back in the pool for every client on return.
+  absl::Status Release();
 
  private:
   ObjectRef ref_;

@@ -54,8 +54,12 @@ class View {
   // The bytes for writing; nullptr unless writable().
   void* mutable_data() const;
 
-  // Drops this copy's share of the lease. FAILED_PRECONDITION if this copy
-  // was released already.
+  // Drops this copy's share of the lease. When it is the last share (no
+  // copy or tensor holds it), waits for the daemon to drop the lease, so the
+  // memory is back in the pool for every client on return. (Destroying the
+  // view instead sends the release without waiting: this client sees it at
+  // once, others a moment later.) FAILED_PRECONDITION if this copy was
+  // released already.
   absl::Status Release();
 
   // For adapters (ToTensor): the shared lease, to keep alive with the data.

@@ -99,7 +99,11 @@ class ObjectRef:
 
     def release(self):
         """Drops the lease this ref holds (if any); the ref stays usable as a
-        plain reference."""
+        plain reference. If nothing else of this process holds the lease,
+        waits for the daemon, so the memory is back in the pool for every
+        process on return. (Dropping the last reference to the ref instead
+        releases without waiting: this client sees it at once, other
+        processes a moment later.)"""
         if self._owner is not None:
             self._owner.reset()
             self._owner = None

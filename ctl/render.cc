@@ -1,0 +1,326 @@
+#include "ctl/render.h"
+
+#include <algorithm>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace shmtensor::ctl {
+
+std::string HumanBytes(uint64_t bytes) {
+  static const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
+  if (bytes < 1024) return absl::StrCat(bytes, " B");
+  double v = static_cast<double>(bytes) / 1024;
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  return absl::StrFormat("%.1f %s", v, kUnits[u]);
+}
+
+std::string HumanAge(uint64_t ms) {
+  if (ms < 1000) return absl::StrCat(ms, "ms");
+  const uint64_t s = ms / 1000;
+  if (s < 60) return absl::StrFormat("%.1fs", ms / 1000.0);
+  if (s < 3600) return absl::StrFormat("%dm%02ds", s / 60, s % 60);
+  if (s < 86400) return absl::StrFormat("%dh%02dm", s / 3600, s % 3600 / 60);
+  return absl::StrFormat("%dd%02dh", s / 86400, s % 86400 / 3600);
+}
+
+std::string Table(const std::vector<std::string>& header,
+                  const std::vector<std::vector<std::string>>& rows,
+                  const std::vector<size_t>& right) {
+  std::vector<size_t> width(header.size(), 0);
+  auto measure = [&](const std::vector<std::string>& row) {
+    for (size_t i = 0; i < row.size() && i < width.size(); ++i) {
+      width[i] = std::max(width[i], row[i].size());
+    }
+  };
+  measure(header);
+  for (const auto& r : rows) measure(r);
+  auto line = [&](const std::vector<std::string>& row) {
+    std::string out;
+    for (size_t i = 0; i < width.size(); ++i) {
+      const std::string cell = i < row.size() ? row[i] : "";
+      const std::string pad(width[i] - cell.size(), ' ');
+      const bool r = std::find(right.begin(), right.end(), i) != right.end();
+      if (i > 0) out += "  ";
+      out += r ? pad + cell : cell + (i + 1 < width.size() ? pad : "");
+    }
+    return out + "\n";
+  };
+  std::string out = line(header);
+  for (const auto& r : rows) out += line(r);
+  return out;
+}
+
+namespace {
+
+std::string DTypeName(v1::DType d) {
+  if (d == v1::DTYPE_UNSPECIFIED) return "bytes";
+  std::string n = v1::DType_Name(d);
+  return absl::AsciiStrToLower(n.substr(6));  // Without "DTYPE_".
+}
+
+std::string StateName(v1::ObjectState s) {
+  switch (s) {
+    case v1::OBJECT_STATE_WRITING:
+      return "writing";
+    case v1::OBJECT_STATE_SEALED:
+      return "sealed";
+    case v1::OBJECT_STATE_PENDING_TRANSFER:
+      return "pending-transfer";
+    case v1::OBJECT_STATE_TAKEN:
+      return "taken";
+    default:
+      return "?";
+  }
+}
+
+std::string KindName(v1::MemoryKind k) {
+  switch (k) {
+    case v1::MEMORY_KIND_HOST:
+      return "host";
+    case v1::MEMORY_KIND_CUDA_DEVICE:
+      return "cuda";
+    default:
+      return "?";
+  }
+}
+
+std::string Percent(uint64_t part, uint64_t whole) {
+  return whole == 0 ? "-" : absl::StrFormat("%.1f%%", 100.0 * part / whole);
+}
+
+}  // namespace
+
+std::string RenderStatus(const v1::DaemonStatus& s) {
+  std::string out =
+      absl::StrFormat("shmtensord %s  pid %d  up %s  epoch %016x%s\n",
+                      s.version(), s.pid(), HumanAge(s.uptime_ms()),
+                      s.daemon_epoch(), s.serving() ? "" : "  SHUTTING DOWN");
+  absl::StrAppend(&out, "serving on ", absl::StrJoin(s.addresses(), ", "),
+                  "\n");
+  absl::StrAppendFormat(&out,
+                        "sessions %d  objects %d (named %d)  leases %d  "
+                        "pending transfers %d\n",
+                        s.sessions(), s.objects(), s.named_objects(),
+                        s.leases(), s.pending_transfers());
+  const v1::Limits& l = s.limits();
+  auto limit = [](uint64_t v, bool bytes) {
+    return v == 0  ? std::string("none")
+           : bytes ? HumanBytes(v)
+                   : absl::StrCat(v);
+  };
+  absl::StrAppend(
+      &out, "limits: objects ", limit(l.max_objects(), false),
+      ", leases per client ", limit(l.max_leases_per_client(), false),
+      ", bytes per client ", limit(l.max_bytes_per_client(), true), "\n\n");
+  std::vector<std::vector<std::string>> rows;
+  for (const v1::PoolStatus& p : s.pools()) {
+    rows.push_back(
+        {p.info().name(), KindName(p.info().kind()),
+         HumanBytes(p.info().size_bytes()), HumanBytes(p.used_bytes()),
+         Percent(p.used_bytes(), p.info().size_bytes()),
+         HumanBytes(p.free_bytes()), HumanBytes(p.largest_free_bytes()),
+         HumanBytes(p.high_water_bytes()), absl::StrCat(p.objects()),
+         absl::StrCat(p.leases())});
+  }
+  absl::StrAppend(&out,
+                  Table({"POOL", "KIND", "SIZE", "USED", "USED%", "FREE",
+                         "LARGEST FREE", "HIGH WATER", "OBJECTS", "LEASES"},
+                        rows, {2, 3, 4, 5, 6, 7, 8, 9}));
+  return out;
+}
+
+std::string RenderObjects(const v1::ListObjectsResponse& r) {
+  std::vector<std::vector<std::string>> rows;
+  for (const v1::ObjectStatus& o : r.objects()) {
+    rows.push_back(
+        {absl::StrCat(o.ref().slot(), ".", o.ref().generation()),
+         o.name().empty() ? "-" : o.name(), o.pool(),
+         HumanBytes(o.size_bytes()), DTypeName(o.layout().dtype()),
+         absl::StrCat("[", absl::StrJoin(o.layout().shape(), ", "), "]"),
+         StateName(o.state()), absl::StrCat(o.leases()), HumanAge(o.age_ms()),
+         o.creator()});
+  }
+  std::string out = Table({"ID", "NAME", "POOL", "SIZE", "DTYPE", "SHAPE",
+                           "STATE", "LEASES", "AGE", "CREATOR"},
+                          rows, {3, 7, 8});
+  if (static_cast<uint64_t>(r.objects_size()) < r.total()) {
+    absl::StrAppendFormat(&out, "(%d of %d objects shown)\n", r.objects_size(),
+                          r.total());
+  }
+  return out;
+}
+
+std::string RenderClients(const v1::ListClientsResponse& r) {
+  std::vector<std::vector<std::string>> rows;
+  for (const v1::ClientStatus& c : r.clients()) {
+    std::string cmd = c.has_process() ? c.command_line() : "(not visible)";
+    for (char& ch : cmd) {
+      if (absl::ascii_iscntrl(static_cast<unsigned char>(ch))) ch = ' ';
+    }
+    if (cmd.size() > 60) cmd = cmd.substr(0, 57) + "...";
+    rows.push_back(
+        {absl::StrFormat("%016x", c.session_id()), c.client_name(),
+         absl::StrCat(c.pid()), c.has_process() ? absl::StrCat(c.uid()) : "-",
+         absl::StrCat(c.leases()), HumanBytes(c.bytes_held()),
+         absl::StrCat(c.pending_transfers()), HumanAge(c.age_ms()), cmd});
+  }
+  return Table({"SESSION", "NAME", "PID", "UID", "LEASES", "HELD", "TRANSFERS",
+                "AGE", "COMMAND"},
+               rows, {2, 3, 4, 5, 6, 7});
+}
+
+std::string ToJson(const google::protobuf::Message& m) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  std::string out;
+  // Serialising a valid message cannot fail; an error leaves "{}".
+  if (!google::protobuf::util::MessageToJsonString(m, &out, options).ok()) {
+    out = "{}";
+  }
+  if (out.empty() || out.back() != '\n') out += "\n";
+  return out;
+}
+
+namespace {
+
+// A label value with \, " and newline escaped, as the format demands.
+std::string LabelValue(const std::string& v) {
+  return absl::StrReplaceAll(v,
+                             {{"\\", "\\\\"}, {"\"", "\\\""}, {"\n", "\\n"}});
+}
+
+class Exposition {
+ public:
+  void Family(const std::string& name, const std::string& type,
+              const std::string& help) {
+    absl::StrAppend(&out_, "# HELP ", name, " ", help, "\n# TYPE ", name, " ",
+                    type, "\n");
+  }
+  void Sample(const std::string& name,
+              const std::vector<std::pair<std::string, std::string>>& labels,
+              double value) {
+    out_ += name;
+    if (!labels.empty()) {
+      std::vector<std::string> parts;
+      for (const auto& [k, v] : labels) {
+        parts.push_back(absl::StrCat(k, "=\"", LabelValue(v), "\""));
+      }
+      absl::StrAppend(&out_, "{", absl::StrJoin(parts, ","), "}");
+    }
+    // Integers (bytes, counts) exactly; fractions to the millisecond.
+    const bool integral =
+        value == static_cast<double>(static_cast<int64_t>(value));
+    absl::StrAppend(&out_, " ",
+                    integral ? absl::StrFormat("%.0f", value)
+                             : absl::StrFormat("%.3f", value),
+                    "\n");
+  }
+  std::string Take() { return std::move(out_); }
+
+ private:
+  std::string out_;
+};
+
+}  // namespace
+
+std::string RenderMetrics(const v1::DaemonStatus& s,
+                          const v1::ListClientsResponse& clients) {
+  Exposition e;
+  e.Family("shmtensor_up", "gauge", "1 when shmtensord answered.");
+  e.Sample("shmtensor_up", {}, 1);
+  e.Family("shmtensor_info", "gauge",
+           "Constant 1, labelled with the daemon's version and epoch.");
+  e.Sample("shmtensor_info",
+           {{"version", s.version()},
+            {"epoch", absl::StrFormat("%016x", s.daemon_epoch())}},
+           1);
+  e.Family("shmtensor_uptime_seconds", "gauge", "Seconds since start.");
+  e.Sample("shmtensor_uptime_seconds", {}, s.uptime_ms() / 1000.0);
+  struct Global {
+    const char* name;
+    const char* help;
+    uint64_t value;
+  };
+  const Global globals[] = {
+      {"shmtensor_sessions", "Open client sessions.", s.sessions()},
+      {"shmtensor_objects", "Live objects, all pools.", s.objects()},
+      {"shmtensor_named_objects", "Names bound.", s.named_objects()},
+      {"shmtensor_leases", "Leases held, all clients.", s.leases()},
+      {"shmtensor_pending_transfers", "Exclusive transfers not yet taken.",
+       s.pending_transfers()},
+  };
+  for (const Global& g : globals) {
+    e.Family(g.name, "gauge", g.help);
+    e.Sample(g.name, {}, static_cast<double>(g.value));
+  }
+  struct PoolGauge {
+    const char* name;
+    const char* help;
+    uint64_t (v1::PoolStatus::*get)() const;
+  };
+  const PoolGauge pool_gauges[] = {
+      {"shmtensor_pool_used_bytes", "Bytes reserved by live objects.",
+       &v1::PoolStatus::used_bytes},
+      {"shmtensor_pool_free_bytes", "Bytes free.", &v1::PoolStatus::free_bytes},
+      {"shmtensor_pool_largest_free_bytes",
+       "Largest single allocation possible now.",
+       &v1::PoolStatus::largest_free_bytes},
+      {"shmtensor_pool_high_water_bytes", "Most bytes ever used at once.",
+       &v1::PoolStatus::high_water_bytes},
+      {"shmtensor_pool_objects", "Live objects in the pool.",
+       &v1::PoolStatus::objects},
+      {"shmtensor_pool_leases", "Leases on objects of the pool.",
+       &v1::PoolStatus::leases},
+  };
+  e.Family("shmtensor_pool_size_bytes", "gauge", "Bytes in the pool.");
+  for (const v1::PoolStatus& p : s.pools()) {
+    e.Sample("shmtensor_pool_size_bytes",
+             {{"pool", p.info().name()}, {"kind", KindName(p.info().kind())}},
+             static_cast<double>(p.info().size_bytes()));
+  }
+  for (const PoolGauge& g : pool_gauges) {
+    e.Family(g.name, "gauge", g.help);
+    for (const v1::PoolStatus& p : s.pools()) {
+      e.Sample(g.name, {{"pool", p.info().name()}},
+               static_cast<double>((p.*g.get)()));
+    }
+  }
+  e.Family("shmtensor_client_leases", "gauge", "Leases one client holds.");
+  for (const v1::ClientStatus& c : clients.clients()) {
+    e.Sample("shmtensor_client_leases",
+             {{"session", absl::StrFormat("%016x", c.session_id())},
+              {"client", c.client_name()},
+              {"pid", absl::StrCat(c.pid())}},
+             static_cast<double>(c.leases()));
+  }
+  e.Family("shmtensor_client_bytes_held", "gauge",
+           "Bytes of the objects one client keeps alive.");
+  for (const v1::ClientStatus& c : clients.clients()) {
+    e.Sample("shmtensor_client_bytes_held",
+             {{"session", absl::StrFormat("%016x", c.session_id())},
+              {"client", c.client_name()},
+              {"pid", absl::StrCat(c.pid())}},
+             static_cast<double>(c.bytes_held()));
+  }
+  return e.Take();
+}
+
+std::string RenderMetricsDown() {
+  Exposition e;
+  e.Family("shmtensor_up", "gauge", "1 when shmtensord answered.");
+  e.Sample("shmtensor_up", {}, 0);
+  return e.Take();
+}
+
+}  // namespace shmtensor::ctl

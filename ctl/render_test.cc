@@ -1,0 +1,64 @@
+#include "ctl/render.h"
+
+#include "gtest/gtest.h"
+
+namespace shmtensor::ctl {
+namespace {
+
+TEST(RenderTest, HumanBytesUsesBinaryUnits) {
+  EXPECT_EQ(HumanBytes(0), "0 B");
+  EXPECT_EQ(HumanBytes(1023), "1023 B");
+  EXPECT_EQ(HumanBytes(64 << 10), "64.0 KiB");
+  EXPECT_EQ(HumanBytes(3 << 19), "1.5 MiB");
+  EXPECT_EQ(HumanBytes(uint64_t{2} << 30), "2.0 GiB");
+  EXPECT_EQ(HumanBytes(uint64_t{1} << 40), "1.0 TiB");
+}
+
+TEST(RenderTest, HumanAge) {
+  EXPECT_EQ(HumanAge(850), "850ms");
+  EXPECT_EQ(HumanAge(12345), "12.3s");
+  EXPECT_EQ(HumanAge(307000), "5m07s");
+  EXPECT_EQ(HumanAge(3 * 3600000 + 2 * 60000), "3h02m");
+  EXPECT_EQ(HumanAge(uint64_t{4} * 86400000 + 5 * 3600000), "4d05h");
+}
+
+TEST(RenderTest, TableAlignsColumns) {
+  const std::string t =
+      Table({"NAME", "SIZE"}, {{"a", "1.0 KiB"}, {"longer", "12 B"}}, {1});
+  EXPECT_EQ(t,
+            "NAME       SIZE\n"
+            "a       1.0 KiB\n"
+            "longer     12 B\n");
+}
+
+TEST(RenderTest, MetricsEscapeLabelsAndPrintIntegersExactly) {
+  v1::DaemonStatus s;
+  s.set_version("0.1.0");
+  s.set_uptime_ms(1500);
+  v1::PoolStatus* p = s.add_pools();
+  p->mutable_info()->set_name("default");
+  p->mutable_info()->set_kind(v1::MEMORY_KIND_HOST);
+  p->mutable_info()->set_size_bytes(uint64_t{1} << 40);
+  p->set_used_bytes((uint64_t{1} << 40) - 4096);
+  v1::ListClientsResponse c;
+  v1::ClientStatus* cl = c.add_clients();
+  cl->set_client_name("say \"hi\"\\now");
+  cl->set_bytes_held(12345);
+  const std::string m = RenderMetrics(s, c);
+  EXPECT_NE(m.find("shmtensor_uptime_seconds 1.500\n"), std::string::npos);
+  EXPECT_NE(m.find("shmtensor_pool_size_bytes{pool=\"default\",kind=\"host\"} "
+                   "1099511627776\n"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("shmtensor_pool_used_bytes{pool=\"default\"} 1099511623680"),
+            std::string::npos);
+  EXPECT_NE(m.find("client=\"say \\\"hi\\\"\\\\now\""), std::string::npos) << m;
+  EXPECT_NE(m.find("# TYPE shmtensor_client_bytes_held gauge\n"),
+            std::string::npos);
+  EXPECT_EQ(RenderMetricsDown(),
+            "# HELP shmtensor_up 1 when shmtensord answered.\n"
+            "# TYPE shmtensor_up gauge\nshmtensor_up 0\n");
+}
+
+}  // namespace
+}  // namespace shmtensor::ctl

@@ -1,0 +1,69 @@
+// gRPC adapter for the Monitor service (proto/shmtensor/v1/monitor.proto):
+// read-only snapshots of the ObjectStore plus what only the daemon knows
+// (version, pid, addresses).
+//
+// Unary calls and Watch use the synchronous API; a Watch holds one server
+// thread while it streams and wakes at least every 100 ms to notice a
+// cancelled caller or Shutdown().
+//
+// Thread safety: thread-safe.
+#ifndef SHMTENSOR_DAEMON_MONITOR_SERVICE_H_
+#define SHMTENSOR_DAEMON_MONITOR_SERVICE_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/object_store.h"
+#include "shmtensor/v1/monitor.grpc.pb.h"
+
+namespace shmtensor::daemon {
+
+// Shortest and longest Watch interval, in milliseconds.
+inline constexpr uint32_t kMinWatchIntervalMs = 100;
+inline constexpr uint32_t kMaxWatchIntervalMs = 3600 * 1000;
+
+class MonitorService final : public v1::Monitor::Service {
+ public:
+  // `store` must outlive the service. `addresses`: every address served,
+  // the socket first.
+  MonitorService(ObjectStore& store, std::string version,
+                 std::vector<std::string> addresses);
+
+  // Replaces the addresses reported (once ports are bound: "host:0" becomes
+  // the port the kernel chose).
+  void SetAddresses(std::vector<std::string> addresses);
+
+  // Ends every Watch with UNAVAILABLE, now and for later calls. Call before
+  // the server shuts down (which waits for in-flight calls).
+  void Shutdown();
+
+  grpc::Status GetStatus(grpc::ServerContext* ctx,
+                         const v1::GetStatusRequest* req,
+                         v1::DaemonStatus* resp) override;
+  grpc::Status ListObjects(grpc::ServerContext* ctx,
+                           const v1::ListObjectsRequest* req,
+                           v1::ListObjectsResponse* resp) override;
+  grpc::Status ListClients(grpc::ServerContext* ctx,
+                           const v1::ListClientsRequest* req,
+                           v1::ListClientsResponse* resp) override;
+  grpc::Status Watch(grpc::ServerContext* ctx, const v1::WatchRequest* req,
+                     grpc::ServerWriter<v1::DaemonStatus>* writer) override;
+
+ private:
+  v1::DaemonStatus Snapshot() const;
+
+  ObjectStore& store_;
+  const std::string version_;
+  mutable absl::Mutex mu_;
+  std::vector<std::string> addresses_ ABSL_GUARDED_BY(mu_);
+  absl::CondVar stop_;
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace shmtensor::daemon
+
+#endif  // SHMTENSOR_DAEMON_MONITOR_SERVICE_H_
