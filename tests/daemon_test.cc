@@ -1,4 +1,5 @@
 // shmtensord as a process: start, refuse, recover, stop.
+#include <grp.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -133,6 +134,48 @@ TEST_F(ConfigFileTest, ServesEveryConfiguredPool) {
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_EQ(client_->Stats()->pools[1].used_bytes, 1u << 20);
   EXPECT_EQ(daemon_->Segments().size(), 2u);
+}
+
+TEST(DaemonConfigTest, SocketModeAndGroupApplyToSocketAndPools) {
+  struct group* g = getgrgid(getgid());
+  ASSERT_NE(g, nullptr);
+  const std::string path = ::testing::TempDir() + "/shmtensord_group.toml";
+  std::ofstream(path) << "socket_mode = \"0600\"\nsocket_group = \""
+                      << g->gr_name
+                      << "\"\n[[pool]]\nname = \"p\"\nsize = \"8MiB\"\n";
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> d =
+      DaemonProcess::Start({"--config", path});
+  ASSERT_TRUE(d.ok()) << d.status();
+  struct stat st;
+  ASSERT_EQ(stat((*d)->socket_path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_EQ(st.st_gid, getgid());
+  // Whoever may connect (the group) may also map the pools.
+  std::vector<std::string> segs = (*d)->Segments();
+  ASSERT_EQ(segs.size(), 1u);
+  ASSERT_EQ(stat(("/dev/shm/" + segs[0]).c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+  EXPECT_EQ(st.st_gid, getgid());
+}
+
+TEST(DaemonConfigTest, UnknownGroupIsRefusedNamingIt) {
+  const std::string path = ::testing::TempDir() + "/shmtensord_nogroup.toml";
+  std::ofstream(path) << "socket_group = \"no-such-group-here\"\n";
+  auto [code, out] =
+      RunFailing({"--listen", testing::FreshAddress(), "--config", path});
+  EXPECT_EQ(code, 1);
+  EXPECT_TRUE(absl::StrContains(out, "'no-such-group-here' is not a group"))
+      << out;
+}
+
+TEST(DaemonConfigTest, BadConfigFileNamesLineAndKeyAndExits2) {
+  const std::string path = ::testing::TempDir() + "/shmtensord_bad.toml";
+  std::ofstream(path) << "log_level = \"info\"\n[limits]\nmax_leases = 3\n";
+  auto [code, out] =
+      RunFailing({"--listen", testing::FreshAddress(), "--config", path});
+  EXPECT_EQ(code, 2);
+  EXPECT_TRUE(absl::StrContains(out, path + ":3")) << out;
+  EXPECT_TRUE(absl::StrContains(out, "unknown key 'limits.max_leases'")) << out;
 }
 
 }  // namespace

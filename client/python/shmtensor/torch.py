@@ -1,0 +1,420 @@
+"""DataLoader batches handed over by reference through shmtensord pools.
+
+One-line change for a training job:
+
+    from shmtensor.torch import DataLoader      # instead of torch.utils.data
+    loader = DataLoader(dataset, batch_size=64, num_workers=4, shuffle=True)
+    for batch in loader:                          # same batches, same order
+        ...
+
+Each worker collates its batch straight into one pool buffer (torch.stack
+into the buffer: no extra copy), seals it for exclusive hand-off and sends
+only a small handle through torch's worker queue. The training process takes
+it and gets ordinary writable tensors over the pool memory; the memory goes
+back to the pool when the last of those tensors (and of any tensor viewing
+them) dies, never earlier.
+
+Without the wrapper, for your own loader loops: `PoolCollate` is a collate_fn
+for the producing side, `to_tensors` turns what it produced back into tensors
+on the consuming side:
+
+    collate = PoolCollate()                        # in the producer process
+    handle = collate([dataset[i] for i in idx])    # picklable, small
+    queue.put(handle)
+    ...
+    batch = to_tensors(queue.get())                # in the consumer process
+
+What goes into the pool: every tensor that default_collate would produce
+(stacked tensors and NumPy arrays, batched numbers, NumPy scalars). Strings
+and bytes stay Python lists, as with default_collate. With a custom
+`collate_fn`, its output is walked after it ran: each CPU tensor in it is
+copied into the pool (one copy, as torch itself makes when it moves a tensor
+to shared memory); anything else (NumPy arrays, numbers, strings, your own
+objects) is passed through the worker queue as torch would pass it.
+"""
+
+import collections.abc
+import os
+import threading
+
+import torch
+import torch.utils.data
+
+from . import _core
+from .errors import InvalidArgumentError, PoolExhaustedError
+
+__all__ = ["DataLoader", "PoolCollate", "to_tensors"]
+
+# Leaves are packed in one buffer at this alignment (cache line, and enough
+# for every dtype's element size).
+_ALIGN = 64
+
+
+# -- the producer side --------------------------------------------------------
+
+class _Leaf:
+    """Placeholder for one tensor inside a pooled batch: where it lies in the
+    batch's buffer."""
+
+    __slots__ = ("offset", "dtype", "shape")
+
+    def __init__(self, offset, dtype, shape):
+        self.offset, self.dtype, self.shape = offset, dtype, tuple(shape)
+
+    def __reduce__(self):
+        return (_Leaf, (self.offset, self.dtype, self.shape))
+
+    @property
+    def nbytes(self):
+        n = torch.Size(self.shape).numel()
+        return n * torch.empty((), dtype=self.dtype).element_size()
+
+
+class _Plan:
+    """Leaves to allocate and how to fill each (collect first, then one
+    buffer, then fill)."""
+
+    def __init__(self):
+        self.fills = []  # (leaf, fill(out_tensor))
+        self.size = 0
+
+    def leaf(self, dtype, shape, fill):
+        self.size = (self.size + _ALIGN - 1) // _ALIGN * _ALIGN
+        leaf = _Leaf(self.size, dtype, shape)
+        self.size += leaf.nbytes
+        self.fills.append((leaf, fill))
+        return leaf
+
+
+def _stack_leaf(plan, tensors):
+    elem = tensors[0]
+    shape = (len(tensors),) + tuple(elem.shape)
+
+    def fill(out):
+        torch.stack(tensors, 0, out=out)  # Raises as default_collate would.
+    return plan.leaf(elem.dtype, shape, fill)
+
+
+def _tensor_leaf(plan, t):
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+
+    def fill(out):
+        out.copy_(t)
+    return plan.leaf(t.dtype, t.shape, fill)
+
+
+_NP_STR_OBJ = ("S", "a", "U", "O")
+_COLLATE_ERR = ("default_collate: batch must contain tensors, numpy arrays, "
+                "numbers, dicts or lists; found {}")
+
+
+def _collate(plan, batch):
+    """default_collate of torch 1.13, with each resulting tensor planned into
+    the pool instead of allocated."""
+    elem = batch[0]
+    elem_type = type(elem)
+    if isinstance(elem, torch.Tensor):
+        return _stack_leaf(plan, batch)
+    if (elem_type.__module__ == "numpy" and elem_type.__name__ != "str_"
+            and elem_type.__name__ != "string_"):
+        if elem_type.__name__ in ("ndarray", "memmap"):
+            if elem.dtype.char in _NP_STR_OBJ or elem.dtype.kind in "SaUO":
+                raise TypeError(_COLLATE_ERR.format(elem.dtype))
+            return _stack_leaf(plan, [torch.as_tensor(b) for b in batch])
+        if elem.shape == ():  # NumPy scalars.
+            return _tensor_leaf(plan, torch.as_tensor(batch))
+    elif isinstance(elem, float):
+        return _tensor_leaf(plan, torch.tensor(batch, dtype=torch.float64))
+    elif isinstance(elem, int):
+        return _tensor_leaf(plan, torch.tensor(batch))
+    elif isinstance(elem, (str, bytes)):
+        return batch
+    elif isinstance(elem, collections.abc.Mapping):
+        try:
+            return elem_type({k: _collate(plan, [d[k] for d in batch])
+                              for k in elem})
+        except TypeError:
+            return {k: _collate(plan, [d[k] for d in batch]) for k in elem}
+    elif isinstance(elem, tuple) and hasattr(elem, "_fields"):  # namedtuple
+        return elem_type(*(_collate(plan, s) for s in zip(*batch)))
+    elif isinstance(elem, collections.abc.Sequence):
+        it = iter(batch)
+        size = len(next(it))
+        if not all(len(e) == size for e in it):
+            raise RuntimeError(
+                "each element in list of batch should be of equal size")
+        transposed = list(zip(*batch))
+        if isinstance(elem, tuple):
+            return [_collate(plan, s) for s in transposed]
+        try:
+            return elem_type([_collate(plan, s) for s in transposed])
+        except TypeError:
+            return [_collate(plan, s) for s in transposed]
+    raise TypeError(_COLLATE_ERR.format(elem_type))
+
+
+def _move_tensors(plan, obj):
+    """A custom collate_fn's output with its CPU tensors planned into the
+    pool (copied); everything else as is."""
+    if isinstance(obj, torch.Tensor):
+        return _tensor_leaf(plan, obj) if obj.device.type == "cpu" else obj
+    if isinstance(obj, (str, bytes)):
+        return obj
+    if isinstance(obj, collections.abc.Mapping):
+        try:
+            return type(obj)({k: _move_tensors(plan, v) for k, v in obj.items()})
+        except TypeError:
+            return {k: _move_tensors(plan, v) for k, v in obj.items()}
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(_move_tensors(plan, v) for v in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_move_tensors(plan, v) for v in obj)
+    return obj
+
+
+_clients_lock = threading.Lock()
+_clients = {}  # (pid, address) -> shmtensor Client of this process
+
+
+def _client(address):
+    """This process's client for `address` (a new session after fork)."""
+    from . import connect
+    key = (os.getpid(), address or "")
+    with _clients_lock:
+        c = _clients.get(key)
+        if c is None:
+            c = connect(address, client_name=f"dataloader pid {os.getpid()}")
+            _clients[key] = c
+        return c
+
+
+class PooledBatch:
+    """What a worker sends: the ref of the batch's pool object (sealed for
+    exclusive hand-off) and the batch's structure with _Leaf placeholders.
+    A few hundred bytes, whatever the batch size.
+
+    If the receiving process drops it without calling to_tensors (a loop
+    that broke early, a persistent worker's leftovers), it takes the object
+    and releases it, so the memory goes back at once instead of when the
+    worker exits."""
+
+    __slots__ = ("_ref", "_skeleton", "_address", "_owner_pid", "__weakref__")
+
+    def __init__(self, ref_bytes, skeleton, address):
+        self._ref, self._skeleton, self._address = ref_bytes, skeleton, address
+        self._owner_pid = None  # Set where it is received (unpickled).
+
+    def __reduce__(self):
+        return (_received, (self._ref, self._skeleton, self._address))
+
+    def pin_memory(self):  # torch's pin thread: nothing to pin yet.
+        return self
+
+    def _take(self):
+        ref_bytes, self._ref = self._ref, None
+        return ref_bytes
+
+    def __del__(self):
+        if self._ref is None or self._owner_pid != os.getpid():
+            return
+        try:
+            from . import ObjectRef
+            _client(self._address).get(ObjectRef(self._ref),
+                                       writable=False).close()
+        except Exception:  # noqa: BLE001 - best effort at teardown.
+            pass
+
+
+def _received(ref_bytes, skeleton, address):
+    b = PooledBatch(ref_bytes, skeleton, address)
+    b._owner_pid = os.getpid()
+    return b
+
+
+class PoolCollate:
+    """A collate_fn that collates into a shmtensord pool buffer and returns
+    a small, picklable PooledBatch; `to_tensors` turns it into tensors in
+    the process that receives it (once: the hand-off is exclusive).
+
+    address: the daemon (None: $SHMTENSOR_ADDRESS or the default).
+    collate_fn: None for default_collate semantics (tensors go straight into
+      the pool); else your function, whose CPU tensors are then copied in.
+    pool_timeout: seconds to wait for pool memory when the pool is full (the
+      training loop may be holding batches) before PoolExhaustedError says
+      how large the pool should be.
+    in_flight: batches expected in flight at once, for that message.
+    """
+
+    def __init__(self, address=None, collate_fn=None, pool_timeout=30.0,
+                 in_flight=None):
+        self.address = address
+        self.collate_fn = collate_fn
+        self.pool_timeout = pool_timeout
+        self.in_flight = in_flight
+
+    def __call__(self, samples):
+        plan = _Plan()
+        if self.collate_fn is None:
+            skeleton = _collate(plan, samples)
+        else:
+            skeleton = _move_tensors(plan, self.collate_fn(samples))
+        if not plan.fills:
+            return skeleton  # Nothing for the pool (strings only, ...).
+        client = _client(self.address)
+        try:
+            buf = client.create_bytes(max(plan.size, 1),
+                                      timeout=self.pool_timeout)
+        except PoolExhaustedError as e:
+            raise PoolExhaustedError(self._advice(plan.size, str(e))) from None
+        except InvalidArgumentError as e:  # Larger than the whole pool.
+            if "exceeds pool" not in str(e):
+                raise
+            raise PoolExhaustedError(self._advice(plan.size, str(e))) from None
+        flat = buf.tensor()
+        for leaf, fill in plan.fills:
+            n = leaf.nbytes
+            out = flat[leaf.offset:leaf.offset + n]
+            if n:
+                out = out.view(leaf.dtype)
+            else:
+                out = torch.empty(0, dtype=leaf.dtype)
+            fill(out.view(leaf.shape))
+        del flat, out
+        ref = buf.seal(exclusive=True)
+        return PooledBatch(bytes(ref), skeleton, self.address)
+
+    def _advice(self, nbytes, error):
+        info = torch.utils.data.get_worker_info()
+        workers = info.num_workers if info is not None else 1
+        in_flight = self.in_flight or 2 * workers
+        need = nbytes * (in_flight + 2)
+        return (f"{error}. A batch needs {nbytes} bytes; with about "
+                f"{in_flight} batches in flight ({workers} workers x "
+                f"prefetch_factor) and 2 held by the training loop, the pool "
+                f"should hold at least {need} bytes: start shmtensord "
+                f"with --pool-size {_pool_size_arg(need)} (or lower "
+                f"batch_size, num_workers or prefetch_factor)")
+
+
+def _pool_size_arg(nbytes):
+    """A --pool-size value of at least `nbytes`, in whole MiB or GiB."""
+    mib = -(-nbytes // (1 << 20))
+    return f"{-(-mib // 1024)}GiB" if mib >= 1024 else f"{mib}MiB"
+
+
+# -- the consumer side ---------------------------------------------------------
+
+def _rebuild(obj, flat):
+    if isinstance(obj, _Leaf):
+        n = obj.nbytes
+        if n == 0:
+            return torch.empty(obj.shape, dtype=obj.dtype)
+        return flat[obj.offset:obj.offset + n].view(obj.dtype).view(obj.shape)
+    if isinstance(obj, (str, bytes)):
+        return obj
+    if isinstance(obj, collections.abc.Mapping):
+        try:
+            return type(obj)({k: _rebuild(v, flat) for k, v in obj.items()})
+        except TypeError:
+            return {k: _rebuild(v, flat) for k, v in obj.items()}
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(_rebuild(v, flat) for v in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_rebuild(v, flat) for v in obj)
+    return obj
+
+
+def to_tensors(batch, client=None):
+    """The tensors of a PooledBatch (anything else is returned as is):
+    ordinary writable CPU tensors over the pool memory, in the structure the
+    collate function produced. The memory returns to the pool when the last
+    of them (or of tensors viewing them) dies. Works once per batch."""
+    if not isinstance(batch, PooledBatch):
+        return batch
+    from . import ObjectRef
+    ref_bytes = batch._take()
+    if ref_bytes is None:
+        raise RuntimeError("this PooledBatch was already turned into tensors")
+    c = client if client is not None else _client(batch._address)
+    view = c.get(ObjectRef(ref_bytes))  # The exclusive take: writable.
+    flat = view.tensor()
+    view.close()  # flat (and every tensor cut from it) holds the lease.
+    return _rebuild(batch._skeleton, flat)
+
+
+# -- the drop-in DataLoader ----------------------------------------------------
+
+class _Iter:
+    """Wraps torch's iterator: turns each PooledBatch into tensors."""
+
+    def __init__(self, inner, pin):
+        self._inner, self._pin = inner, pin
+
+    def __iter__(self):
+        return self
+
+    def __len__(self):
+        return len(self._inner)
+
+    def __next__(self):
+        batch = to_tensors(next(self._inner))
+        if self._pin:
+            from torch.utils.data._utils.pin_memory import pin_memory
+            batch = pin_memory(batch)
+        return batch
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+class DataLoader(torch.utils.data.DataLoader):
+    """torch.utils.data.DataLoader with batches handed over through a
+    shmtensord pool. Same arguments, same batches in the same order (the
+    sampler, workers and seeds are torch's own), plus:
+
+    shmtensor_address: the daemon (None: $SHMTENSOR_ADDRESS or the default).
+    pool_timeout: seconds a worker waits for pool memory before
+      PoolExhaustedError says how large the pool should be (default 30).
+
+    With num_workers=0 there is no other process to hand batches to, and it
+    behaves exactly like torch's DataLoader. pin_memory=True pins the
+    tensors after the hand-off when CUDA is available (a copy into page-
+    locked memory, as torch makes); without CUDA torch's warning applies and
+    nothing is pinned. A worker that dies, or a loop that stops early, leaves
+    nothing behind in the pool (the daemon reclaims what the worker held;
+    batches received but never used are given back).
+    """
+
+    def __init__(self, dataset, batch_size=1, shuffle=None, sampler=None,
+                 batch_sampler=None, num_workers=0, collate_fn=None,
+                 pin_memory=False, drop_last=False, timeout=0,
+                 worker_init_fn=None, multiprocessing_context=None,
+                 generator=None, *, prefetch_factor=2,
+                 persistent_workers=False, pin_memory_device="",
+                 shmtensor_address=None, pool_timeout=30.0):
+        self._pool = num_workers > 0
+        self._pin = bool(pin_memory) and torch.cuda.is_available()
+        if self._pool:
+            collate_fn = PoolCollate(shmtensor_address, collate_fn,
+                                     pool_timeout,
+                                     in_flight=num_workers * prefetch_factor)
+        super().__init__(
+            dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler,
+            batch_sampler=batch_sampler, num_workers=num_workers,
+            collate_fn=collate_fn,
+            pin_memory=pin_memory and not self._pool, drop_last=drop_last,
+            timeout=timeout, worker_init_fn=worker_init_fn,
+            multiprocessing_context=multiprocessing_context,
+            generator=generator, prefetch_factor=prefetch_factor,
+            persistent_workers=persistent_workers,
+            pin_memory_device=pin_memory_device)
+        if self._pool and pin_memory and not self._pin:
+            import warnings
+            warnings.warn("pin_memory=True but CUDA is not available: "
+                          "nothing is pinned")
+
+    def __iter__(self):
+        inner = super().__iter__()
+        return _Iter(inner, self._pin) if self._pool else inner

@@ -1,0 +1,312 @@
+"""shmtensor.torch.DataLoader against torch's own, with real worker
+processes (fork and spawn), a real daemon, SIGKILLed workers and loops that
+stop early."""
+
+import collections
+import gc
+import multiprocessing as mp
+import os
+import signal
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader as TorchLoader, Dataset
+
+import shmtensor
+import shmtensor.torch as st
+from conftest import Daemon, used, wait_until
+
+Pair = collections.namedtuple("Pair", "index weight")
+
+
+class Mixed(Dataset):
+    """Every kind of sample default_collate handles."""
+
+    def __init__(self, n=37):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return {
+            "image": torch.full((3, 8, 8), float(i)) + torch.arange(8.0),
+            "mask": torch.arange(6) % (i + 2) == 0,
+            "array": np.arange(5, dtype=np.int16) * i,
+            "label": i,
+            "score": i / 3,
+            "flag": i % 2 == 0,
+            "name": f"sample-{i}",
+            "pair": Pair(i, np.float32(i) / 2),
+            "nested": [torch.tensor([i, -i]), (np.int64(i), "x")],
+        }
+
+
+class Arrays(Dataset):
+    def __len__(self):
+        return 20
+
+    def __getitem__(self, i):
+        return np.random.default_rng(i).standard_normal((4, 5)).astype(
+            np.float32)
+
+
+def assert_same(a, b, where="batch"):
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor), where
+        assert a.dtype == b.dtype and a.shape == b.shape, where
+        assert torch.equal(a, b), where
+        return
+    assert type(a) is type(b), f"{where}: {type(a)} vs {type(b)}"
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            assert_same(a[k], b[k], f"{where}[{k!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where
+
+
+def both(dataset, daemon, **kwargs):
+    """Batches of torch's loader and of ours, same arguments and seed."""
+    ours_kwargs = dict(kwargs)
+    theirs = list(TorchLoader(dataset, generator=torch.Generator().manual_seed(7),
+                              **kwargs))
+    ours = list(st.DataLoader(dataset,
+                              generator=torch.Generator().manual_seed(7),
+                              shmtensor_address=daemon.address, **ours_kwargs))
+    return theirs, ours
+
+
+# Sessions left once workers are gone: the test's client and the one client
+# the training process keeps for taking batches ("sessions == 2" below).
+
+
+def pooled_ptrs(batch):
+    """Data pointers of a batch's tensors."""
+    out = []
+
+    def walk(x):
+        if isinstance(x, torch.Tensor):
+            out.append(x.data_ptr())
+        elif isinstance(x, dict):
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                walk(v)
+    walk(batch)
+    return out
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_same_batches_as_torch_for_every_kind_of_sample(daemon, context):
+    theirs, ours = both(Mixed(), daemon, batch_size=4, shuffle=True,
+                        num_workers=2, multiprocessing_context=context)
+    assert len(theirs) == len(ours) == 10
+    for i, (a, b) in enumerate(zip(theirs, ours)):
+        assert_same(a, b, f"batch {i}")
+    # Ordinary writable tensors, all in one pool object per batch.
+    image = ours[0]["image"]
+    image += 1  # Writable: the consumer's exclusive take.
+    c = shmtensor.connect(daemon.address)
+    assert c.stats()["objects"] == len(ours)
+    del ours, image, a, b
+    assert wait_until(lambda: used(c) == 0, 2.0), c.stats()
+
+
+def test_numpy_samples_and_drop_last_match(daemon):
+    theirs, ours = both(Arrays(), daemon, batch_size=3, shuffle=True,
+                        drop_last=True, num_workers=2)
+    assert len(ours) == 6
+    for a, b in zip(theirs, ours):
+        assert_same(a, b)
+
+
+def _init_worker(worker_id):
+    torch.manual_seed(1000 + worker_id)
+
+
+class RandomPerWorker(Dataset):
+    def __len__(self):
+        return 24
+
+    def __getitem__(self, i):
+        return torch.rand(4) + i  # Depends on each worker's seed.
+
+
+def test_loader_options_work(daemon):
+    opts = dict(batch_size=4, shuffle=True, num_workers=2, prefetch_factor=3,
+                persistent_workers=True, timeout=30, pin_memory=True,
+                worker_init_fn=_init_worker)
+    with pytest.warns(UserWarning):  # No CUDA here: nothing to pin.
+        theirs = TorchLoader(RandomPerWorker(),
+                             generator=torch.Generator().manual_seed(5), **opts)
+        ours = st.DataLoader(RandomPerWorker(),
+                             generator=torch.Generator().manual_seed(5),
+                             shmtensor_address=daemon.address, **opts)
+        for _epoch in range(2):  # Persistent workers: two epochs.
+            for a, b in zip(list(theirs), list(ours)):
+                assert_same(a, b)
+
+
+def _custom_collate(samples):
+    return {"stacked": torch.stack(samples) * 2,
+            "raw": np.stack([s.numpy() for s in samples]),
+            "count": len(samples)}
+
+
+def test_custom_collate_output_moves_into_the_pool(daemon):
+    theirs, ours = both(RandomPerWorker(), daemon, batch_size=6,
+                        num_workers=2, collate_fn=_custom_collate,
+                        worker_init_fn=_init_worker)
+    for a, b in zip(theirs, ours):
+        assert torch.equal(a["stacked"], b["stacked"])
+        np.testing.assert_array_equal(a["raw"], b["raw"])  # Passed through.
+        assert b["count"] == 6
+    c = shmtensor.connect(daemon.address)
+    assert c.stats()["objects"] == len(ours)  # The tensors are in the pool.
+
+
+class KillsAWorker(Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        if i == 40:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return torch.full((1024,), float(i))
+
+
+def _error_of(loader):
+    """The error iterating `loader` raises, as text and type (the traceback,
+    which keeps the iterator and its workers alive, is dropped)."""
+    try:
+        list(loader)
+    except Exception as e:  # noqa: BLE001
+        return type(e), str(e)
+    return None, ""
+
+
+def test_killed_worker_raises_like_torch_and_leaks_nothing(daemon):
+    theirs = _error_of(TorchLoader(KillsAWorker(), batch_size=4, num_workers=2))
+    ours = _error_of(st.DataLoader(KillsAWorker(), batch_size=4, num_workers=2,
+                                   shmtensor_address=daemon.address))
+    assert theirs[0] is RuntimeError and "DataLoader worker" in theirs[1]
+    assert ours[0] is RuntimeError and "DataLoader worker" in ours[1], ours
+    gc.collect()
+    c = shmtensor.connect(daemon.address)
+    assert wait_until(lambda: used(c) == 0 and c.stats()["sessions"] == 2,
+                      5.0), c.stats()
+
+
+class Big(Dataset):
+    def __init__(self, n=40, elems=64 * 1024):
+        self.n, self.elems = n, elems
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return torch.full((self.elems,), float(i))
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_breaking_out_early_leaks_nothing(daemon, persistent):
+    loader = st.DataLoader(Big(), batch_size=2, num_workers=2,
+                           prefetch_factor=4, persistent_workers=persistent,
+                           shmtensor_address=daemon.address)
+    c = shmtensor.connect(daemon.address)
+    for epoch in range(3):
+        for i, batch in enumerate(loader):
+            if i == 2:
+                break
+        del batch
+        # At most the batches prefetched for the abandoned epoch are out
+        # (persistent workers hand them over and they come back at the next
+        # epoch's start); nothing accumulates from epoch to epoch.
+        assert c.stats()["objects"] <= 2 * 4, (epoch, c.stats())
+    del loader
+    assert wait_until(lambda: used(c) == 0 and c.stats()["sessions"] == 2,
+                      5.0), c.stats()
+
+
+def test_interrupted_loop_leaks_nothing(daemon):
+    loader = st.DataLoader(Big(), batch_size=2, num_workers=2,
+                           shmtensor_address=daemon.address)
+    with pytest.raises(KeyboardInterrupt):
+        for i, batch in enumerate(loader):
+            if i == 3:
+                raise KeyboardInterrupt
+    del batch  # The batch in hand stays valid until dropped (P2).
+    c = shmtensor.connect(daemon.address)
+    assert wait_until(lambda: used(c) == 0 and c.stats()["sessions"] == 2,
+                      5.0), c.stats()
+
+
+@pytest.mark.parametrize("pool", ["1MiB", "5MiB"])
+def test_pool_too_small_says_how_large_it_should_be(pool):
+    # 1 MiB: a 2 MiB batch never fits. 5 MiB: two fit, but not the batches
+    # in flight while the loop holds every batch it got.
+    d = Daemon(pool)
+    try:
+        loader = st.DataLoader(Big(elems=256 * 1024), batch_size=2,
+                               num_workers=2, shmtensor_address=d.address,
+                               pool_timeout=0.5)
+        with pytest.raises(shmtensor.PoolExhaustedError) as e:
+            list(loader)
+        msg = str(e.value)
+        assert "A batch needs 2097152 bytes" in msg, msg
+        assert "--pool-size 12MiB" in msg, msg  # 2 MiB x (4 in flight + 2).
+        del e
+    finally:
+        d.kill()
+
+
+def test_a_kept_batch_survives_100_later_batches_of_recycled_memory():  # P2
+    d = Daemon("8MiB")
+    try:
+        loader = st.DataLoader(Big(n=220, elems=32 * 1024), batch_size=2,
+                               num_workers=2, shmtensor_address=d.address)
+        it = iter(loader)
+        kept = next(it)
+        expected = kept.clone()
+        kept_ptr = kept.data_ptr()
+        seen = collections.Counter()
+        for _ in range(100):
+            b = next(it)
+            b.fill_(-1.0)  # The training step scribbles on its batch.
+            seen[b.data_ptr()] += 1
+            del b
+        assert torch.equal(kept, expected)
+        assert kept_ptr not in seen  # Never handed out while kept alive...
+        assert max(seen.values()) > 1  # ...while the pool was recycled.
+        del it, loader
+    finally:
+        d.kill()
+
+
+def _producer(address, q):
+    collate = st.PoolCollate(address)
+    for k in range(3):
+        q.put(collate([torch.full((2, 3), float(k + j)) for j in range(4)]))
+
+
+def test_without_the_wrapper_collate_fn_and_to_tensors(daemon):
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_producer, args=(daemon.address, q))
+    p.start()
+    batches = [st.to_tensors(q.get(timeout=60)) for _ in range(3)]
+    p.join(60)
+    for k, b in enumerate(batches):
+        assert b.shape == (4, 2, 3)
+        assert torch.equal(b[:, 0, 0], torch.arange(4.0) + k)
+    handle = st.PoolCollate(daemon.address)([torch.ones(2)])
+    assert st.to_tensors(handle).sum() == 2
+    with pytest.raises(RuntimeError, match="already turned into tensors"):
+        st.to_tensors(handle)
