@@ -11,6 +11,7 @@ PACKAGES=(
   libtorch-dev
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   pybind11-dev python3-dev python3-numpy python3-torch python3-pytest
+  python3-matplotlib
 )
 
 missing=()

@@ -1,0 +1,214 @@
+#!/usr/bin/python3
+"""DataLoader throughput, three ways side by side in one run, at batches of
+64 KiB, 1 MiB, 16 MiB and 128 MiB, with 2 workers each:
+
+  torch      torch.utils.data.DataLoader as it is: each batch collated into
+             a fresh shared-memory segment, faulted in page by page (P8)
+  shmtensor  shmtensor.torch.DataLoader: collated into a recycled pool
+             buffer, handed over by exclusive reference; the training side
+             gets writable tensors
+  ideal      the bound: a ring of pre-faulted multiprocessing.shared_memory
+             buffers made once, workers collate into them and pass only an
+             index; no allocation, no page-table change, no daemon
+
+Every batch is 4 samples (torch.stack of 4 tensors: the same collation work
+for all three); the training side touches every page of every batch (one
+element per 4 KiB). Throughput = batch bytes / wall time after a warm-up.
+Prints a table with ratios and writes a plot (matplotlib) to
+docs/dataloader_bench.png, or to the path given with --plot.
+
+Usage: PYTHONPATH=build/python /usr/bin/python3 bench/dataloader_bench.py
+       [--quick] [--plot PATH]
+"""
+
+import multiprocessing as mp
+import os
+import sys
+import time
+from multiprocessing import shared_memory
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader as TorchLoader, Dataset
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "build", "python"))
+sys.path.insert(0, HERE)
+import shmtensor.torch as st  # noqa: E402
+from _daemon import Daemon  # noqa: E402
+
+WORKERS = 2
+SAMPLES = 4
+# Untimed batches first: enough for every buffer in flight (2 workers x
+# prefetch 2, plus those held) to have been mapped and used in every
+# process, so what is timed is the steady state of a long training run.
+WARM = 12
+PAGE_FLOATS = 1024  # float32 elements per 4 KiB page
+
+
+class Samples(Dataset):
+    """n samples of `nbytes` each; the sample tensor is made once per
+    process, so the dataset itself costs next to nothing."""
+
+    def __init__(self, n, nbytes):
+        self.n, self.elems = n, nbytes // 4
+        self._sample = None
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self._sample is None:
+            self._sample = torch.arange(self.elems, dtype=torch.float32)
+        return self._sample
+
+
+def touch(batch):
+    """Reads one element per page of the batch."""
+    return float(batch.reshape(-1)[::PAGE_FLOATS].sum())
+
+
+def run_loader(loader, batches):
+    it = iter(loader)
+    for _ in range(WARM):
+        touch(next(it))
+    t0 = time.perf_counter()
+    n = 0
+    for batch in it:
+        touch(batch)
+        n += batch.numel() * 4
+        del batch
+    dt = time.perf_counter() - t0
+    del it
+    return n / dt / 1e9
+
+
+# -- the ideal bound -----------------------------------------------------------
+
+def ideal_worker(names, shape, tasks, free, done):
+    segs = [shared_memory.SharedMemory(name=n) for n in names]
+    views = [torch.from_numpy(np.ndarray(shape, np.float32, s.buf))
+             for s in segs]
+    sample = torch.arange(shape[1], dtype=torch.float32)
+    for v in views:  # Pre-faulted in this process too: the ideal.
+        v.zero_()
+    done.put("ready")
+    while True:
+        task = tasks.get()
+        if task is None:
+            break
+        slot = free.get()
+        torch.stack([sample] * SAMPLES, 0, out=views[slot])
+        done.put(slot)
+    del views
+    for s in segs:
+        s.close()
+
+
+def run_ideal(nbytes, batches):
+    shape = (SAMPLES, nbytes // SAMPLES // 4)
+    ring = WORKERS * 2 + 2  # In flight (prefetch 2 per worker) + held.
+    segs = []
+    for _ in range(ring):
+        s = shared_memory.SharedMemory(create=True, size=nbytes)
+        np.ndarray((nbytes,), np.uint8, s.buf)[:] = 0  # Pre-faulted.
+        segs.append(s)
+    views = [torch.from_numpy(np.ndarray(shape, np.float32, s.buf))
+             for s in segs]
+    ctx = mp.get_context("fork")
+    tasks, free, done = ctx.Queue(), ctx.Queue(), ctx.Queue()
+    for i in range(ring):
+        free.put(i)
+    procs = [ctx.Process(target=ideal_worker,
+                         args=([s.name for s in segs], shape, tasks, free,
+                               done))
+             for _ in range(WORKERS)]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        assert done.get() == "ready"
+    total = WARM + batches
+    for _ in range(total):
+        tasks.put(1)
+    n = 0
+    for k in range(total):
+        if k == WARM:
+            t0 = time.perf_counter()
+        slot = done.get()
+        touch(views[slot])
+        if k >= WARM:
+            n += nbytes
+        free.put(slot)
+    dt = time.perf_counter() - t0
+    for _ in procs:
+        tasks.put(None)
+    for p in procs:
+        p.join()
+    del views
+    for s in segs:
+        s.close()
+        s.unlink()
+    return n / dt / 1e9
+
+
+# -- main ----------------------------------------------------------------------
+
+def main():
+    quick = "--quick" in sys.argv
+    plot = os.path.join(HERE, "..", "docs", "dataloader_bench.png")
+    if "--plot" in sys.argv:
+        plot = sys.argv[sys.argv.index("--plot") + 1]
+    sizes = [(64 << 10, 400), (1 << 20, 200), (16 << 20, 40), (128 << 20, 10)]
+    if quick:
+        sizes = [(64 << 10, 100), (1 << 20, 40), (16 << 20, 10), (128 << 20, 4)]
+    results = []
+    with Daemon("2GiB") as d:
+        print(f"DataLoader throughput, {WORKERS} workers, {SAMPLES} samples a "
+              f"batch, every page touched (GB/s)")
+        print(f"{'batch':>8} {'torch':>8} {'shmtensor':>10} {'ideal':>8} "
+              f"{'shmtensor/torch':>16} {'shmtensor/ideal':>16}")
+        for nbytes, batches in sizes:
+            ds = Samples((WARM + batches) * SAMPLES, nbytes // SAMPLES)
+            torch_gbps = run_loader(
+                TorchLoader(ds, batch_size=SAMPLES, num_workers=WORKERS),
+                batches)
+            ours_gbps = run_loader(
+                st.DataLoader(ds, batch_size=SAMPLES, num_workers=WORKERS,
+                              shmtensor_address=d.address), batches)
+            ideal_gbps = run_ideal(nbytes, batches)
+            label = (f"{nbytes >> 20}MiB" if nbytes >= 1 << 20
+                     else f"{nbytes >> 10}KiB")
+            results.append((label, torch_gbps, ours_gbps, ideal_gbps))
+            print(f"{label:>8} {torch_gbps:8.2f} {ours_gbps:10.2f} "
+                  f"{ideal_gbps:8.2f} {ours_gbps / torch_gbps:15.1f}x "
+                  f"{100 * ours_gbps / ideal_gbps:15.0f}%", flush=True)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing (apt-get install python3-matplotlib): "
+              "no plot")
+        return
+    labels = [r[0] for r in results]
+    x = np.arange(len(labels))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for k, (name, color) in enumerate((("torch DataLoader", "#888888"),
+                                       ("shmtensor DataLoader", "#1f77b4"),
+                                       ("ideal bound", "#2ca02c"))):
+        ax.bar(x + (k - 1) * 0.27, [r[k + 1] for r in results], 0.27,
+               label=name, color=color)
+    ax.set_xticks(x, labels)
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("GB/s (higher is better)")
+    ax.set_yscale("log")
+    ax.set_title(f"DataLoader hand-off, {WORKERS} workers, every page touched")
+    ax.legend()
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(plot)), exist_ok=True)
+    fig.savefig(plot, dpi=100)
+    print(f"plot: {os.path.relpath(plot)}")
+
+
+if __name__ == "__main__":
+    main()

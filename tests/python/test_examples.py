@@ -1,0 +1,20 @@
+"""The examples run as documented, against a real daemon."""
+
+import os
+import re
+import subprocess
+import sys
+
+from conftest import PYTHONPATH, REPO
+
+
+def test_train_dataloader_example_trains_and_runs_the_own_loop(daemon):
+    env = dict(os.environ, SHMTENSOR_ADDRESS=daemon.address,
+               PYTHONPATH=PYTHONPATH)
+    out = subprocess.run(
+        [sys.executable, os.path.join(REPO, "examples", "train_dataloader.py")],
+        env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    losses = [float(x) for x in re.findall(r"loss (\d+\.\d+)", out.stdout)]
+    assert losses[-1] < losses[0], out.stdout  # It learns.
+    assert out.stdout.count("own loop: batch (256, 2)") == 4, out.stdout
