@@ -251,6 +251,7 @@ absl::StatusOr<StoreStats> Client::Stats() {
 }
 
 uint64_t Client::session_id() const { return core_->session_id(); }
+uint64_t Client::daemon_epoch() const { return core_->epoch(); }
 const std::string& Client::address() const { return core_->address(); }
 
 }  // namespace shmtensor

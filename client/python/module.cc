@@ -403,6 +403,7 @@ PYBIND11_MODULE(_core, m) {
           py::arg("address"), py::arg("client_name"),
           py::arg("connect_timeout"))
       .def_property_readonly("session_id", &Client::session_id)
+      .def_property_readonly("daemon_epoch", &Client::daemon_epoch)
       .def_property_readonly("address", &Client::address)
       .def(
           "create",

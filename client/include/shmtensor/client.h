@@ -113,6 +113,9 @@ class Client {
   absl::StatusOr<StoreStats> Stats();
 
   uint64_t session_id() const;
+  // Random id of the daemon instance (see ObjectRef::daemon_epoch): two
+  // clients with the same epoch share that daemon's pools.
+  uint64_t daemon_epoch() const;
   const std::string& address() const;
 
  private:

@@ -144,6 +144,12 @@ class Client:
     def address(self):
         return self._c.address
 
+    @property
+    def daemon_epoch(self):
+        """Random id of the daemon instance: clients with the same epoch
+        share its pools (the same node)."""
+        return self._c.daemon_epoch
+
     def create(self, shape, dtype, name=None, timeout=None):
         """A writable buffer of `shape` and `dtype` (NumPy dtype or type,
         torch dtype, or a name). Fill it through numpy.asarray(buf) or

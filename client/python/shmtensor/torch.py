@@ -35,12 +35,11 @@ objects) is passed through the worker queue as torch would pass it.
 
 import collections.abc
 import os
-import threading
 
 import torch
 import torch.utils.data
 
-from . import _core
+from ._local import local_client
 from .errors import InvalidArgumentError, PoolExhaustedError
 
 __all__ = ["DataLoader", "PoolCollate", "to_tensors"]
@@ -174,20 +173,8 @@ def _move_tensors(plan, obj):
     return obj
 
 
-_clients_lock = threading.Lock()
-_clients = {}  # (pid, address) -> shmtensor Client of this process
-
-
 def _client(address):
-    """This process's client for `address` (a new session after fork)."""
-    from . import connect
-    key = (os.getpid(), address or "")
-    with _clients_lock:
-        c = _clients.get(key)
-        if c is None:
-            c = connect(address, client_name=f"dataloader pid {os.getpid()}")
-            _clients[key] = c
-        return c
+    return local_client(address)
 
 
 class PooledBatch:

@@ -1,0 +1,183 @@
+"""Rank-0 broadcast with one copy per node (P11).
+
+    import shmtensor.distributed as sd
+    weights = sd.broadcast(weights if rank == 0 else None, src=0)
+
+Called on every rank of a torch.distributed group, like
+torch.distributed.broadcast. Every rank gets a read-only, zero-copy view of
+the same data: a NumPy array for a NumPy source, a torch tensor
+(shmtensor's ReadOnlyTensor) for a torch source, dtype and shape intact.
+
+How: ranks that share a shmtensord (same host, same daemon instance) form a
+node. The source publishes the data once into its node's daemon. Each other
+node has a leader (its lowest rank) that receives the bytes from the source
+over torch.distributed (a broadcast in a process group of the source and
+the leaders: Gloo on CPU) straight into a buffer of its own daemon's pool,
+and seals it. Every rank then maps its node's copy read-only. No rank holds a
+private copy; on each node the data exists once, and between ranks of one
+node it crosses no socket.
+
+Lifetime: the object lives while any rank holds its view (array, tensor, or
+anything viewing them), then returns to its pool. Every call makes a new
+object: a later broadcast under the same name gets a new version, and views
+of the old version stay valid and unchanged. `name` identifies the call:
+ranks that pass different names or sources fail at once with ValueError
+naming the ranks and values. A rank that dies makes the others fail with
+RuntimeError (from the process group, within its timeout), not hang.
+"""
+
+import collections
+import socket
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ._local import local_client
+
+__all__ = ["broadcast", "plan", "Plan"]
+
+Plan = collections.namedtuple("Plan", "nodes leaders node leader")
+Plan.__doc__ = """Who shares a daemon and who leads: `nodes` lists each
+node's global ranks (sorted), `leaders` one rank per node (the source on
+its node, else the node's lowest rank), `node` and `leader` this rank's."""
+
+# Process groups of source + leaders, made once per distinct set (new_group is
+# collective: every rank makes the same calls in the same order).
+_leader_groups = {}
+
+
+def _describe(obj):
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach()
+        return {"kind": "torch", "dtype": str(t.dtype).replace("torch.", ""),
+                "shape": tuple(t.shape), "nbytes": t.numel() * t.element_size()}
+    a = np.asarray(obj)
+    return {"kind": "numpy", "dtype": a.dtype.str, "shape": a.shape,
+            "nbytes": a.nbytes}
+
+
+def _gather(info, group, step, name):
+    out = [None] * dist.get_world_size(group)
+    try:
+        dist.all_gather_object(out, info, group=group)
+    except RuntimeError as e:
+        raise RuntimeError(
+            f"shmtensor.distributed.broadcast(name={name!r}) failed while "
+            f"{step}: a rank is gone or unreachable ({e})") from e
+    return out
+
+
+def _plan_from(infos, src):
+    nodes = collections.defaultdict(list)
+    for info in infos:
+        nodes[(info["host"], info["epoch"])].append(info["rank"])
+    node_list = sorted(sorted(r) for r in nodes.values())
+    leaders = [src if src in n else n[0] for n in node_list]
+    return node_list, leaders
+
+
+def plan(src=0, group=None, address=None):
+    """The node layout broadcast uses, computed from the group (a
+    collective: call it on every rank). Nodes are ranks on one host using one
+    daemon instance (its epoch), so two daemons on one host are two nodes."""
+    c = local_client(address)
+    infos = _gather({"rank": dist.get_rank(), "host": socket.gethostname(),
+                     "epoch": c.daemon_epoch}, group, "planning", None)
+    nodes, leaders = _plan_from(infos, src)
+    me = dist.get_rank()
+    k = next(i for i, n in enumerate(nodes) if me in n)
+    return Plan(nodes, leaders, nodes[k], leaders[k])
+
+
+def _bytes_of_source(obj):
+    """The source's bytes as a flat uint8 CPU tensor (no copy if already
+    contiguous on the CPU)."""
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu().contiguous().reshape(-1)
+        return t.view(torch.uint8) if t.numel() else t.to(torch.uint8)
+    a = np.ascontiguousarray(obj)
+    return torch.from_numpy(a.reshape(-1).view(np.uint8))
+
+
+def _receive_buffer(c, meta):
+    """A pool buffer of the source's layout, and a flat uint8 tensor over
+    it to receive into."""
+    if meta["kind"] == "torch":
+        buf = c.create(meta["shape"], getattr(torch, meta["dtype"]))
+        flat = buf.tensor().reshape(-1)
+        return buf, flat.view(torch.uint8) if flat.numel() else flat
+    buf = c.create(meta["shape"], np.dtype(meta["dtype"]))
+    return buf, torch.from_numpy(np.asarray(buf).reshape(-1).view(np.uint8))
+
+
+def broadcast(tensor_or_array, src=0, group=None, name=None, address=None):
+    """Broadcasts from global rank `src` to every rank of `group` (None: the
+    default group) with one copy per node; returns a read-only zero-copy
+    view on every rank (the source's too). Non-source ranks may pass None.
+    `address`: this rank's daemon (None: $SHMTENSOR_ADDRESS or the
+    default). See the module docstring for nodes, lifetime and errors."""
+    me = dist.get_rank()
+    c = local_client(address)
+    meta = _describe(tensor_or_array) if me == src else None
+    infos = _gather({"rank": me, "host": socket.gethostname(),
+                     "epoch": c.daemon_epoch, "name": name, "src": src,
+                     "meta": meta}, group, "agreeing on the call", name)
+    calls = {(i["name"], i["src"]) for i in infos}
+    if len(calls) > 1:
+        detail = "; ".join(f"rank {i['rank']}: name={i['name']!r} "
+                           f"src={i['src']}" for i in infos)
+        raise ValueError(f"mismatched shmtensor.distributed.broadcast "
+                         f"calls: {detail}")
+    source = next((i for i in infos if i["rank"] == src), None)
+    if source is None:
+        raise ValueError(f"src {src} is not a rank of the group "
+                         f"(ranks {sorted(i['rank'] for i in infos)})")
+    meta = source["meta"]
+    nodes, leaders = _plan_from(infos, src)
+    my_leader = next(l for n, l in zip(nodes, leaders) if me in n)
+
+    # 1. The source publishes once into its node's daemon.
+    ref = None
+    if me == src:
+        ref = c.put(tensor_or_array)
+    # 2. Each other node's leader receives the bytes over the process group
+    #    straight into its own pool, then seals.
+    if len(leaders) > 1:
+        key = tuple(sorted(leaders))
+        if key not in _leader_groups:
+            _leader_groups[key] = dist.new_group(ranks=list(key))
+        if me in key:
+            if me == src:
+                data = _bytes_of_source(tensor_or_array)
+            else:
+                buf, data = _receive_buffer(c, meta)
+            if meta["nbytes"]:
+                try:
+                    dist.broadcast(data, src, group=_leader_groups[key])
+                except RuntimeError as e:
+                    raise RuntimeError(
+                        f"shmtensor.distributed.broadcast(name={name!r}) "
+                        f"failed sending the data between nodes: {e}") from e
+            del data
+            if me != src:
+                ref = buf.seal()
+                del buf
+    # 3. Every rank maps its node's copy.
+    refs = _gather({"rank": me, "ref": bytes(ref) if ref is not None else None},
+                   group, "exchanging refs", name)
+    mine = next(i["ref"] for i in refs if i["rank"] == my_leader)
+    from . import ObjectRef
+    view = c.get(ObjectRef(mine))
+    out = np.asarray(view) if meta["kind"] == "numpy" else view.tensor()
+    view.close()  # `out` holds the lease.
+    # 4. Leaders keep their ref until every rank holds a view.
+    try:
+        dist.barrier(group)
+    except RuntimeError as e:
+        raise RuntimeError(
+            f"shmtensor.distributed.broadcast(name={name!r}) failed waiting "
+            f"for every rank to map the data: {e}") from e
+    if ref is not None:
+        ref.release()
+    return out
