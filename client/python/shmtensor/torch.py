@@ -154,23 +154,32 @@ def _collate(plan, batch):
     raise TypeError(_COLLATE_ERR.format(elem_type))
 
 
+def _map_leaves(obj, fn):
+    """`obj` with fn applied to every leaf, containers (mappings,
+    namedtuples, tuples, lists) rebuilt around the results; strings and bytes
+    are leaves."""
+    if isinstance(obj, (str, bytes)):
+        return fn(obj)
+    if isinstance(obj, collections.abc.Mapping):
+        try:
+            return type(obj)({k: _map_leaves(v, fn) for k, v in obj.items()})
+        except TypeError:
+            return {k: _map_leaves(v, fn) for k, v in obj.items()}
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(_map_leaves(v, fn) for v in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_map_leaves(v, fn) for v in obj)
+    return fn(obj)
+
+
 def _move_tensors(plan, obj):
     """A custom collate_fn's output with its CPU tensors planned into the
     pool (copied); everything else as is."""
-    if isinstance(obj, torch.Tensor):
-        return _tensor_leaf(plan, obj) if obj.device.type == "cpu" else obj
-    if isinstance(obj, (str, bytes)):
-        return obj
-    if isinstance(obj, collections.abc.Mapping):
-        try:
-            return type(obj)({k: _move_tensors(plan, v) for k, v in obj.items()})
-        except TypeError:
-            return {k: _move_tensors(plan, v) for k, v in obj.items()}
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(_move_tensors(plan, v) for v in obj))
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_move_tensors(plan, v) for v in obj)
-    return obj
+    def move(x):
+        if isinstance(x, torch.Tensor) and x.device.type == "cpu":
+            return _tensor_leaf(plan, x)
+        return x
+    return _map_leaves(obj, move)
 
 
 def _client(address):
@@ -294,23 +303,15 @@ def _pool_size_arg(nbytes):
 # -- the consumer side ---------------------------------------------------------
 
 def _rebuild(obj, flat):
-    if isinstance(obj, _Leaf):
-        n = obj.nbytes
+    """The skeleton with each _Leaf replaced by its tensor, cut from `flat`."""
+    def tensor(x):
+        if not isinstance(x, _Leaf):
+            return x
+        n = x.nbytes
         if n == 0:
-            return torch.empty(obj.shape, dtype=obj.dtype)
-        return flat[obj.offset:obj.offset + n].view(obj.dtype).view(obj.shape)
-    if isinstance(obj, (str, bytes)):
-        return obj
-    if isinstance(obj, collections.abc.Mapping):
-        try:
-            return type(obj)({k: _rebuild(v, flat) for k, v in obj.items()})
-        except TypeError:
-            return {k: _rebuild(v, flat) for k, v in obj.items()}
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(_rebuild(v, flat) for v in obj))
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_rebuild(v, flat) for v in obj)
-    return obj
+            return torch.empty(x.shape, dtype=x.dtype)
+        return flat[x.offset:x.offset + n].view(x.dtype).view(x.shape)
+    return _map_leaves(obj, tensor)
 
 
 def to_tensors(batch, client=None):
