@@ -17,6 +17,11 @@ and seals it. Every rank then maps its node's copy read-only. No rank holds a
 private copy; on each node the data exists once, and between ranks of one
 node it crosses no socket.
 
+The data always lands in host memory (shmtensord's host pools): a CUDA
+source tensor is copied to the host once, on the source, and every rank gets
+a CPU tensor; the bytes between nodes go over a Gloo group of the source and
+the leaders, whatever the job's own backend.
+
 Lifetime: the object lives while any rank holds its view (array, tensor, or
 anything viewing them), then returns to its pool. Every call makes a new
 object: a later broadcast under the same name gets a new version, and views
@@ -146,7 +151,10 @@ def broadcast(tensor_or_array, src=0, group=None, name=None, address=None):
     if len(leaders) > 1:
         key = tuple(sorted(leaders))
         if key not in _leader_groups:
-            _leader_groups[key] = dist.new_group(ranks=list(key))
+            # Gloo whatever the job's backend: the bytes go from host memory
+            # to host pools.
+            _leader_groups[key] = dist.new_group(ranks=list(key),
+                                                 backend="gloo")
         if me in key:
             if me == src:
                 data = _bytes_of_source(tensor_or_array)
