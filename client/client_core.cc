@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <climits>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "client/fork_guard.h"
@@ -21,8 +23,9 @@ absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::Connect(
   // A local daemon: never wait long to reconnect, never wait for one to
   // appear longer than the caller's timeout.
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // No keepalive: the daemon is on this host, its death closes the socket at
+  // once, and a late ping answer must never cost the session.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, INT_MAX);
   // One connection per client: a session must not ride on a connection that
   // another client of this process left to a daemon that has since died.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);

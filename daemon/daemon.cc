@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -136,12 +137,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   }
   builder.RegisterService(d->service_.get());
   builder.RegisterService(d->monitor_.get());
-  // Notice dead peers on TCP too (a UDS peer's death is seen at once).
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  // No keepalive pings to judge liveness: every session peer is on this host
+  // (Unix socket or loopback), where a dead process's socket closes at once.
+  // A ping that a live client answers late (stalled in a fork() of a large
+  // process, or starved on a busy machine) must never end its session and
+  // drop its leases. Likewise never hang up on a client that pings often.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, INT_MAX);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   builder.AddChannelArgument(
-      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 0);
   // The socket is created by BuildAndStart: give it its mode from birth.
   const mode_t old_umask = umask(~config.socket_mode & 0777);
   d->server_ = builder.BuildAndStart();

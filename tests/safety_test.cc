@@ -109,6 +109,23 @@ TEST_F(SafetyTest, SigkilledClientIsReclaimedWithinOneSecond) {  // [P9]
   EXPECT_EQ(client_->Get("half").status().code(), absl::StatusCode::kNotFound);
 }
 
+// A live client that cannot answer for a while (stopped, stalled in fork() of
+// a large process, starved on a busy machine) keeps its session and leases:
+// the daemon judges liveness by the socket, never by a ping deadline.
+TEST_F(SafetyTest, StalledClientKeepsItsSessionAndLeases) {
+  std::unique_ptr<Subprocess> child = Child({"hold"});
+  ASSERT_EQ(*child->ReadLine(), "ready");
+  const StoreStats before = *client_->Stats();
+  child->Signal(SIGSTOP);
+  absl::SleepFor(absl::Seconds(17));  // Past any 10 s ping + 5 s timeout.
+  const StoreStats during = *client_->Stats();
+  child->Signal(SIGCONT);
+  EXPECT_EQ(during.sessions, before.sessions);
+  EXPECT_EQ(during.leases, before.leases);
+  EXPECT_EQ(during.pools[0].used_bytes, before.pools[0].used_bytes);
+  EXPECT_EQ(during.pending_transfers, 1u);
+}
+
 TEST_F(SafetyTest, FullPoolMakesProducerWaitNotOverwrite) {  // [P2]
   absl::StatusOr<Buffer> first = client_->Create({.size_bytes = 40 << 20});
   ASSERT_TRUE(first.ok());
