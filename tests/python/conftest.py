@@ -18,6 +18,14 @@ if PYTHONPATH not in sys.path:
     sys.path.insert(0, PYTHONPATH)
 
 
+def _die_with_parent():
+    """In the daemon's child process: SIGKILL it when this process dies, so
+    a killed run leaves no daemon (and no pool) behind."""
+    import ctypes
+    import signal as _signal
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, _signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 def segment_prefix(address):
     """The /dev/shm name prefix of a daemon's segments (Daemon::SegmentPrefix
     in daemon/daemon.cc: uid and the FNV-1a hash of the address)."""
@@ -40,7 +48,7 @@ class Daemon:
         self.address = "unix:" + self.path
         self.proc = subprocess.Popen(
             [DAEMON, "--listen", self.address, "--pool-size", pool_size,
-             "--log-level", "warn"])
+             "--log-level", "warn"], preexec_fn=_die_with_parent)
         deadline = time.monotonic() + 30
         while True:
             if self.proc.poll() is not None:
