@@ -103,33 +103,34 @@ class Ctl {
     return (stub_.get()->*m)(&ctx, req, resp);
   }
 
-  int Status() {
-    shmtensor::v1::DaemonStatus s;
-    grpc::Status st = Call(&Monitor::Stub::GetStatus, {}, &s);
+  // One listing: the call, then JSON or the human table.
+  template <typename Req, typename Resp>
+  int Show(grpc::Status (Monitor::Stub::*m)(grpc::ClientContext*, const Req&,
+                                            Resp*),
+           const Req& req, std::string (*render)(const Resp&)) {
+    Resp r;
+    grpc::Status st = Call(m, req, &r);
     if (!st.ok()) return Fail(o_, st);
-    std::cout << (o_.json ? shmtensor::ctl::ToJson(s)
-                          : shmtensor::ctl::RenderStatus(s));
+    std::cout << (o_.json ? shmtensor::ctl::ToJson(r) : render(r));
     return kOk;
+  }
+
+  int Status() {
+    return Show(&Monitor::Stub::GetStatus, shmtensor::v1::GetStatusRequest(),
+                &shmtensor::ctl::RenderStatus);
   }
 
   int Objects() {
     shmtensor::v1::ListObjectsRequest req;
     req.set_limit(o_.limit);
-    shmtensor::v1::ListObjectsResponse r;
-    grpc::Status st = Call(&Monitor::Stub::ListObjects, req, &r);
-    if (!st.ok()) return Fail(o_, st);
-    std::cout << (o_.json ? shmtensor::ctl::ToJson(r)
-                          : shmtensor::ctl::RenderObjects(r));
-    return kOk;
+    return Show(&Monitor::Stub::ListObjects, req,
+                &shmtensor::ctl::RenderObjects);
   }
 
   int Clients() {
-    shmtensor::v1::ListClientsResponse r;
-    grpc::Status st = Call(&Monitor::Stub::ListClients, {}, &r);
-    if (!st.ok()) return Fail(o_, st);
-    std::cout << (o_.json ? shmtensor::ctl::ToJson(r)
-                          : shmtensor::ctl::RenderClients(r));
-    return kOk;
+    return Show(&Monitor::Stub::ListClients,
+                shmtensor::v1::ListClientsRequest(),
+                &shmtensor::ctl::RenderClients);
   }
 
   int Metrics() {

@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "google/protobuf/util/json_util.h"
+#include "shmtensor/dtype.h"
 
 namespace shmtensor::ctl {
 
@@ -60,12 +61,6 @@ std::string Table(const std::vector<std::string>& header,
 }
 
 namespace {
-
-std::string DTypeName(v1::DType d) {
-  if (d == v1::DTYPE_UNSPECIFIED) return "bytes";
-  std::string n = v1::DType_Name(d);
-  return absl::AsciiStrToLower(n.substr(6));  // Without "DTYPE_".
-}
 
 std::string StateName(v1::ObjectState s) {
   switch (s) {
@@ -144,7 +139,8 @@ std::string RenderObjects(const v1::ListObjectsResponse& r) {
     rows.push_back(
         {absl::StrCat(o.ref().slot(), ".", o.ref().generation()),
          o.name().empty() ? "-" : o.name(), o.pool(),
-         HumanBytes(o.size_bytes()), DTypeName(o.layout().dtype()),
+         HumanBytes(o.size_bytes()),
+         shmtensor::DTypeName(static_cast<DType>(o.layout().dtype())),
          absl::StrCat("[", absl::StrJoin(o.layout().shape(), ", "), "]"),
          StateName(o.state()), absl::StrCat(o.leases()), HumanAge(o.age_ms()),
          o.creator()});

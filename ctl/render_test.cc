@@ -60,5 +60,23 @@ TEST(RenderTest, MetricsEscapeLabelsAndPrintIntegersExactly) {
             "# TYPE shmtensor_up gauge\nshmtensor_up 0\n");
 }
 
+TEST(RenderTest, ObjectsTableNamesDTypesShapesAndStates) {
+  v1::ListObjectsResponse r;
+  v1::ObjectStatus* o = r.add_objects();
+  o->set_name("w");
+  o->mutable_layout()->set_dtype(v1::DTYPE_BFLOAT16);
+  o->mutable_layout()->add_shape(64);
+  o->mutable_layout()->add_shape(8);
+  o->set_state(v1::OBJECT_STATE_PENDING_TRANSFER);
+  r.add_objects()->set_state(v1::OBJECT_STATE_WRITING);  // Untyped bytes.
+  r.set_total(5);
+  const std::string t = RenderObjects(r);
+  EXPECT_NE(t.find("bfloat16"), std::string::npos) << t;
+  EXPECT_NE(t.find("[64, 8]"), std::string::npos) << t;
+  EXPECT_NE(t.find("pending-transfer"), std::string::npos) << t;
+  EXPECT_NE(t.find("bytes"), std::string::npos) << t;
+  EXPECT_NE(t.find("(2 of 5 objects shown)"), std::string::npos) << t;
+}
+
 }  // namespace
 }  // namespace shmtensor::ctl
