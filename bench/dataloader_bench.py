@@ -1,12 +1,15 @@
 #!/usr/bin/python3
-"""DataLoader throughput, three ways side by side in one run, at batches of
+"""DataLoader throughput, three (four) ways side by side in one run, at batches of
 64 KiB, 1 MiB, 16 MiB and 128 MiB, with 2 workers each:
 
   torch      torch.utils.data.DataLoader as it is: each batch collated into
              a fresh shared-memory segment, faulted in page by page (P8)
   shmtensor  shmtensor.torch.DataLoader: collated into a recycled pool
              buffer, handed over by exclusive reference; the training side
-             gets writable tensors
+             gets writable tensors. Pool in /dev/shm (4 KiB pages)
+  shmtensor-huge  the same with the pool in a tmpfs mounted huge=always
+             (2 MiB pages; mounted for the run when root, or the directory
+             in $SHMTENSOR_HUGE_DIR; left out, saying why, otherwise)
   ideal      the bound: a ring of pre-faulted multiprocessing.shared_memory
              buffers made once, workers collate into them and pass only an
              index; no allocation, no page-table change, no daemon
@@ -35,7 +38,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "build", "python"))
 sys.path.insert(0, HERE)
 import shmtensor.torch as st  # noqa: E402
-from _daemon import Daemon  # noqa: E402
+from _daemon import Daemon, HugeTmpfs  # noqa: E402
 
 WORKERS = 2
 SAMPLES = 4
@@ -153,20 +156,38 @@ def run_ideal(nbytes, batches):
 
 # -- main ----------------------------------------------------------------------
 
+class _Nothing:
+    """A context that gives None (no second daemon)."""
+
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
 def main():
     quick = "--quick" in sys.argv
     plot = os.path.join(HERE, "..", "docs", "dataloader_bench.png")
     if "--plot" in sys.argv:
         plot = sys.argv[sys.argv.index("--plot") + 1]
-    sizes = [(64 << 10, 400), (1 << 20, 200), (16 << 20, 40), (128 << 20, 10)]
+    sizes = [(64 << 10, 400), (1 << 20, 200), (16 << 20, 60), (128 << 20, 20)]
     if quick:
         sizes = [(64 << 10, 100), (1 << 20, 40), (16 << 20, 10), (128 << 20, 4)]
     results = []
-    with Daemon("2GiB") as d:
+    with HugeTmpfs("2200m") as huge, Daemon("2GiB") as d, \
+            Daemon("2GiB", huge.path) if huge.path else _Nothing() as dh:
+        if not huge.path:
+            print(f"no huge-page pool in this run: {huge.why}")
         print(f"DataLoader throughput, {WORKERS} workers, {SAMPLES} samples a "
               f"batch, every page touched (GB/s)")
-        print(f"{'batch':>8} {'torch':>8} {'shmtensor':>10} {'ideal':>8} "
-              f"{'shmtensor/torch':>16} {'shmtensor/ideal':>16}")
+        head = f"{'batch':>8} {'torch':>8} {'shmtensor':>10} "
+        if dh:
+            head += f"{'shmt-huge':>10} "
+        head += f"{'ideal':>8} {'shmtensor/torch':>16} {'shmtensor/ideal':>16}"
+        if dh:
+            head += f" {'huge/torch':>11} {'huge/ideal':>11}"
+        print(head)
         for nbytes, batches in sizes:
             ds = Samples((WARM + batches) * SAMPLES, nbytes // SAMPLES)
             torch_gbps = run_loader(
@@ -175,13 +196,24 @@ def main():
             ours_gbps = run_loader(
                 st.DataLoader(ds, batch_size=SAMPLES, num_workers=WORKERS,
                               shmtensor_address=d.address), batches)
+            huge_gbps = run_loader(
+                st.DataLoader(ds, batch_size=SAMPLES, num_workers=WORKERS,
+                              shmtensor_address=dh.address),
+                batches) if dh else float("nan")
             ideal_gbps = run_ideal(nbytes, batches)
             label = (f"{nbytes >> 20}MiB" if nbytes >= 1 << 20
                      else f"{nbytes >> 10}KiB")
-            results.append((label, torch_gbps, ours_gbps, ideal_gbps))
-            print(f"{label:>8} {torch_gbps:8.2f} {ours_gbps:10.2f} "
-                  f"{ideal_gbps:8.2f} {ours_gbps / torch_gbps:15.1f}x "
-                  f"{100 * ours_gbps / ideal_gbps:15.0f}%", flush=True)
+            results.append((label, torch_gbps, ours_gbps, huge_gbps,
+                            ideal_gbps))
+            line = f"{label:>8} {torch_gbps:8.2f} {ours_gbps:10.2f} "
+            if dh:
+                line += f"{huge_gbps:10.2f} "
+            line += (f"{ideal_gbps:8.2f} {ours_gbps / torch_gbps:15.1f}x "
+                     f"{100 * ours_gbps / ideal_gbps:15.0f}%")
+            if dh:
+                line += (f" {huge_gbps / torch_gbps:10.1f}x"
+                         f" {100 * huge_gbps / ideal_gbps:10.0f}%")
+            print(line, flush=True)
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -193,11 +225,16 @@ def main():
     labels = [r[0] for r in results]
     x = np.arange(len(labels))
     fig, ax = plt.subplots(figsize=(7, 4))
-    for k, (name, color) in enumerate((("torch DataLoader", "#888888"),
-                                       ("shmtensor DataLoader", "#1f77b4"),
-                                       ("ideal bound", "#2ca02c"))):
-        ax.bar(x + (k - 1) * 0.27, [r[k + 1] for r in results], 0.27,
-               label=name, color=color)
+    series = [("torch DataLoader", "#888888", 1),
+              ("shmtensor DataLoader, /dev/shm pool", "#1f77b4", 2),
+              ("shmtensor DataLoader, 2 MiB-page pool", "#ff7f0e", 3),
+              ("ideal bound", "#2ca02c", 4)]
+    series = [sr for sr in series
+              if not all(np.isnan(r[sr[2]]) for r in results)]
+    width = 0.8 / len(series)
+    for k, (name, color, col) in enumerate(series):
+        ax.bar(x + (k - (len(series) - 1) / 2) * width,
+               [r[col] for r in results], width, label=name, color=color)
     ax.set_xticks(x, labels)
     ax.set_xlabel("batch size")
     ax.set_ylabel("GB/s (higher is better)")

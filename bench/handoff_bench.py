@@ -13,6 +13,9 @@ one run, at 1 MiB, 16 MiB and 128 MiB:
               and drops it (back to the pool)
   shm-ro      the same, but the consumer takes it read-only
               (get(ref, writable=False)): no writable range is opened
+  shmtensor-huge  shmtensor (writable take) with the pool in a tmpfs
+              mounted huge=always (2 MiB pages; mounted for the run when
+              root, or $SHMTENSOR_HUGE_DIR; left out, saying why, otherwise)
 
 Every method starts from the same source array in the producer (so the copy
 into the transport is included for all) and ends when the consumer has the
@@ -38,7 +41,7 @@ import torch.multiprocessing as tmp
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "build", "python"))
 sys.path.insert(0, os.path.dirname(__file__))
 import shmtensor  # noqa: E402
-from _daemon import Daemon  # noqa: E402
+from _daemon import Daemon, HugeTmpfs  # noqa: E402
 
 PAGE = 4096
 
@@ -71,7 +74,7 @@ def consumer(method, q, done, n, address):
             seg.close()
             seg.unlink()
         elif method.startswith("shmtensor"):
-            view = c.get(item, writable=(method == "shmtensor"))
+            view = c.get(item, writable=(method != "shmtensor-ro"))
             touch(view.tensor())
             del view  # Back to the pool.
         else:
@@ -117,18 +120,37 @@ def main():
     if quick:
         sizes = [(1 << 20, 40), (16 << 20, 10), (128 << 20, 3)]
     methods = ["pickle", "torch", "shm", "shmtensor", "shmtensor-ro"]
-    with Daemon("2GiB") as d:
+    with HugeTmpfs("2200m") as huge, Daemon("2GiB") as d:
         client = shmtensor.connect(d.address)  # The producer's, for all runs.
-        print(f"{'size':>8} " + " ".join(f"{m + ' GB/s':>18}" for m in methods)
-              + f" {'shmtensor/torch':>16} {'(ro)/torch':>11}")
-        for nbytes, n in sizes:
-            src = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
-            gbps = {m: run(m, src, n, d.address, client) for m in methods}
-            label = f"{nbytes >> 20}MiB"
-            print(f"{label:>8} " + " ".join(f"{gbps[m]:18.2f}" for m in methods)
-                  + f" {gbps['shmtensor'] / gbps['torch']:15.1f}x"
-                  + f" {gbps['shmtensor-ro'] / gbps['torch']:10.1f}x", flush=True)
-
+        targets = {m: (d.address, client) for m in methods}
+        huge_daemon = None
+        if huge.path:
+            huge_daemon = Daemon("2GiB", huge.path)
+            targets["shmtensor-huge"] = (huge_daemon.address,
+                                         shmtensor.connect(huge_daemon.address))
+            methods.append("shmtensor-huge")
+        else:
+            print(f"no huge-page pool in this run: {huge.why}")
+        try:
+            print(f"{'size':>8} "
+                  + " ".join(f"{m + ' GB/s':>18}" for m in methods)
+                  + f" {'shmtensor/torch':>16} {'(ro)/torch':>11}"
+                  + (f" {'(huge)/torch':>13}" if huge_daemon else ""))
+            for nbytes, n in sizes:
+                src = np.random.default_rng(0).integers(0, 255, nbytes,
+                                                        dtype=np.uint8)
+                gbps = {m: run(m, src, n, *targets[m]) for m in methods}
+                label = f"{nbytes >> 20}MiB"
+                print(f"{label:>8} "
+                      + " ".join(f"{gbps[m]:18.2f}" for m in methods)
+                      + f" {gbps['shmtensor'] / gbps['torch']:15.1f}x"
+                      + f" {gbps['shmtensor-ro'] / gbps['torch']:10.1f}x"
+                      + (f" {gbps['shmtensor-huge'] / gbps['torch']:12.1f}x"
+                         if huge_daemon else ""), flush=True)
+        finally:
+            if huge_daemon:
+                del targets["shmtensor-huge"]
+                huge_daemon.__exit__(None, None, None)
 
 if __name__ == "__main__":
     main()

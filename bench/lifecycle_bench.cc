@@ -14,12 +14,17 @@
 //     1,000 live objects to list); the clients' throughput with against
 //     without.
 //
-// Usage: lifecycle_bench [--quick] [--monitoring (section 4 only)]. Starts its
-// own shmtensord (from the build tree) on a private socket with a 2 GiB pool,
-// and stops it at the end.
+// Sections 1 and 2 run twice, side by side: with the pool in /dev/shm (4 KiB
+// pages) and in a tmpfs mounted huge=always (2 MiB pages; mounted for the run
+// when the bench may, i.e. as root, or given with --huge-dir DIR).
+//
+// Usage: lifecycle_bench [--quick] [--monitoring (section 4 only)]
+// [--huge-dir DIR | --no-huge]. Starts its own shmtensord (from the build
+// tree) on a private socket with a 2 GiB pool, and stops it at the end.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -42,6 +47,7 @@
 #include "grpcpp/grpcpp.h"
 #include "shmtensor/client.h"
 #include "shmtensor/v1/monitor.grpc.pb.h"
+#include "tests/scoped_tmpfs.h"
 
 namespace {
 
@@ -89,13 +95,17 @@ T Check(absl::StatusOr<T> v, const char* what) {
 // The daemon under test, on a private socket.
 class Daemon {
  public:
-  explicit Daemon(const std::string& pool_size) {
-    address_ = absl::StrCat("unix:/tmp/shmtensor-bench-", getpid(), ".sock");
+  // A daemon with one pool of `pool_size` in `pool_dir`.
+  Daemon(const std::string& pool_size, const std::string& pool_dir) {
+    static int count = 0;
+    address_ = absl::StrCat("unix:/tmp/shmtensor-bench-", getpid(), "-",
+                            count++, ".sock");
     pid_ = fork();
     if (pid_ == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);  // No orphan daemon if we die.
       execl(SHMTENSOR_DAEMON_PATH, SHMTENSOR_DAEMON_PATH, "--listen",
-            address_.c_str(), "--pool-size", pool_size.c_str(), "--log-level",
-            "warn", nullptr);
+            address_.c_str(), "--pool-size", pool_size.c_str(), "--pool-dir",
+            pool_dir.c_str(), "--log-level", "warn", nullptr);
       _exit(127);
     }
     const std::string path = address_.substr(5);
@@ -108,6 +118,9 @@ class Daemon {
           connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
       close(fd);
       if (up) return;
+      if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
+        Die("daemon start", absl::InternalError("shmtensord exited"));
+      }
       usleep(10000);
     }
     Die("daemon start", absl::DeadlineExceededError(address_));
@@ -190,13 +203,20 @@ struct ProtectCost {
   double open_us = 0, close_us = 0;
 };
 
-ProtectCost CalibrateMprotect(size_t bytes) {
-  const std::string name = absl::StrCat("/shmtensor-bench-mprotect-", getpid());
-  const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-  shm_unlink(name.c_str());
+ProtectCost CalibrateMprotect(const std::string& dir, size_t bytes) {
+  const std::string path =
+      absl::StrCat(dir, "/shmtensor-bench-mprotect-", getpid());
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  unlink(path.c_str());
   if (fd < 0 || posix_fallocate(fd, 0, bytes) != 0) return {};
+  // Aligned like a client maps a pool with huge pages.
+  const size_t align = 2u << 20;
+  auto* reserve = static_cast<uint8_t*>(mmap(
+      nullptr, bytes + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  auto* at = reinterpret_cast<uint8_t*>(
+      (reinterpret_cast<uintptr_t>(reserve) + align - 1) & ~(align - 1));
   auto* p = static_cast<uint8_t*>(
-      mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+      mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0));
   close(fd);
   std::memset(p, 1, bytes);
   std::vector<double> open, close_;
@@ -210,7 +230,7 @@ ProtectCost CalibrateMprotect(size_t bytes) {
     close_.push_back(Us(t1 - t0));
     open.push_back(Us(t2 - t1));
   }
-  munmap(p, bytes);
+  munmap(reserve, bytes + align);
   return {Summarize(open).p50, Summarize(close_).p50};
 }
 
@@ -219,7 +239,15 @@ std::string SizeName(uint64_t bytes) {
                              : absl::StrCat(bytes >> 10, "KiB");
 }
 
-void BenchLifecycle(Client& c, int iters) {
+// A pool under test: where its daemon keeps it, and a client of it.
+struct Target {
+  std::string label;  // e.g. "/dev/shm (4 KiB pages)".
+  std::string dir;
+  Client* client;
+};
+
+void BenchLifecycle(const Target& target, int iters) {
+  Client& c = *target.client;
   std::vector<double> rtt;
   for (int i = 0; i < iters * 4; ++i) {
     const auto t0 = Clock::now();
@@ -227,7 +255,9 @@ void BenchLifecycle(Client& c, int iters) {
     rtt.push_back(Us(Clock::now() - t0));
   }
   const Summary r = Summarize(rtt);
-  std::printf("\n== 1. Lifecycle vs bare unary RPC (same socket) ==\n");
+  std::printf(
+      "\n== 1. Lifecycle vs bare unary RPC (same socket), pool in %s ==\n",
+      target.label.c_str());
   std::printf("bare unary RPC (Stats) round trip: p50 %.1f us, mean %.1f us\n",
               r.p50, r.mean);
   const std::vector<uint64_t> sizes = {uint64_t{64} << 10, uint64_t{1} << 20,
@@ -235,7 +265,7 @@ void BenchLifecycle(Client& c, int iters) {
   std::vector<ProtectCost> protect;
   std::printf("page-table cost of the seal guarantee here (mprotect p50):\n");
   for (uint64_t bytes : sizes) {
-    protect.push_back(CalibrateMprotect(bytes));
+    protect.push_back(CalibrateMprotect(target.dir, bytes));
     std::printf(
         "  %-6s read-only->writable %8.0f us, writable->read-only "
         "%6.0f us\n",
@@ -315,8 +345,11 @@ double CopyGBps(void* dst, const void* src, uint64_t bytes, int reps) {
   return double(bytes) * reps / s / 1e9;
 }
 
-void BenchCopyIn(Client& c, int reps) {
-  std::printf("\n== 2. Copy-in bandwidth (16 MiB, %d copies each) ==\n", reps);
+void BenchCopyIn(const Target& target, int reps) {
+  Client& c = *target.client;
+  std::printf(
+      "\n== 2. Copy-in bandwidth (16 MiB, %d copies each), pool in %s ==\n",
+      reps, target.label.c_str());
   const uint64_t bytes = 16u << 20;
   std::vector<uint8_t> src(bytes, 0x5c);
   std::vector<uint8_t> priv(bytes, 0);  // Private, faulted in.
@@ -544,20 +577,60 @@ void BenchMonitoring(const Daemon& d, int rounds, double round_s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, monitoring_only = false;
+  bool quick = false, monitoring_only = false, huge = true;
+  std::string huge_dir;
   for (int i = 1; i < argc; ++i) {
-    quick |= std::string(argv[i]) == "--quick";
-    monitoring_only |= std::string(argv[i]) == "--monitoring";
+    const std::string a = argv[i];
+    quick |= a == "--quick";
+    monitoring_only |= a == "--monitoring";
+    huge &= a != "--no-huge";
+    if (a == "--huge-dir" && i + 1 < argc) huge_dir = argv[++i];
   }
-  Daemon daemon("2GiB");
+  Daemon daemon("2GiB", "/dev/shm");
   Client client = Check(
       Client::Connect({.address = daemon.address(), .client_name = "bench"}),
       "connect");
   std::printf("shmtensor lifecycle benchmark%s (daemon %s)\n",
               quick ? " --quick" : "", daemon.address().c_str());
   if (!monitoring_only) {
-    BenchLifecycle(client, quick ? 200 : 2000);
-    BenchCopyIn(client, quick ? 8 : 40);
+    std::vector<Target> targets = {
+        {"/dev/shm (4 KiB pages)", "/dev/shm", &client}};
+    // The same daemon with its pool on a tmpfs mounted huge=always (2 MiB
+    // pages), side by side: mounted here for the run when we may, or the
+    // directory given with --huge-dir.
+    std::unique_ptr<shmtensor::testing::ScopedTmpfs> tmpfs;
+    std::unique_ptr<Daemon> huge_daemon;
+    std::optional<Client> huge_client;
+    if (huge && huge_dir.empty()) {
+      absl::StatusOr<std::unique_ptr<shmtensor::testing::ScopedTmpfs>> t =
+          shmtensor::testing::ScopedTmpfs::Mount(
+              "huge=always,size=2200m,mode=0700");
+      if (t.ok()) {
+        tmpfs = *std::move(t);
+        huge_dir = tmpfs->path();
+      } else {
+        std::printf("no huge-page pool in this run: %s\n",
+                    t.status().ToString().c_str());
+      }
+    }
+    if (huge && !huge_dir.empty()) {
+      huge_daemon = std::make_unique<Daemon>("2GiB", huge_dir);
+      huge_client = Check(Client::Connect({.address = huge_daemon->address(),
+                                           .client_name = "bench-huge"}),
+                          "connect");
+      const uint64_t page =
+          Check(huge_client->Stats(), "stats").pools[0].huge_page_size;
+      if (page == 0) {
+        std::printf("%s gives no huge pages; no huge-page pool in this run\n",
+                    huge_dir.c_str());
+      } else {
+        targets.push_back(
+            {absl::StrFormat("a huge=always tmpfs (%d KiB pages)", page >> 10),
+             huge_dir, &*huge_client});
+      }
+    }
+    for (const Target& t : targets) BenchLifecycle(t, quick ? 200 : 2000);
+    for (const Target& t : targets) BenchCopyIn(t, quick ? 8 : 40);
     BenchScale(daemon, client, quick ? 200 : 2000, 64, 10000);
   }
   BenchMonitoring(daemon, quick ? 3 : 8, quick ? 1.0 : 2.0);

@@ -240,7 +240,8 @@ absl::StatusOr<StoreStats> Client::Stats() {
   StoreStats out;
   for (const v1::PoolStats& p : resp.pools()) {
     out.pools.push_back({p.info().name(), p.info().size_bytes(), p.used_bytes(),
-                         p.free_bytes(), p.largest_free_bytes(), p.objects()});
+                         p.free_bytes(), p.largest_free_bytes(), p.objects(),
+                         p.info().huge_page_size()});
   }
   out.sessions = resp.sessions();
   out.objects = resp.objects();

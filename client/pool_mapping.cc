@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <string>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
@@ -15,19 +16,55 @@
 namespace shmtensor::internal {
 namespace {
 
+// The file a pool lives in: its path, or its shm name under /dev/shm (a
+// daemon that predates PoolInfo.path).
+std::string PoolPath(const v1::PoolInfo& info) {
+  return info.path().empty() ? "/dev/shm" + info.shm_name() : info.path();
+}
+
+// mmap(PROT_READ, MAP_SHARED) of the whole pool; at a huge-page-aligned
+// address when the pool has huge pages, so that every huge page of it can be
+// mapped by one page-table entry.
+void* MapPool(const v1::PoolInfo& info, int fd) {
+  const uint64_t huge = info.huge_page_size();
+  if (huge == 0 || (huge & (huge - 1)) != 0) {
+    return mmap(nullptr, info.size_bytes(), PROT_READ, MAP_SHARED, fd, 0);
+  }
+  // Reserve address space with room to align, map over it, trim the rest.
+  const uint64_t span = info.size_bytes() + huge;
+  void* reserve = mmap(nullptr, span, PROT_NONE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (reserve == MAP_FAILED) return MAP_FAILED;
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(reserve);
+  const uintptr_t at = (lo + huge - 1) & ~(huge - 1);
+  void* p = mmap(reinterpret_cast<void*>(at), info.size_bytes(), PROT_READ,
+                 MAP_SHARED | MAP_FIXED, fd, 0);
+  if (p == MAP_FAILED) {
+    const int err = errno;
+    munmap(reserve, span);
+    errno = err;
+    return MAP_FAILED;
+  }
+  if (at > lo) munmap(reserve, at - lo);
+  const uintptr_t end = at + info.size_bytes();
+  if (lo + span > end) munmap(reinterpret_cast<void*>(end), lo + span - end);
+  return p;
+}
+
 // Maps the pool PROT_READ. With `writable`, opens it O_RDWR and hands the fd
 // to `*fd_out` (kept for pwrite); else closes it.
 absl::StatusOr<uint8_t*> MapShm(const v1::PoolInfo& info, bool writable,
                                 int* fd_out = nullptr) {
-  const int fd = shm_open(info.shm_name().c_str(),
-                          (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC, 0);
+  const std::string path = PoolPath(info);
+  const int fd =
+      open(path.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC, 0);
   if (fd < 0) {
     return absl::UnavailableError(absl::StrFormat(
         "cannot open pool '%s' (%s): %s; is shmtensord still running?",
-        info.name(), info.shm_name(), std::strerror(errno)));
+        info.name(), path, std::strerror(errno)));
   }
   // PROT_READ for both: the writable mapping opens ranges one by one.
-  void* p = mmap(nullptr, info.size_bytes(), PROT_READ, MAP_SHARED, fd, 0);
+  void* p = MapPool(info, fd);
   const int err = errno;
   if (fd_out != nullptr && p != MAP_FAILED) {
     *fd_out = fd;
@@ -51,16 +88,17 @@ absl::StatusOr<std::shared_ptr<PoolMapping>> PoolMapping::Get(
         "pool '%s' is of memory kind %d, which this client cannot map",
         info.name(), info.kind()));
   }
-  // Keyed by segment name, which is unique per daemon instance and pool.
+  // Keyed by path, which is unique per daemon instance and pool.
   static absl::Mutex mu(absl::kConstInit);
   static auto* mappings =
       new absl::flat_hash_map<std::string, std::weak_ptr<PoolMapping>>();
+  const std::string path = PoolPath(info);
   absl::MutexLock lock(&mu);
-  std::weak_ptr<PoolMapping>& slot = (*mappings)[info.shm_name()];
+  std::weak_ptr<PoolMapping>& slot = (*mappings)[path];
   if (std::shared_ptr<PoolMapping> live = slot.lock()) return live;
   absl::StatusOr<uint8_t*> ro = MapShm(info, false);
   if (!ro.ok()) {
-    mappings->erase(info.shm_name());
+    mappings->erase(path);
     return ro.status();
   }
   std::shared_ptr<PoolMapping> mapping(new PoolMapping(info, *ro));

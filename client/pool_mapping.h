@@ -3,9 +3,9 @@
 // Each pool is mapped at most twice per process, once each, however many
 // clients the process has, for as long as any of them uses it (never per
 // object):
-//  - read-only: shm_open(O_RDONLY) + mmap(PROT_READ). Every read view points
+//  - read-only: open(O_RDONLY) + mmap(PROT_READ). Every read view points
 //    here; a write through it faults.
-//  - writable, made on first need: shm_open(O_RDWR) + mmap(PROT_READ). Only
+//  - writable, made on first need: open(O_RDWR) + mmap(PROT_READ). Only
 //    the ranges of buffers this process may write (its unsealed buffers, and
 //    the transfers it took) are opened to PROT_READ|PROT_WRITE with
 //    mprotect, for exactly that time. Sealing (shared or exclusive) and
@@ -16,7 +16,10 @@
 // process); mprotect keeps page-table entries, and the allocator hands the
 // same ranges out again, so a steady-state lifecycle takes no page fault.
 // Nothing is pre-populated at map time: connecting costs the same for a
-// 64 MiB and a 64 GiB pool.
+// 64 MiB and a 64 GiB pool. A pool with huge pages (PoolInfo.huge_page_size)
+// is mapped at a huge-page-aligned address, so the kernel maps each of its
+// huge pages with one page-table entry, and opening or closing an object of
+// whole huge pages changes one entry per huge page instead of 512.
 //
 // Thread safety: thread-safe.
 #ifndef SHMTENSOR_CLIENT_POOL_MAPPING_H_

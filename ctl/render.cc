@@ -120,16 +120,18 @@ std::string RenderStatus(const v1::DaemonStatus& s) {
   for (const v1::PoolStatus& p : s.pools()) {
     rows.push_back(
         {p.info().name(), KindName(p.info().kind()),
+         HumanBytes(p.info().huge_page_size() > 0 ? p.info().huge_page_size()
+                                                  : p.info().page_size()),
          HumanBytes(p.info().size_bytes()), HumanBytes(p.used_bytes()),
          Percent(p.used_bytes(), p.info().size_bytes()),
          HumanBytes(p.free_bytes()), HumanBytes(p.largest_free_bytes()),
          HumanBytes(p.high_water_bytes()), absl::StrCat(p.objects()),
          absl::StrCat(p.leases())});
   }
-  absl::StrAppend(&out,
-                  Table({"POOL", "KIND", "SIZE", "USED", "USED%", "FREE",
-                         "LARGEST FREE", "HIGH WATER", "OBJECTS", "LEASES"},
-                        rows, {2, 3, 4, 5, 6, 7, 8, 9}));
+  absl::StrAppend(
+      &out, Table({"POOL", "KIND", "PAGES", "SIZE", "USED", "USED%", "FREE",
+                   "LARGEST FREE", "HIGH WATER", "OBJECTS", "LEASES"},
+                  rows, {2, 3, 4, 5, 6, 7, 8, 9, 10}));
   return out;
 }
 
@@ -284,6 +286,14 @@ std::string RenderMetrics(const v1::DaemonStatus& s,
     e.Sample("shmtensor_pool_size_bytes",
              {{"pool", p.info().name()}, {"kind", KindName(p.info().kind())}},
              static_cast<double>(p.info().size_bytes()));
+  }
+  e.Family("shmtensor_pool_page_bytes", "gauge",
+           "Size of the pages backing the pool: 2097152 for huge pages.");
+  for (const v1::PoolStatus& p : s.pools()) {
+    e.Sample("shmtensor_pool_page_bytes", {{"pool", p.info().name()}},
+             static_cast<double>(p.info().huge_page_size() > 0
+                                     ? p.info().huge_page_size()
+                                     : p.info().page_size()));
   }
   for (const PoolGauge& g : pool_gauges) {
     e.Family(g.name, "gauge", g.help);

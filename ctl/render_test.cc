@@ -60,6 +60,35 @@ TEST(RenderTest, MetricsEscapeLabelsAndPrintIntegersExactly) {
             "# TYPE shmtensor_up gauge\nshmtensor_up 0\n");
 }
 
+TEST(RenderTest, StatusShowsEachPoolsPageSize) {
+  v1::DaemonStatus s;
+  v1::PoolStatus* small = s.add_pools();
+  small->mutable_info()->set_name("shm");
+  small->mutable_info()->set_page_size(4096);
+  v1::PoolStatus* huge = s.add_pools();
+  huge->mutable_info()->set_name("huge");
+  huge->mutable_info()->set_page_size(4096);
+  huge->mutable_info()->set_huge_page_size(2 << 20);
+  const std::string t = RenderStatus(s);
+  EXPECT_NE(t.find("PAGES"), std::string::npos) << t;
+  const size_t shm_row = t.find("\nshm "), huge_row = t.find("\nhuge ");
+  ASSERT_NE(shm_row, std::string::npos) << t;
+  ASSERT_NE(huge_row, std::string::npos) << t;
+  EXPECT_NE(
+      t.substr(shm_row, t.find('\n', shm_row + 1) - shm_row).find("4.0 KiB"),
+      std::string::npos)
+      << t;
+  EXPECT_NE(
+      t.substr(huge_row, t.find('\n', huge_row + 1) - huge_row).find("2.0 MiB"),
+      std::string::npos)
+      << t;
+  v1::ListClientsResponse none;
+  EXPECT_NE(RenderMetrics(s, none).find(
+                "shmtensor_pool_page_bytes{pool=\"huge\"} 2097152\n"),
+            std::string::npos)
+      << RenderMetrics(s, none);
+}
+
 TEST(RenderTest, ObjectsTableNamesDTypesShapesAndStates) {
   v1::ListObjectsResponse r;
   v1::ObjectStatus* o = r.add_objects();

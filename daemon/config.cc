@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -57,6 +58,10 @@ absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text) {
 }
 
 namespace {
+
+bool IsHugePagesValue(const std::string& v) {
+  return v == "auto" || v == "require" || v == "off";
+}
 
 absl::StatusOr<uint32_t> ParseFileMode(const std::string& text) {
   uint32_t mode = 0;
@@ -203,16 +208,32 @@ absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path,
         PoolConfig pc;
         for (const auto& [pk, pn] : *t) {
           const std::string pks(pk.str());
-          if (pks == "name" || pks == "kind") {
+          if (pks == "name" || pks == "kind" || pks == "directory" ||
+              pks == "huge_pages") {
             absl::StatusOr<std::string> v =
                 StringOf(path, pn, absl::StrCat("pool.", pks));
             if (!v.ok()) return v.status();
-            (pks == "name" ? pc.name : pc.kind) = *v;
+            if (pks == "name") pc.name = *v;
+            if (pks == "kind") pc.kind = *v;
+            if (pks == "directory") pc.directory = *v;
+            if (pks == "huge_pages") pc.huge_pages = *v;
             if (pks == "kind" && pc.kind != "host") {
               return SourceError(
                   path, pn,
                   absl::StrCat("'pool.kind' is '", pc.kind,
                                "'; this build supports \"host\" only"));
+            }
+            if (pks == "directory" && !absl::StartsWith(pc.directory, "/")) {
+              return SourceError(
+                  path, pn,
+                  absl::StrCat("'pool.directory' is '", pc.directory,
+                               "'; it must be an absolute path"));
+            }
+            if (pks == "huge_pages" && !IsHugePagesValue(pc.huge_pages)) {
+              return SourceError(
+                  path, pn,
+                  absl::StrCat("'pool.huge_pages' is '", pc.huge_pages,
+                               "'; use \"auto\", \"require\" or \"off\""));
             }
           } else if (pks == "size") {
             absl::StatusOr<uint64_t> size = SizeOf(path, pn);
@@ -261,6 +282,16 @@ absl::Status ValidateConfig(const DaemonConfig& config) {
       return absl::InvalidArgumentError(
           absl::StrCat("pool '", p.name, "' has kind '", p.kind,
                        "'; this build supports \"host\" only"));
+    }
+    if (!absl::StartsWith(p.directory, "/")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pool '", p.name, "' has directory '", p.directory,
+                       "'; it must be an absolute path"));
+    }
+    if (!IsHugePagesValue(p.huge_pages)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pool '", p.name, "' has huge_pages '", p.huge_pages,
+                       "'; use \"auto\", \"require\" or \"off\""));
     }
   }
   if (config.socket_mode > 0777) {

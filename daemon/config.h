@@ -16,6 +16,8 @@
 //   name = "default"
 //   size = "1GiB"
 //   kind = "host"              # only "host" in this build
+//   directory = "/dev/shm"     # a tmpfs; e.g. one mounted huge=always
+//   huge_pages = "auto"        # "auto", "require" or "off"
 //
 // Thread safety: pure functions.
 #ifndef SHMTENSOR_DAEMON_CONFIG_H_
@@ -39,6 +41,8 @@ struct PoolConfig {
   std::string name;
   uint64_t size_bytes = 0;
   std::string kind = "host";
+  std::string directory = "/dev/shm";  // Where the segment file lives.
+  std::string huge_pages = "auto";     // "auto", "require" or "off".
 };
 
 struct DaemonConfig {
@@ -72,8 +76,8 @@ absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path,
                                             DaemonConfig base);
 
 // Checks a complete config: an address, at least one pool, unique non-empty
-// pool names, sizes > 0, known pool kinds, a known log level, a socket mode
-// within 0777.
+// pool names, sizes > 0, known pool kinds, absolute pool directories, known
+// huge_pages values, a known log level, a socket mode within 0777.
 absl::Status ValidateConfig(const DaemonConfig& config);
 
 }  // namespace shmtensor::daemon

@@ -88,7 +88,8 @@ TEST(LoadConfigFileTest, ReadsEveryKey) {
       "max_objects = 1000\n"
       "max_leases_per_client = 64\n"
       "max_bytes_per_client = \"2GiB\"\n"
-      "[[pool]]\nname = \"p\"\nsize = \"8MiB\"\nkind = \"host\"\n");
+      "[[pool]]\nname = \"p\"\nsize = \"8MiB\"\nkind = \"host\"\n"
+      "directory = \"/run/shmtensor/huge\"\nhuge_pages = \"require\"\n");
   absl::StatusOr<DaemonConfig> c = LoadConfigFile(path, DefaultConfig());
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(MonitorAddress(c->monitor_listen), "127.0.0.1:9464");
@@ -99,6 +100,8 @@ TEST(LoadConfigFileTest, ReadsEveryKey) {
   EXPECT_EQ(c->limits.max_leases_per_client, 64u);
   EXPECT_EQ(c->limits.max_bytes_per_client, uint64_t{2} << 30);
   EXPECT_EQ(c->pools[0].kind, "host");
+  EXPECT_EQ(c->pools[0].directory, "/run/shmtensor/huge");
+  EXPECT_EQ(c->pools[0].huge_pages, "require");
   EXPECT_TRUE(ValidateConfig(*c).ok());
 }
 
@@ -117,6 +120,10 @@ TEST(LoadConfigFileTest, BadValuesNameLineAndKey) {
        "'pool.kind' is 'gpu'"},
       {"[[pool]]\nname = \"g\"\nsizes = 4\n", ":3", "unknown key 'pool.sizes'"},
       {"[[pool]]\nname = \"g\"\n", ":1", "pool 'g' has no 'size'"},
+      {"[[pool]]\nname = \"g\"\nsize = 4096\ndirectory = \"shm\"\n", ":4",
+       "'pool.directory' is 'shm'; it must be an absolute path"},
+      {"[[pool]]\nname = \"g\"\nsize = 4096\nhuge_pages = \"yes\"\n", ":4",
+       "'pool.huge_pages' is 'yes'"},
   };
   for (const Case& c : cases) {
     absl::StatusOr<DaemonConfig> r =
@@ -150,6 +157,8 @@ TEST(LoadConfigFileTest, TheSampleConfigIsValidAndHoldsTheDefaults) {
   EXPECT_EQ(c->pools[0].name, d.pools[0].name);
   EXPECT_EQ(c->pools[0].size_bytes, d.pools[0].size_bytes);
   EXPECT_EQ(c->pools[0].kind, d.pools[0].kind);
+  EXPECT_EQ(c->pools[0].directory, d.pools[0].directory);
+  EXPECT_EQ(c->pools[0].huge_pages, d.pools[0].huge_pages);
 }
 
 }  // namespace

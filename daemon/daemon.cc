@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <random>
+#include <set>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
@@ -83,11 +84,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   if (!d->socket_path_.empty()) unlink(d->socket_path_.c_str());
 
   const std::string prefix = SegmentPrefix(config.listen);
-  if (int n = HostSegment::RemoveLeftovers(prefix); n > 0) {
-    spdlog::warn(
-        "removed {} shared-memory segments left by an earlier "
-        "instance on {}",
-        n, config.listen);
+  std::set<std::string> directories;
+  for (const PoolConfig& pc : config.pools) directories.insert(pc.directory);
+  for (const std::string& dir : directories) {
+    if (int n = HostSegment::RemoveLeftovers(dir, prefix); n > 0) {
+      spdlog::warn(
+          "removed {} shared-memory segments left in {} by an earlier "
+          "instance on {}",
+          n, dir, config.listen);
+    }
   }
 
   int gid = -1;
@@ -102,15 +107,31 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
 
   std::vector<std::unique_ptr<Pool>> pools;
   for (const PoolConfig& pc : config.pools) {
+    HostSegmentOptions options;
+    options.directory = pc.directory;
+    options.name_prefix = prefix;
+    options.size_bytes = pc.size_bytes;
+    options.gid = gid;
+    options.huge_pages = pc.huge_pages == "require" ? HugePages::kRequire
+                         : pc.huge_pages == "off"   ? HugePages::kOff
+                                                    : HugePages::kAuto;
     absl::StatusOr<std::unique_ptr<HostSegment>> seg =
-        HostSegment::Create(prefix, pc.size_bytes, gid);
+        HostSegment::Create(options);
     if (!seg.ok()) {
       return absl::Status(
           seg.status().code(),
           absl::StrCat("pool '", pc.name, "': ", seg.status().message()));
     }
-    spdlog::info("pool '{}': {} bytes of host memory reserved at /dev/shm{}",
-                 pc.name, (*seg)->size_bytes(), (*seg)->handle());
+    const uint64_t huge = (*seg)->huge_page_size();
+    spdlog::info(
+        "pool '{}': {} bytes of host memory reserved at {}, {}", pc.name,
+        (*seg)->size_bytes(), (*seg)->path(),
+        huge > 0 ? absl::StrFormat("%d KiB huge pages", huge >> 10)
+        : pc.huge_pages == "off"
+            ? std::string("huge pages off")
+            : absl::StrFormat("%d-byte pages (the tmpfs gives no huge pages; "
+                              "see huge_pages in deploy/shmtensord.toml)",
+                              (*seg)->page_size()));
     pools.push_back(std::make_unique<Pool>(pc.name, *std::move(seg)));
   }
   std::random_device rd;

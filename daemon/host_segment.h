@@ -1,11 +1,16 @@
-// Host shared-memory segment under /dev/shm, created with Boost.Interprocess.
+// Host shared-memory segment: a file on a tmpfs, /dev/shm by default (created
+// there with Boost.Interprocess) or a pool directory the operator names,
+// typically a tmpfs mounted with huge=always for 2 MiB pages.
 //
 // Created with mode 0600 (0660 and a group, for a daemon shared by a group)
-// under an unguessable name "/<prefix><128-bit hex>".
-// Every byte is reserved and faulted in at creation (posix_fallocate on the
-// tmpfs file), so a too-small /dev/shm fails here with ENOSPC instead of with
-// SIGBUS in a client later, and no page is allocated on first touch.
-// The daemon never maps the segment: it only hands out offsets.
+// under an unguessable name "<prefix><128-bit hex>".
+// Every byte is reserved, allocated and zeroed at creation (ftruncate,
+// posix_fallocate, then pwrite of zeros on the tmpfs file), so a too-small
+// tmpfs fails here with ENOSPC instead of with SIGBUS in a client later, and
+// no page is allocated or zeroed on first touch (about 0.1 s per GiB). The
+// daemon never keeps a mapping of the segment: it only hands out offsets (it
+// maps one huge page briefly at creation to learn whether the kernel backs the
+// file with huge pages).
 //
 // Thread safety: immutable after Create.
 #ifndef SHMTENSOR_DAEMON_HOST_SEGMENT_H_
@@ -19,19 +24,40 @@
 
 namespace shmtensor::daemon {
 
+// Whether a pool uses transparent huge pages.
+enum class HugePages {
+  kAuto,     // When the directory's tmpfs gives them (huge=always/within_size).
+  kRequire,  // Creation fails unless it does.
+  kOff,      // Never align objects to huge pages, whatever the tmpfs does.
+};
+
+// The default pool directory.
+inline constexpr char kShmDirectory[] = "/dev/shm";
+
+struct HostSegmentOptions {
+  std::string directory = kShmDirectory;  // Must be on a tmpfs.
+  std::string name_prefix;                // Daemon::SegmentPrefix.
+  uint64_t size_bytes = 0;                // > 0; rounded up to the page size.
+  int gid = -1;  // >= 0: the segment gets this group and mode 0660.
+  HugePages huge_pages = HugePages::kAuto;
+};
+
 class HostSegment final : public Segment {
  public:
-  // Creates and reserves a segment of `size_bytes` (> 0, rounded up to the
-  // page size). Fails with RESOURCE_EXHAUSTED when /dev/shm cannot hold it,
-  // with INTERNAL for other system errors; the message names the size.
-  // With `gid` >= 0 the segment gets that group and mode 0660.
+  // Creates and reserves a segment. Fails with RESOURCE_EXHAUSTED when the
+  // tmpfs cannot hold it; INVALID_ARGUMENT when the directory is missing or
+  // not a tmpfs (pool memory must never be written back to a disk), or is a
+  // hugetlbfs; FAILED_PRECONDITION under kRequire when the kernel gives the
+  // file no huge pages; INTERNAL for other system errors. Messages name the
+  // directory and the size.
   static absl::StatusOr<std::unique_ptr<HostSegment>> Create(
-      const std::string& name_prefix, uint64_t size_bytes, int gid = -1);
+      const HostSegmentOptions& options);
 
-  // Removes every /dev/shm entry whose name starts with `name_prefix`: the
-  // segments an earlier instance left behind when it crashed. Returns how many
-  // were removed.
-  static int RemoveLeftovers(const std::string& name_prefix);
+  // Removes every entry of `directory` whose name starts with `name_prefix`:
+  // the segments an earlier instance left behind when it crashed. Returns
+  // how many were removed.
+  static int RemoveLeftovers(const std::string& directory,
+                             const std::string& name_prefix);
 
   // Unlinks the segment. Clients that still map it keep their mapping; the
   // memory goes back when the last mapping goes.
@@ -42,19 +68,27 @@ class HostSegment final : public Segment {
   HostSegment& operator=(const HostSegment&) = delete;
 
   v1::MemoryKind kind() const override { return v1::MEMORY_KIND_HOST; }
+  // The shm_open name ("/shmtensor-...") under /dev/shm, else empty.
   const std::string& handle() const override { return shm_name_; }
+  const std::string& path() const override { return path_; }
   uint64_t size_bytes() const override { return size_bytes_; }
   uint64_t page_size() const override { return page_size_; }
+  uint64_t huge_page_size() const override { return huge_page_size_; }
 
  private:
-  HostSegment(std::string shm_name, uint64_t size_bytes, uint64_t page_size)
+  HostSegment(std::string shm_name, std::string path, uint64_t size_bytes,
+              uint64_t page_size, uint64_t huge_page_size)
       : shm_name_(std::move(shm_name)),
+        path_(std::move(path)),
         size_bytes_(size_bytes),
-        page_size_(page_size) {}
+        page_size_(page_size),
+        huge_page_size_(huge_page_size) {}
 
-  const std::string shm_name_;  // With the leading '/'.
+  const std::string shm_name_;  // With the leading '/'; empty off /dev/shm.
+  const std::string path_;      // Absolute.
   const uint64_t size_bytes_;
   const uint64_t page_size_;
+  const uint64_t huge_page_size_;  // 0: base pages only.
 };
 
 }  // namespace shmtensor::daemon

@@ -13,13 +13,17 @@ int main(int argc, char** argv) {
   using shmtensor::daemon::DaemonConfig;
   CLI::App app{
       "shmtensord: shared-memory pools for zero-copy arrays and tensors"};
-  std::string listen, pool_size, config_file, log_level, monitor_listen;
+  std::string listen, pool_size, pool_dir, config_file, log_level,
+      monitor_listen;
   app.add_option("--listen", listen,
                  "gRPC address: unix:/path or host:port (default: "
                  "$SHMTENSOR_ADDRESS or unix:/tmp/shmtensord-<uid>.sock)");
   app.add_option(
       "--pool-size", pool_size,
       "size of the default pool, e.g. 512MiB or 4GiB (default 1GiB)");
+  app.add_option("--pool-dir", pool_dir,
+                 "tmpfs directory of the default pool's segment, e.g. one "
+                 "mounted with huge=always for 2 MiB pages (default /dev/shm)");
   app.add_option("--monitor-listen", monitor_listen,
                  "also serve monitoring (not the data plane) on TCP: PORT "
                  "(loopback) or HOST:PORT (default: off)");
@@ -51,6 +55,7 @@ int main(int argc, char** argv) {
     }
     config.pools.front().size_bytes = *size;
   }
+  if (!pool_dir.empty()) config.pools.front().directory = pool_dir;
   if (absl::Status s = shmtensor::daemon::ValidateConfig(config); !s.ok()) {
     spdlog::error("{}", s.ToString());
     return 2;

@@ -56,8 +56,10 @@ ObjectStore::ObjectStore(std::vector<std::unique_ptr<Pool>> pools,
     info.set_name(pools_[i]->name());
     info.set_kind(seg.kind());
     info.set_shm_name(seg.handle());
+    info.set_path(seg.path());
     info.set_size_bytes(seg.size_bytes());
     info.set_page_size(seg.page_size());
+    info.set_huge_page_size(seg.huge_page_size());
     pool_infos_.push_back(std::move(info));
   }
 }
@@ -141,14 +143,18 @@ absl::StatusOr<Handout> ObjectStore::Create(const CreateArgs& args) {
   }
   Pool& pool = *pools_[pool_id];
   uint64_t capacity = 0;
+  uint64_t alignment = 0;
+  RangeAllocator::End end = RangeAllocator::End::kLow;
   if (*bytes > 0) {
-    std::optional<uint64_t> rounded = pool.allocator().RoundUp(*bytes);
-    if (!rounded || *rounded > pool.allocator().size()) {
+    std::optional<Pool::Placement> place = pool.Place(*bytes);
+    if (!place || place->capacity > pool.allocator().size()) {
       return absl::InvalidArgumentError(
           absl::StrFormat("size %d bytes exceeds pool '%s' of %d bytes", *bytes,
                           pool.name(), pool.allocator().size()));
     }
-    capacity = *rounded;
+    capacity = place->capacity;
+    alignment = place->alignment;
+    end = place->end;
   }
   const absl::Time deadline = absl::Now() + args.timeout;
   uint64_t offset = 0;
@@ -174,14 +180,16 @@ absl::StatusOr<Handout> ObjectStore::Create(const CreateArgs& args) {
       return s;
     }
     if (capacity == 0) break;
-    if (std::optional<uint64_t> got = pool.allocator().Allocate(capacity)) {
+    if (std::optional<uint64_t> got =
+            pool.allocator().Allocate(capacity, alignment, end)) {
       offset = *got;
       break;
     }
     if (memory_freed_.WaitWithDeadline(&mu_, deadline) &&
         absl::Now() >= deadline) {
       // Timed out; one more try below the loop's checks.
-      if (std::optional<uint64_t> got = pool.allocator().Allocate(capacity)) {
+      if (std::optional<uint64_t> got =
+              pool.allocator().Allocate(capacity, alignment, end)) {
         offset = *got;
         break;
       }

@@ -14,15 +14,20 @@ constexpr uint64_t kPage = 4096;
 // Offsets only: the store never touches pool bytes, so no memory is needed.
 class FakeSegment final : public Segment {
  public:
-  explicit FakeSegment(uint64_t size) : size_(size) {}
+  explicit FakeSegment(uint64_t size, uint64_t huge_page_size = 0)
+      : size_(size), huge_(huge_page_size) {}
   v1::MemoryKind kind() const override { return v1::MEMORY_KIND_HOST; }
   const std::string& handle() const override { return handle_; }
+  const std::string& path() const override { return path_; }
   uint64_t size_bytes() const override { return size_; }
   uint64_t page_size() const override { return kPage; }
+  uint64_t huge_page_size() const override { return huge_; }
 
  private:
   uint64_t size_;
+  uint64_t huge_;
   std::string handle_ = "/fake";
+  std::string path_ = "/dev/shm/fake";
 };
 
 class ObjectStoreTest : public ::testing::Test {
@@ -395,6 +400,41 @@ TEST(ObjectStoreLimitsTest, LimitsNameTheClientAndTheLimit) {
             std::string::npos)
       << h.status();
   EXPECT_EQ(store.Status().limits().max_objects(), 3u);
+}
+
+TEST(ObjectStoreHugePagesTest, LargeObjectsTakeWholeAlignedHugePages) {
+  constexpr uint64_t kHuge = 512 * kPage;  // 2 MiB.
+  std::vector<std::unique_ptr<Pool>> pools;
+  pools.push_back(std::make_unique<Pool>(
+      "huge", std::make_unique<FakeSegment>(8 * kHuge, kHuge)));
+  ObjectStore store(std::move(pools), 7);
+  EXPECT_EQ(store.pool_infos()[0].huge_page_size(), kHuge);
+  const uint64_t s = *store.OpenSession("s", 1);
+  auto create = [&](uint64_t bytes) {
+    CreateArgs args;
+    args.session_id = s;
+    args.size_bytes = bytes;
+    return *store.Create(args);
+  };
+  // Small objects keep the page granule and pack down from the top...
+  const Handout small = create(100);
+  EXPECT_EQ(small.placement.offset(), 8 * kHuge - kPage);
+  EXPECT_EQ(small.placement.capacity_bytes(), kPage);
+  // ...large ones, from half a huge page up, take whole huge pages on huge
+  // boundaries from the bottom, so the two never share a huge page here.
+  const Handout half = create(kHuge / 2);
+  EXPECT_EQ(half.placement.offset(), 0u);
+  EXPECT_EQ(half.placement.capacity_bytes(), kHuge);
+  const Handout odd = create(3 * kHuge + 1);
+  EXPECT_EQ(odd.placement.offset(), kHuge);
+  EXPECT_EQ(odd.placement.capacity_bytes(), 4 * kHuge);
+  EXPECT_EQ(odd.placement.size_bytes(), 3 * kHuge + 1);
+  EXPECT_EQ(create(kHuge / 2 - kPage).placement.offset(),
+            8 * kHuge - kPage - (kHuge / 2 - kPage));
+  // Freed and made again, a lifecycle gets the same range back.
+  const uint64_t small_at = small.placement.offset();
+  ASSERT_TRUE(store.Release(s, small.lease_id).ok());
+  EXPECT_EQ(create(100).placement.offset(), small_at);
 }
 
 }  // namespace

@@ -4,7 +4,9 @@
 #ifndef SHMTENSOR_DAEMON_POOL_H_
 #define SHMTENSOR_DAEMON_POOL_H_
 
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "daemon/range_allocator.h"
@@ -22,6 +24,36 @@ class Pool {
   // Not copyable: the pool owns its segment.
   Pool(const Pool&) = delete;
   Pool& operator=(const Pool&) = delete;
+
+  // Where an object of `bytes` (> 0) goes: `capacity` bytes at a multiple of
+  // `alignment`, carved from `end` of a free range. When the segment has huge
+  // pages, an object of at least half a huge page takes whole huge pages on a
+  // huge-page boundary (so clients map and protect it a page-table entry per
+  // huge page; the cost is at most one huge page of rounding) from the low
+  // end of the pool, and smaller objects are packed from the high end: a
+  // huge page that small objects used keeps small page-table entries in
+  // every client that wrote them, and would make a large object that lands
+  // there later cost as much as with base pages. In a pool without huge
+  // pages, every object is rounded to the page granule, from the low end.
+  // nullopt on overflow.
+  struct Placement {
+    uint64_t capacity;
+    uint64_t alignment;
+    RangeAllocator::End end;
+  };
+  std::optional<Placement> Place(uint64_t bytes) const {
+    const uint64_t huge = segment_->huge_page_size();
+    if (huge > 0 && bytes >= huge / 2) {
+      if (bytes > UINT64_MAX - (huge - 1)) return std::nullopt;
+      return Placement{(bytes + huge - 1) & ~(huge - 1), huge,
+                       RangeAllocator::End::kLow};
+    }
+    std::optional<uint64_t> rounded = allocator_.RoundUp(bytes);
+    if (!rounded) return std::nullopt;
+    return Placement{
+        *rounded, allocator_.granule(),
+        huge > 0 ? RangeAllocator::End::kHigh : RangeAllocator::End::kLow};
+  }
 
   const std::string& name() const { return name_; }
   const Segment& segment() const { return *segment_; }

@@ -15,15 +15,31 @@ std::optional<uint64_t> RangeAllocator::RoundUp(uint64_t bytes) const {
   return (bytes + granule_ - 1) & ~(granule_ - 1);
 }
 
-std::optional<uint64_t> RangeAllocator::Allocate(uint64_t capacity) {
+std::optional<uint64_t> RangeAllocator::Allocate(uint64_t capacity,
+                                                 uint64_t alignment, End end) {
   assert(capacity > 0 && capacity % granule_ == 0);
-  auto fit = by_size_.lower_bound({capacity, 0});
-  if (fit == by_size_.end()) return std::nullopt;
-  const uint64_t length = fit->first;
-  const uint64_t offset = fit->second;
-  Erase(by_offset_.find(offset));
-  if (length > capacity) Insert(offset + capacity, length - capacity);
-  return offset;
+  if (alignment == 0) alignment = granule_;
+  assert((alignment & (alignment - 1)) == 0 && alignment >= granule_);
+  // Ranges are visited smallest first; with alignment above the granule the
+  // first ones may not hold an aligned range, so keep looking (the scan is
+  // bounded by the number of free ranges at least `capacity` long).
+  for (auto fit = by_size_.lower_bound({capacity, 0}); fit != by_size_.end();
+       ++fit) {
+    const uint64_t length = fit->first;
+    const uint64_t offset = fit->second;
+    const uint64_t limit = offset + length;
+    const uint64_t lowest = (offset + alignment - 1) & ~(alignment - 1);
+    if (lowest - offset > length - capacity) continue;
+    const uint64_t start =
+        end == End::kLow ? lowest : (limit - capacity) & ~(alignment - 1);
+    Erase(by_offset_.find(offset));
+    if (start > offset) Insert(offset, start - offset);
+    if (limit > start + capacity) {
+      Insert(start + capacity, limit - start - capacity);
+    }
+    return start;
+  }
+  return std::nullopt;
 }
 
 void RangeAllocator::Free(uint64_t offset, uint64_t capacity) {

@@ -36,9 +36,19 @@ class RangeAllocator {
   // Returns nullopt on overflow.
   std::optional<uint64_t> RoundUp(uint64_t bytes) const;
 
+  // Which end of the chosen free range an allocation is carved from.
+  enum class End { kLow, kHigh };
+
   // Reserves `capacity` bytes (a non-zero multiple of the granule, as returned
-  // by RoundUp) and returns the offset, or nullopt when no free range fits.
-  std::optional<uint64_t> Allocate(uint64_t capacity);
+  // by RoundUp) starting at a multiple of `alignment` (0: the granule; else a
+  // power of two >= the granule) and returns the offset, or nullopt when no
+  // free range fits. Best fit: the smallest free range that holds an aligned
+  // range of `capacity` bytes; the range is carved from that free range's
+  // `end` (its lowest or highest aligned place); what is left of it on either
+  // side stays free. Carving two classes of objects from opposite ends keeps
+  // them apart (see Pool::Place).
+  std::optional<uint64_t> Allocate(uint64_t capacity, uint64_t alignment = 0,
+                                   End end = End::kLow);
 
   // Returns a range from Allocate. Invariant: [offset, offset+capacity) is
   // allocated; freeing anything else is a bug and asserts.

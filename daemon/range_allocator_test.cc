@@ -51,6 +51,54 @@ TEST(RangeAllocatorTest, BestFitKeepsLargeRangesWhole) {
   EXPECT_EQ(a.largest_free(), 8 * kPage);
 }
 
+TEST(RangeAllocatorTest, AlignedAllocationKeepsBothRemaindersFree) {
+  constexpr uint64_t kHuge = 16 * kPage;
+  RangeAllocator a(4 * kHuge, kPage);
+  const uint64_t small = *a.Allocate(kPage);  // Takes offset 0.
+  ASSERT_EQ(small, 0u);
+  const uint64_t big = *a.Allocate(2 * kHuge, kHuge);
+  EXPECT_EQ(big, kHuge);  // Not at kPage: the next huge boundary.
+  // The gap before it and the tail after it are still free and usable.
+  EXPECT_EQ(a.free_bytes(), 4 * kHuge - kPage - 2 * kHuge);
+  EXPECT_EQ(a.free_ranges(), 2u);
+  EXPECT_EQ(*a.Allocate(kHuge - kPage), kPage);
+  EXPECT_EQ(*a.Allocate(kHuge, kHuge), 3 * kHuge);
+  EXPECT_FALSE(a.Allocate(kPage).has_value());
+}
+
+TEST(RangeAllocatorTest, AlignedAllocationSkipsRangesTooShortOnceAligned) {
+  constexpr uint64_t kHuge = 16 * kPage;
+  RangeAllocator a(4 * kHuge, kPage);
+  ASSERT_EQ(*a.Allocate(kPage), 0u);
+  // A free hole one huge page long that holds no aligned huge page, and a
+  // longer free range after an allocated separator.
+  const uint64_t hole = *a.Allocate(kHuge);
+  ASSERT_EQ(hole, kPage);
+  ASSERT_EQ(*a.Allocate(kHuge - kPage), kPage + kHuge);
+  const uint64_t rest = *a.Allocate(2 * kHuge);
+  ASSERT_EQ(rest, 2 * kHuge);
+  a.Free(hole, kHuge);
+  a.Free(rest, 2 * kHuge);
+  // Best fit alone would pick the hole; alignment makes it take the next.
+  EXPECT_EQ(*a.Allocate(kHuge, kHuge), 2 * kHuge);
+  EXPECT_FALSE(a.Allocate(2 * kHuge, kHuge).has_value());
+  EXPECT_EQ(*a.Allocate(kHuge, kHuge), 3 * kHuge);
+  EXPECT_EQ(*a.Allocate(kHuge), hole);  // Unaligned requests still fit it.
+}
+
+TEST(RangeAllocatorTest, HighEndAllocationsPackDownFromTheTop) {
+  constexpr uint64_t kHuge = 16 * kPage;
+  RangeAllocator a(4 * kHuge, kPage);
+  using End = RangeAllocator::End;
+  EXPECT_EQ(*a.Allocate(kPage, 0, End::kHigh), 4 * kHuge - kPage);
+  EXPECT_EQ(*a.Allocate(2 * kPage, 0, End::kHigh), 4 * kHuge - 3 * kPage);
+  EXPECT_EQ(*a.Allocate(kHuge, kHuge, End::kLow), 0u);
+  // Aligned from the high end: the highest aligned place that fits.
+  EXPECT_EQ(*a.Allocate(kHuge, kHuge, End::kHigh), 2 * kHuge);
+  EXPECT_EQ(a.free_bytes(), 4 * kHuge - 3 * kPage - 2 * kHuge);
+  EXPECT_EQ(a.free_ranges(), 2u);  // [kHuge, 2 kHuge) and below the top.
+}
+
 TEST(RangeAllocatorTest, RoundUpToGranuleAndOverflow) {
   RangeAllocator a(1 << 20, kPage);
   EXPECT_EQ(*a.RoundUp(1), kPage);
@@ -66,7 +114,16 @@ TEST(RangeAllocatorTest, RandomWorkloadKeepsAccounting) {
   for (int i = 0; i < 5000; ++i) {
     if (live.empty() || rng() % 2) {
       const uint64_t len = (1 + rng() % 8) * kPage;
-      if (auto off = a.Allocate(len)) live.emplace_back(*off, len);
+      const uint64_t align = kPage << (rng() % 4);
+      const auto end =
+          rng() % 2 ? RangeAllocator::End::kLow : RangeAllocator::End::kHigh;
+      if (auto off = a.Allocate(len, align, end)) {
+        ASSERT_EQ(*off % align, 0u);
+        for (auto& [o, l] : live) {
+          ASSERT_TRUE(*off + len <= o || o + l <= *off) << "overlap";
+        }
+        live.emplace_back(*off, len);
+      }
     } else {
       const size_t k = rng() % live.size();
       a.Free(live[k].first, live[k].second);

@@ -1,17 +1,24 @@
 // shmtensord as a process: start, refuse, recover, stop.
+#include "daemon/daemon.h"
+
 #include <grp.h>
+#include <linux/magic.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "shmtensor/client.h"
 #include "shmtensor/errors.h"
+#include "tests/scoped_tmpfs.h"
 #include "tests/test_util.h"
 
 namespace shmtensor {
@@ -176,6 +183,145 @@ TEST(DaemonConfigTest, BadConfigFileNamesLineAndKeyAndExits2) {
   EXPECT_EQ(code, 2);
   EXPECT_TRUE(absl::StrContains(out, path + ":3")) << out;
   EXPECT_TRUE(absl::StrContains(out, "unknown key 'limits.max_leases'")) << out;
+}
+
+// Pool directories: a tmpfs other than /dev/shm, e.g. one with huge pages.
+
+// Files in `dir` whose names start with the segment prefix of `address`.
+std::vector<std::string> SegmentsIn(const std::string& dir,
+                                    const std::string& address) {
+  std::vector<std::string> out;
+  const std::string prefix = daemon::Daemon::SegmentPrefix(address);
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (absl::StartsWith(name, prefix)) out.push_back(name);
+  }
+  return out;
+}
+
+// kB of the mapping containing `p` mapped by huge-page (PMD) entries, from
+// /proc/self/smaps; -1 when the mapping is not found.
+long PmdMappedKb(const void* p) {
+  std::ifstream smaps("/proc/self/smaps");
+  const uintptr_t at = reinterpret_cast<uintptr_t>(p);
+  bool in_vma = false;
+  for (std::string line; std::getline(smaps, line);) {
+    uintptr_t lo, hi;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2 &&
+        line.find(':') > line.find(' ')) {
+      in_vma = lo <= at && at < hi;
+      continue;
+    }
+    if (in_vma && absl::StartsWith(line, "ShmemPmdMapped:")) {
+      return std::atol(line.c_str() + 15);
+    }
+  }
+  return -1;
+}
+
+TEST(PoolDirectoryTest, DirectoryMustBeAnAbsoluteTmpfsPath) {
+  auto [code, out] = RunFailing(
+      {"--listen", testing::FreshAddress(), "--pool-dir", "relative/dir"});
+  EXPECT_EQ(code, 2);
+  EXPECT_TRUE(absl::StrContains(out, "'relative/dir'")) << out;
+  EXPECT_TRUE(absl::StrContains(out, "absolute")) << out;
+
+  const std::string disk = SHMTENSOR_BINARY_DIR;
+  struct statfs fs;
+  ASSERT_EQ(statfs(disk.c_str(), &fs), 0);
+  if (fs.f_type == TMPFS_MAGIC) GTEST_SKIP() << disk << " is a tmpfs here";
+  const std::string address = testing::FreshAddress();
+  std::tie(code, out) = RunFailing({"--listen", address, "--pool-dir", disk});
+  EXPECT_EQ(code, 1);
+  EXPECT_TRUE(absl::StrContains(out, "'" + disk + "'")) << out;
+  EXPECT_TRUE(absl::StrContains(out, "not a tmpfs")) << out;
+  EXPECT_TRUE(SegmentsIn(disk, address).empty());  // Nothing written there.
+}
+
+// Mounts a tmpfs or skips the test saying why (mounting needs root).
+#define MOUNT_TMPFS_OR_SKIP(var, options)                          \
+  absl::StatusOr<std::unique_ptr<testing::ScopedTmpfs>> var##_or = \
+      testing::ScopedTmpfs::Mount(options);                        \
+  if (!var##_or.ok()) GTEST_SKIP() << var##_or.status();           \
+  std::unique_ptr<testing::ScopedTmpfs> var = *std::move(var##_or)
+
+TEST(PoolDirectoryTest, HugePagePoolMapsLargeObjectsWithHugePages) {
+  MOUNT_TMPFS_OR_SKIP(tmpfs, "huge=always,size=96m,mode=0700");
+  const std::string address = testing::FreshAddress();
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> d = DaemonProcess::Start(
+      {"--pool-size", "64MiB", "--pool-dir", tmpfs->path()}, address);
+  ASSERT_TRUE(d.ok()) << d.status();
+  // The segment is in the directory, private, and nothing is in /dev/shm.
+  std::vector<std::string> segs = SegmentsIn(tmpfs->path(), address);
+  ASSERT_EQ(segs.size(), 1u);
+  EXPECT_TRUE((*d)->Segments().empty());
+  struct stat st;
+  ASSERT_EQ(stat((tmpfs->path() + "/" + segs[0]).c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_GE(st.st_blocks * 512, 64 << 20);
+
+  Client c = *Client::Connect({.address = address});
+  StoreStats stats = *c.Stats();
+  ASSERT_EQ(stats.pools.size(), 1u);
+  ASSERT_EQ(stats.pools[0].huge_page_size, 2u << 20)
+      << "the kernel gave a huge=always tmpfs no 2 MiB pages";
+
+  constexpr size_t kBytes = (4 << 20) + 100;  // Three huge pages' worth.
+  Buffer buf = *c.Create({.size_bytes = kBytes});
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(buf.data()) % (2 << 20), 0u);
+  std::memset(buf.data(), 0x5a, kBytes);
+  EXPECT_EQ(c.Stats()->pools[0].used_bytes, 6u << 20);  // Whole huge pages.
+  uint8_t* old = static_cast<uint8_t*>(buf.data());
+  SealedRef ref = *buf.Seal();
+  View view = *c.Get(ref.ref());
+  const auto* bytes = static_cast<const uint8_t*>(view.data());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(bytes) % (2 << 20), 0u);
+  EXPECT_EQ(bytes[0], 0x5a);
+  EXPECT_EQ(bytes[kBytes - 1], 0x5a);
+  // Readers map it with huge-page entries (6 MiB touched above: >= 2 MiB).
+  volatile uint8_t sink = 0;
+  for (size_t i = 0; i < kBytes; i += 4096) sink += bytes[i];
+  EXPECT_GE(PmdMappedKb(bytes), 2048) << "read mapping is not PMD-mapped";
+  // Sealed is sealed here too: a write through the creator's old pointer
+  // faults instead of changing what readers see.
+  const pid_t child = fork();
+  if (child == 0) {
+    old[0] = 1;
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV) << status;
+  EXPECT_EQ(bytes[0], 0x5a);
+
+  // A crash leaves the file; the next daemon on the address removes it; a
+  // clean stop unlinks its own.
+  (*d)->process().Signal(SIGKILL);
+  (*d)->process().Wait();
+  EXPECT_EQ(SegmentsIn(tmpfs->path(), address), segs);
+  d = DaemonProcess::Start({"--pool-size", "8MiB", "--pool-dir", tmpfs->path()},
+                           address);
+  ASSERT_TRUE(d.ok()) << d.status();
+  std::vector<std::string> now = SegmentsIn(tmpfs->path(), address);
+  ASSERT_EQ(now.size(), 1u);
+  EXPECT_NE(now[0], segs[0]);
+  EXPECT_EQ((*d)->Stop(), 0);
+  EXPECT_TRUE(SegmentsIn(tmpfs->path(), address).empty());
+}
+
+TEST(PoolDirectoryTest, RequiredHugePagesRefuseATmpfsWithout) {
+  MOUNT_TMPFS_OR_SKIP(tmpfs, "huge=never,size=16m,mode=0700");
+  const std::string path = ::testing::TempDir() + "/shmtensord_huge.toml";
+  std::ofstream(path) << "[[pool]]\nname = \"p\"\nsize = \"8MiB\"\n"
+                      << "directory = \"" << tmpfs->path() << "\"\n"
+                      << "huge_pages = \"require\"\n";
+  const std::string address = testing::FreshAddress();
+  auto [code, out] = RunFailing({"--listen", address, "--config", path});
+  EXPECT_EQ(code, 1);
+  EXPECT_TRUE(absl::StrContains(out, tmpfs->path() + " gives no huge pages"))
+      << out;
+  EXPECT_TRUE(absl::StrContains(out, "huge=always")) << out;
+  EXPECT_TRUE(SegmentsIn(tmpfs->path(), address).empty());  // Cleaned up.
 }
 
 }  // namespace

@@ -128,7 +128,7 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(
   if (address.empty()) {
     // Leftovers of an earlier run of this test on the same path.
     daemon::HostSegment::RemoveLeftovers(
-        daemon::Daemon::SegmentPrefix(d->address_));
+        daemon::kShmDirectory, daemon::Daemon::SegmentPrefix(d->address_));
   }
   std::vector<std::string> argv = {DaemonPath(), "--listen", d->address_,
                                    "--log-level", "warn"};
@@ -166,7 +166,8 @@ DaemonProcess::~DaemonProcess() {
   process_.reset();
   unlink(socket_path_.c_str());
   unlink((socket_path_ + ".lock").c_str());
-  daemon::HostSegment::RemoveLeftovers(daemon::Daemon::SegmentPrefix(address_));
+  daemon::HostSegment::RemoveLeftovers(daemon::kShmDirectory,
+                                       daemon::Daemon::SegmentPrefix(address_));
 }
 
 std::vector<std::string> DaemonProcess::Segments() const {

@@ -178,6 +178,7 @@ py::dict StatsDict(const StoreStats& s) {
     pd["used_bytes"] = p.used_bytes;
     pd["free_bytes"] = p.free_bytes;
     pd["largest_free_bytes"] = p.largest_free_bytes;
+    pd["huge_page_size"] = p.huge_page_size;
     pd["objects"] = p.objects;
     pools.append(pd);
   }

@@ -61,6 +61,8 @@ struct PoolUsage {
   uint64_t free_bytes = 0;
   uint64_t largest_free_bytes = 0;
   uint64_t objects = 0;
+  // Huge page size backing the pool (2 MiB on x86-64), 0 for base pages.
+  uint64_t huge_page_size = 0;
 };
 
 struct StoreStats {

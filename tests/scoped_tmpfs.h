@@ -1,0 +1,41 @@
+// A tmpfs mounted for the length of a test or benchmark, e.g. one with
+// huge=always to give pools 2 MiB pages.
+//
+// Mounting needs CAP_SYS_ADMIN (root, or a user namespace that owns the
+// mount namespace); without it Mount says why, and callers skip.
+//
+// Thread safety: not thread-safe; one owner.
+#ifndef SHMTENSOR_TESTS_SCOPED_TMPFS_H_
+#define SHMTENSOR_TESTS_SCOPED_TMPFS_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace shmtensor::testing {
+
+class ScopedTmpfs {
+ public:
+  // Mounts a tmpfs with `options` (mount(8) -o syntax, e.g.
+  // "huge=always,size=512m,mode=0700") at a fresh directory under /tmp.
+  // PERMISSION_DENIED without the privilege, INTERNAL for other failures.
+  static absl::StatusOr<std::unique_ptr<ScopedTmpfs>> Mount(
+      const std::string& options);
+  // Unmounts (lazily, so open mappings elsewhere do not block it) and removes
+  // the directory.
+  ~ScopedTmpfs();
+
+  ScopedTmpfs(const ScopedTmpfs&) = delete;
+  ScopedTmpfs& operator=(const ScopedTmpfs&) = delete;
+
+  const std::string& path() const { return path_; }
+
+ private:
+  explicit ScopedTmpfs(std::string path) : path_(std::move(path)) {}
+  const std::string path_;
+};
+
+}  // namespace shmtensor::testing
+
+#endif  // SHMTENSOR_TESTS_SCOPED_TMPFS_H_
