@@ -21,8 +21,10 @@ namespace shmtensor::internal {
 void EnableForkSupport();
 
 // Remembers a daemon's Unix socket path, so that a child closes its inherited
-// connections to it. No-op for other addresses (their connections end by
-// keepalive, within about 15 s, when the parent dies).
+// connections to it. No-op for TCP addresses: a child then keeps its
+// parent's connection open until the child exits, so the daemon reclaims a
+// dead parent's leases only then. Fork-heavy clients should use the Unix
+// socket (the default).
 void RegisterDaemonAddress(const std::string& address);
 
 }  // namespace shmtensor::internal
