@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "client/fork_guard.h"
 #include "shmtensor/errors.h"
 
@@ -56,6 +57,13 @@ absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::Connect(
   core->session_id_ = event.opened().session_id();
   core->epoch_ = event.opened().daemon_epoch();
   for (const v1::PoolInfo& info : event.opened().pools()) {
+    if (info.kind() != v1::MEMORY_KIND_HOST) {
+      // A pool this client cannot map (CUDA): fine until an object of it
+      // is used; Mapping() then says so.
+      core->mappings_.push_back(nullptr);
+      core->unmapped_.push_back(info);
+      continue;
+    }
     absl::StatusOr<std::shared_ptr<PoolMapping>> m = PoolMapping::Get(info);
     if (!m.ok()) return m.status();
     core->mappings_.push_back(*std::move(m));
@@ -94,6 +102,15 @@ absl::StatusOr<PoolMapping*> ClientCore::Mapping(uint32_t pool_id) const {
     return absl::InternalError(absl::StrCat("daemon named pool ", pool_id,
                                             " but sent ", mappings_.size(),
                                             " pools"));
+  }
+  if (mappings_[pool_id] == nullptr) {
+    for (const v1::PoolInfo& info : unmapped_) {
+      if (info.pool_id() != pool_id) continue;
+      return absl::UnimplementedError(absl::StrFormat(
+          "pool '%s' holds CUDA device memory (device %d), which this client "
+          "does not map yet; use a host pool",
+          info.name(), info.cuda_device()));
+    }
   }
   return mappings_[pool_id].get();
 }

@@ -101,7 +101,9 @@ class ClientCore {
   // Serialises writes on session_ (gRPC allows one outstanding write).
   std::mutex write_mu_;
   std::atomic<uint64_t> releases_sent_{0};  // Written under write_mu_.
-  std::vector<std::shared_ptr<PoolMapping>> mappings_;  // By pool id.
+  // By pool id; null for pools of a kind this client cannot map.
+  std::vector<std::shared_ptr<PoolMapping>> mappings_;
+  std::vector<v1::PoolInfo> unmapped_;  // The pools whose mapping is null.
 };
 
 }  // namespace shmtensor::internal

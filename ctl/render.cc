@@ -132,6 +132,10 @@ std::string RenderStatus(const v1::DaemonStatus& s) {
       &out, Table({"POOL", "KIND", "PAGES", "SIZE", "USED", "USED%", "FREE",
                    "LARGEST FREE", "HIGH WATER", "OBJECTS", "LEASES"},
                   rows, {2, 3, 4, 5, 6, 7, 8, 9, 10}));
+  for (const v1::UnavailablePool& u : s.unavailable_pools()) {
+    absl::StrAppend(&out, "unavailable: pool ", u.name(), " (",
+                    KindName(u.kind()), "): ", u.reason(), "\n");
+  }
   return out;
 }
 

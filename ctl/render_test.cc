@@ -82,6 +82,14 @@ TEST(RenderTest, StatusShowsEachPoolsPageSize) {
       t.substr(huge_row, t.find('\n', huge_row + 1) - huge_row).find("2.0 MiB"),
       std::string::npos)
       << t;
+  v1::UnavailablePool* gpu = s.add_unavailable_pools();
+  gpu->set_name("gpu0");
+  gpu->set_kind(v1::MEMORY_KIND_CUDA_DEVICE);
+  gpu->set_reason("CUDA pools are unavailable: no usable CUDA device");
+  EXPECT_NE(RenderStatus(s).find("unavailable: pool gpu0 (cuda): CUDA pools "
+                                 "are unavailable: no usable CUDA device\n"),
+            std::string::npos)
+      << RenderStatus(s);
   v1::ListClientsResponse none;
   EXPECT_NE(RenderMetrics(s, none).find(
                 "shmtensor_pool_page_bytes{pool=\"huge\"} 2097152\n"),

@@ -217,11 +217,10 @@ absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path,
             if (pks == "kind") pc.kind = *v;
             if (pks == "directory") pc.directory = *v;
             if (pks == "huge_pages") pc.huge_pages = *v;
-            if (pks == "kind" && pc.kind != "host") {
-              return SourceError(
-                  path, pn,
-                  absl::StrCat("'pool.kind' is '", pc.kind,
-                               "'; this build supports \"host\" only"));
+            if (pks == "kind" && pc.kind != "host" && pc.kind != "cuda") {
+              return SourceError(path, pn,
+                                 absl::StrCat("'pool.kind' is '", pc.kind,
+                                              "'; use \"host\" or \"cuda\""));
             }
             if (pks == "directory" && !absl::StartsWith(pc.directory, "/")) {
               return SourceError(
@@ -235,6 +234,16 @@ absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path,
                   absl::StrCat("'pool.huge_pages' is '", pc.huge_pages,
                                "'; use \"auto\", \"require\" or \"off\""));
             }
+          } else if (pks == "device") {
+            absl::StatusOr<uint64_t> device = CountOf(path, pn, "pool.device");
+            if (!device.ok()) return device.status();
+            if (*device > 1024) {
+              return SourceError(
+                  path, pn,
+                  absl::StrCat("'pool.device' is ", *device,
+                               "; a CUDA device index is small"));
+            }
+            pc.device = static_cast<int>(*device);
           } else if (pks == "size") {
             absl::StatusOr<uint64_t> size = SizeOf(path, pn);
             if (!size.ok()) return size.status();
@@ -278,10 +287,17 @@ absl::Status ValidateConfig(const DaemonConfig& config) {
       return absl::InvalidArgumentError(
           absl::StrCat("pool '", p.name, "' has size 0"));
     }
-    if (p.kind != "host") {
+    if (p.kind != "host" && p.kind != "cuda") {
       return absl::InvalidArgumentError(
           absl::StrCat("pool '", p.name, "' has kind '", p.kind,
-                       "'; this build supports \"host\" only"));
+                       "'; use \"host\" or \"cuda\""));
+    }
+    if (p.kind == "cuda" &&
+        (p.directory != kDefaultPoolDirectory || p.huge_pages != "auto")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pool '", p.name,
+          "' is a CUDA pool: 'directory' and 'huge_pages' apply to host "
+          "pools only"));
     }
     if (!absl::StartsWith(p.directory, "/")) {
       return absl::InvalidArgumentError(

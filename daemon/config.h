@@ -15,9 +15,10 @@
 //   [[pool]]                   # repeatable; default: one pool below
 //   name = "default"
 //   size = "1GiB"
-//   kind = "host"              # only "host" in this build
-//   directory = "/dev/shm"     # a tmpfs; e.g. one mounted huge=always
-//   huge_pages = "auto"        # "auto", "require" or "off"
+//   kind = "host"              # "host" or "cuda"
+//   directory = "/dev/shm"     # host: a tmpfs; e.g. one mounted huge=always
+//   huge_pages = "auto"        # host: "auto", "require" or "off"
+//   device = 0                 # cuda: the CUDA device index
 //
 // Thread safety: pure functions.
 #ifndef SHMTENSOR_DAEMON_CONFIG_H_
@@ -37,12 +38,15 @@ namespace shmtensor::daemon {
 // Size of the default pool when nothing else is said: 1 GiB.
 inline constexpr uint64_t kDefaultPoolBytes = uint64_t{1} << 30;
 
+inline constexpr char kDefaultPoolDirectory[] = "/dev/shm";
+
 struct PoolConfig {
   std::string name;
   uint64_t size_bytes = 0;
-  std::string kind = "host";
-  std::string directory = "/dev/shm";  // Where the segment file lives.
-  std::string huge_pages = "auto";     // "auto", "require" or "off".
+  std::string kind = "host";                      // "host" or "cuda".
+  std::string directory = kDefaultPoolDirectory;  // Host: the segment's tmpfs.
+  std::string huge_pages = "auto";  // Host: "auto", "require" or "off".
+  int device = 0;                   // CUDA: device index.
 };
 
 struct DaemonConfig {

@@ -117,7 +117,9 @@ TEST(LoadConfigFileTest, BadValuesNameLineAndKey) {
       {"[limits]\n\nmax_bytes_per_client = \"lots\"\n", ":3", "'lots'"},
       {"[limits]\nmax_lease = 3\n", ":2", "unknown key 'limits.max_lease'"},
       {"[[pool]]\nname = \"g\"\nsize = \"1GiB\"\nkind = \"gpu\"\n", ":4",
-       "'pool.kind' is 'gpu'"},
+       "'pool.kind' is 'gpu'; use \"host\" or \"cuda\""},
+      {"[[pool]]\nname = \"g\"\nsize = 4096\nkind = \"cuda\"\ndevice = -1\n",
+       ":5", "'pool.device' must be an integer >= 0"},
       {"[[pool]]\nname = \"g\"\nsizes = 4\n", ":3", "unknown key 'pool.sizes'"},
       {"[[pool]]\nname = \"g\"\n", ":1", "pool 'g' has no 'size'"},
       {"[[pool]]\nname = \"g\"\nsize = 4096\ndirectory = \"shm\"\n", ":4",
@@ -137,6 +139,22 @@ TEST(LoadConfigFileTest, BadValuesNameLineAndKey) {
     EXPECT_NE(r.status().message().find(c.needle), std::string::npos)
         << r.status() << " lacks " << c.needle;
   }
+}
+
+TEST(ValidateConfigTest, CudaPoolsTakeADeviceAndNoDirectory) {
+  absl::StatusOr<DaemonConfig> c =
+      LoadConfigFile(WriteFile("[[pool]]\nname = \"gpu1\"\nsize = \"1GiB\"\n"
+                               "kind = \"cuda\"\ndevice = 1\n"),
+                     DefaultConfig());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->pools[0].kind, "cuda");
+  EXPECT_EQ(c->pools[0].device, 1);
+  EXPECT_TRUE(ValidateConfig(*c).ok());
+  c->pools[0].directory = "/run/shmtensor-pools";
+  const absl::Status s = ValidateConfig(*c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("pool 'gpu1' is a CUDA pool"), std::string::npos)
+      << s;
 }
 
 TEST(LoadConfigFileTest, TheSampleConfigIsValidAndHoldsTheDefaults) {

@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "daemon/cuda_segment.h"
 #include "daemon/host_segment.h"
 #include "spdlog/spdlog.h"
 
@@ -106,7 +107,31 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   }
 
   std::vector<std::unique_ptr<Pool>> pools;
+  std::vector<v1::UnavailablePool> unavailable;
   for (const PoolConfig& pc : config.pools) {
+    if (pc.kind == "cuda") {
+      absl::StatusOr<std::unique_ptr<CudaSegment>> seg =
+          CudaSegment::Create(pc.device, pc.size_bytes);
+      if (absl::IsUnavailable(seg.status())) {
+        // No GPU here (or no CUDA in this build): serve the other pools.
+        spdlog::warn("pool '{}': {}; serving without it", pc.name,
+                     std::string(seg.status().message()));
+        v1::UnavailablePool& u = unavailable.emplace_back();
+        u.set_name(pc.name);
+        u.set_kind(v1::MEMORY_KIND_CUDA_DEVICE);
+        u.set_reason(std::string(seg.status().message()));
+        continue;
+      }
+      if (!seg.ok()) {
+        return absl::Status(
+            seg.status().code(),
+            absl::StrCat("pool '", pc.name, "': ", seg.status().message()));
+      }
+      spdlog::info("pool '{}': {} bytes of CUDA memory on device {}", pc.name,
+                   (*seg)->size_bytes(), pc.device);
+      pools.push_back(std::make_unique<Pool>(pc.name, *std::move(seg)));
+      continue;
+    }
     HostSegmentOptions options;
     options.directory = pc.directory;
     options.name_prefix = prefix;
@@ -134,6 +159,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
                               (*seg)->page_size()));
     pools.push_back(std::make_unique<Pool>(pc.name, *std::move(seg)));
   }
+  if (pools.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no pool could be created: ", unavailable.front().reason()));
+  }
   std::random_device rd;
   const uint64_t epoch = (uint64_t{rd()} << 32) | rd();
   d->store_ =
@@ -142,8 +171,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   std::vector<std::string> addresses = {config.listen};
   const std::string monitor_address = MonitorAddress(config.monitor_listen);
   if (!monitor_address.empty()) addresses.push_back(monitor_address);
-  d->monitor_ = std::make_unique<MonitorService>(*d->store_, SHMTENSOR_VERSION,
-                                                 addresses);
+  d->monitor_ = std::make_unique<MonitorService>(
+      *d->store_, SHMTENSOR_VERSION, addresses, std::move(unavailable));
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -196,7 +225,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
     }
   }
   spdlog::info("shmtensord {} serving on {} ({} pools, epoch {:016x})",
-               SHMTENSOR_VERSION, config.listen, config.pools.size(), epoch);
+               SHMTENSOR_VERSION, config.listen, d->store_->pool_infos().size(),
+               epoch);
   if (!monitor_address.empty()) {
     spdlog::info("monitoring (Monitor, health, reflection) also on {}",
                  addresses.back());

@@ -10,9 +10,11 @@
 namespace shmtensor::daemon {
 
 MonitorService::MonitorService(ObjectStore& store, std::string version,
-                               std::vector<std::string> addresses)
+                               std::vector<std::string> addresses,
+                               std::vector<v1::UnavailablePool> unavailable)
     : store_(store),
       version_(std::move(version)),
+      unavailable_(std::move(unavailable)),
       addresses_(std::move(addresses)) {}
 
 void MonitorService::SetAddresses(std::vector<std::string> addresses) {
@@ -30,6 +32,9 @@ v1::DaemonStatus MonitorService::Snapshot() const {
   v1::DaemonStatus s = store_.Status();
   s.set_version(version_);
   s.set_pid(getpid());
+  for (const v1::UnavailablePool& u : unavailable_) {
+    *s.add_unavailable_pools() = u;
+  }
   absl::MutexLock lock(&mu_);
   for (const std::string& a : addresses_) s.add_addresses(a);
   return s;

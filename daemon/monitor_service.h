@@ -30,8 +30,11 @@ class MonitorService final : public v1::Monitor::Service {
  public:
   // `store` must outlive the service. `addresses`: every address served,
   // the socket first.
+  // `unavailable` lists the configured pools the daemon serves without
+  // (reported in every status).
   MonitorService(ObjectStore& store, std::string version,
-                 std::vector<std::string> addresses);
+                 std::vector<std::string> addresses,
+                 std::vector<v1::UnavailablePool> unavailable = {});
 
   // Replaces the addresses reported (once ports are bound: "host:0" becomes
   // the port the kernel chose).
@@ -58,6 +61,7 @@ class MonitorService final : public v1::Monitor::Service {
 
   ObjectStore& store_;
   const std::string version_;
+  const std::vector<v1::UnavailablePool> unavailable_;
   mutable absl::Mutex mu_;
   std::vector<std::string> addresses_ ABSL_GUARDED_BY(mu_);
   absl::CondVar stop_;

@@ -55,7 +55,12 @@ ObjectStore::ObjectStore(std::vector<std::unique_ptr<Pool>> pools,
     info.set_pool_id(static_cast<uint32_t>(i));
     info.set_name(pools_[i]->name());
     info.set_kind(seg.kind());
-    info.set_shm_name(seg.handle());
+    if (seg.kind() == v1::MEMORY_KIND_CUDA_DEVICE) {
+      info.set_cuda_device(seg.cuda_device());
+      info.set_cuda_ipc_handle(seg.handle());
+    } else {
+      info.set_shm_name(seg.handle());
+    }
     info.set_path(seg.path());
     info.set_size_bytes(seg.size_bytes());
     info.set_page_size(seg.page_size());

@@ -31,6 +31,8 @@ class Segment {
   // page_size), or 0 when it has none. Objects of at least half of it are
   // aligned to it and sized in whole huge pages.
   virtual uint64_t huge_page_size() const = 0;
+  // CUDA_DEVICE: the device index; -1 for host segments.
+  virtual int cuda_device() const { return -1; }
 };
 
 }  // namespace shmtensor::daemon

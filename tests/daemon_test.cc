@@ -15,9 +15,11 @@
 #include <fstream>
 
 #include "absl/strings/match.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "shmtensor/client.h"
 #include "shmtensor/errors.h"
+#include "shmtensor/v1/monitor.grpc.pb.h"
 #include "tests/scoped_tmpfs.h"
 #include "tests/test_util.h"
 
@@ -322,6 +324,65 @@ TEST(PoolDirectoryTest, RequiredHugePagesRefuseATmpfsWithout) {
       << out;
   EXPECT_TRUE(absl::StrContains(out, "huge=always")) << out;
   EXPECT_TRUE(SegmentsIn(tmpfs->path(), address).empty());  // Cleaned up.
+}
+
+// CUDA pools on this machine: served where a GPU is, reported unavailable
+// (with the host pools served) where none is.
+TEST(CudaPoolTest, HostPoolsServeAndStatusSaysWhyACudaPoolIsMissing) {
+  const std::string path = ::testing::TempDir() + "/shmtensord_cuda.toml";
+  std::ofstream(path) << "[[pool]]\nname = \"host\"\nsize = \"8MiB\"\n"
+                      << "[[pool]]\nname = \"gpu0\"\nsize = \"64MiB\"\n"
+                      << "kind = \"cuda\"\ndevice = 0\n";
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> d =
+      DaemonProcess::Start({"--config", path});
+  ASSERT_TRUE(d.ok()) << d.status();
+  Client c = *Client::Connect({.address = (*d)->address()});
+  auto monitor = v1::Monitor::NewStub(
+      grpc::CreateChannel((*d)->address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  v1::DaemonStatus status;
+  ASSERT_TRUE(monitor->GetStatus(&ctx, {}, &status).ok());
+  // The host pool works either way.
+  absl::StatusOr<Buffer> host = c.Create({.size_bytes = 4096, .pool = "host"});
+  ASSERT_TRUE(host.ok()) << host.status();
+  absl::StatusOr<Buffer> gpu = c.Create({.size_bytes = 4096, .pool = "gpu0"});
+  if (status.unavailable_pools_size() == 1) {  // No usable GPU here.
+    ASSERT_EQ(status.pools_size(), 1);
+    EXPECT_EQ(status.unavailable_pools(0).name(), "gpu0");
+    EXPECT_EQ(status.unavailable_pools(0).kind(), v1::MEMORY_KIND_CUDA_DEVICE);
+    EXPECT_TRUE(absl::StrContains(status.unavailable_pools(0).reason(),
+                                  "CUDA pools are unavailable"))
+        << status.unavailable_pools(0).reason();
+    EXPECT_EQ(gpu.status().code(), absl::StatusCode::kNotFound) << gpu.status();
+    EXPECT_TRUE(absl::StrContains(gpu.status().message(), "'gpu0'"));
+    EXPECT_EQ((*d)->Stop(), 0);
+    const std::string log = (*d)->process().ReadAll();
+    EXPECT_TRUE(absl::StrContains(log,
+                                  "pool 'gpu0': CUDA pools are "
+                                  "unavailable"))
+        << log;
+    EXPECT_TRUE(absl::StrContains(log, "serving without it")) << log;
+  } else {  // A GPU: the pool is there, one cudaMalloc with its IPC handle.
+    ASSERT_EQ(status.pools_size(), 2);
+    EXPECT_EQ(status.pools(1).info().kind(), v1::MEMORY_KIND_CUDA_DEVICE);
+    EXPECT_EQ(status.pools(1).info().cuda_ipc_handle().size(), 64u);
+    EXPECT_EQ(status.pools(1).info().page_size(), 256u);
+    // This client maps host pools only, and says so.
+    EXPECT_EQ(gpu.status().code(), absl::StatusCode::kUnimplemented)
+        << gpu.status();
+  }
+}
+
+TEST(CudaPoolTest, ADaemonWithNoPoolItCanCreateDoesNotStart) {
+  const std::string path = ::testing::TempDir() + "/shmtensord_cuda_only.toml";
+  // Device 1000: no machine has it, so this holds with or without a GPU.
+  std::ofstream(path) << "[[pool]]\nname = \"gpu\"\nsize = \"64MiB\"\n"
+                      << "kind = \"cuda\"\ndevice = 1000\n";
+  auto [code, out] =
+      RunFailing({"--listen", testing::FreshAddress(), "--config", path});
+  EXPECT_EQ(code, 1);
+  EXPECT_TRUE(absl::StrContains(out, "no pool could be created")) << out;
+  EXPECT_TRUE(absl::StrContains(out, "CUDA pools are unavailable")) << out;
 }
 
 }  // namespace
