@@ -35,6 +35,7 @@ objects) is passed through the worker queue as torch would pass it.
 
 import collections.abc
 import os
+import sys
 
 import torch
 import torch.utils.data
@@ -214,6 +215,11 @@ class PooledBatch:
 
     def __del__(self):
         if self._ref is None or self._owner_pid != os.getpid():
+            return
+        if sys.is_finalizing():
+            # Interpreter teardown: no new connection and no call now (gRPC
+            # may be going away under us). The transfer is reclaimed when
+            # its creator's session ends, at the latest as this job exits.
             return
         try:
             from . import ObjectRef
