@@ -35,20 +35,24 @@ def segment_prefix(address):
     return f"shmtensor-{os.getuid()}-{h & 0xFFFFFFFF:08x}-"
 
 
-def segments_of(address):
+def segments_of(address, directory="/dev/shm"):
     prefix = segment_prefix(address)
-    return {n for n in os.listdir("/dev/shm") if n.startswith(prefix)}
+    return {n for n in os.listdir(directory) if n.startswith(prefix)}
 
 
 class Daemon:
-    """A shmtensord on a fresh socket; stop() sends SIGTERM."""
+    """A shmtensord on a fresh socket; stop() sends SIGTERM. With
+    `pool_dir`, its pool lives in that tmpfs instead of /dev/shm."""
 
-    def __init__(self, pool_size="256MiB"):
+    def __init__(self, pool_size="256MiB", pool_dir=None):
         self.path = f"/tmp/shmtensor-pytest-{os.getpid()}-{uuid.uuid4().hex[:8]}.sock"
         self.address = "unix:" + self.path
-        self.proc = subprocess.Popen(
-            [DAEMON, "--listen", self.address, "--pool-size", pool_size,
-             "--log-level", "warn"], preexec_fn=_die_with_parent)
+        self.directory = pool_dir or "/dev/shm"
+        args = [DAEMON, "--listen", self.address, "--pool-size", pool_size,
+                "--log-level", "warn"]
+        if pool_dir:
+            args += ["--pool-dir", pool_dir]
+        self.proc = subprocess.Popen(args, preexec_fn=_die_with_parent)
         deadline = time.monotonic() + 30
         while True:
             if self.proc.poll() is not None:
@@ -61,7 +65,7 @@ class Daemon:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.01)
-        self.segments = segments_of(self.address)
+        self.segments = segments_of(self.address, self.directory)
         assert self.segments, "daemon serves but has no segment"
 
     def stop(self):
@@ -76,14 +80,11 @@ class Daemon:
             self.proc.wait()
 
 
-@pytest.fixture
-def daemon():
-    d = Daemon()
-    yield d
+def _cleanup(d):
     d.kill()
     for name in d.segments:  # Only after a kill; a clean stop removed them.
         try:
-            os.unlink("/dev/shm/" + name)
+            os.unlink(os.path.join(d.directory, name))
         except FileNotFoundError:
             pass
     for p in (d.path, d.path + ".lock"):
@@ -91,6 +92,34 @@ def daemon():
             os.unlink(p)
         except FileNotFoundError:
             pass
+
+
+@pytest.fixture
+def daemon():
+    d = Daemon()
+    yield d
+    _cleanup(d)
+
+
+@pytest.fixture
+def huge_daemon(tmp_path):
+    """A daemon whose 256 MiB pool is on a tmpfs mounted huge=always (2 MiB
+    pages). Mounting needs root; the test is skipped, saying so, without."""
+    mnt = tmp_path / "huge"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o",
+                        "huge=always,size=300m,mode=0700", "shmtensor-test",
+                        str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a huge=always tmpfs: {r.stderr.strip()}")
+    try:
+        d = Daemon(pool_dir=str(mnt))
+        try:
+            yield d
+        finally:
+            _cleanup(d)
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 @pytest.fixture

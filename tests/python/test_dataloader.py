@@ -312,3 +312,23 @@ def test_without_the_wrapper_collate_fn_and_to_tensors(daemon):
     assert st.to_tensors(handle).sum() == 2
     with pytest.raises(RuntimeError, match="already turned into tensors"):
         st.to_tensors(handle)
+
+
+def test_huge_page_pool_gives_the_same_batches_aligned(huge_daemon):
+    """The configuration the benchmark's figures come from: a pool on a
+    tmpfs with 2 MiB pages. Same batches as torch, each batch a whole huge
+    page on a huge-page boundary, nothing left in the pool afterwards."""
+    c = shmtensor.connect(huge_daemon.address)
+    assert c.stats()["pools"][0]["huge_page_size"] == 2 << 20
+    # Samples of 512 KiB: a batch of 4 is 2 MiB, one huge page.
+    theirs, ours = both(Big(n=24, elems=128 << 10), huge_daemon, batch_size=4,
+                        shuffle=True, num_workers=2)
+    assert len(ours) == len(theirs) == 6
+    for i, (a, b) in enumerate(zip(theirs, ours)):
+        assert_same(a, b, f"batch {i}")
+        assert b.data_ptr() % (2 << 20) == 0, f"batch {i} is not aligned"
+    # The batches are still alive here: whole huge pages each.
+    assert used(c) == len(ours) * (2 << 20)
+    del ours, a, b
+    gc.collect()
+    assert wait_until(lambda: used(c) == 0, timeout=10), used(c)
