@@ -13,7 +13,6 @@
 #include <boost/interprocess/permissions.hpp>
 #include <boost/interprocess/shared_memory_object.hpp>
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -24,7 +23,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 
 namespace shmtensor::daemon {
