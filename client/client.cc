@@ -107,6 +107,10 @@ v1::CreateRequest MakeCreateRequest(const internal::ClientCore& core,
 
 }  // namespace
 
+void Client::KeepAliveUntilExit() {
+  internal::ClientCore::KeepAliveUntilExit();
+}
+
 absl::StatusOr<Client> Client::Connect(const ClientOptions& options) {
   const std::string address =
       options.address.empty() ? DefaultAddress() : options.address;

@@ -2,7 +2,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
+#include <mutex>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -11,6 +14,39 @@
 #include "shmtensor/errors.h"
 
 namespace shmtensor::internal {
+
+namespace {
+
+// Every core made in this process (weakly), for KeepAliveUntilExit. Never
+// destroyed (static destruction order would race with late users).
+std::mutex& RegistryMu() {
+  static auto* mu = new std::mutex;
+  return *mu;
+}
+std::vector<std::weak_ptr<ClientCore>>& Registry() {
+  static auto* cores = new std::vector<std::weak_ptr<ClientCore>>;
+  return *cores;
+}
+
+void Register(const std::shared_ptr<ClientCore>& core) {
+  std::lock_guard<std::mutex> lock(RegistryMu());
+  std::vector<std::weak_ptr<ClientCore>>& cores = Registry();
+  // Drop the entries of cores already gone, so the list stays short.
+  cores.erase(std::remove_if(cores.begin(), cores.end(),
+                             [](const auto& w) { return w.expired(); }),
+              cores.end());
+  cores.push_back(core);
+}
+
+}  // namespace
+
+void ClientCore::KeepAliveUntilExit() {
+  std::lock_guard<std::mutex> lock(RegistryMu());
+  static auto* kept = new std::vector<std::shared_ptr<ClientCore>>;
+  for (const std::weak_ptr<ClientCore>& w : Registry()) {
+    if (std::shared_ptr<ClientCore> core = w.lock()) kept->push_back(core);
+  }
+}
 
 absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::Connect(
     const std::string& address, const std::string& client_name,
@@ -68,6 +104,7 @@ absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::Connect(
     if (!m.ok()) return m.status();
     core->mappings_.push_back(*std::move(m));
   }
+  Register(core);
   return core;
 }
 

@@ -42,6 +42,15 @@ class ClientCore {
   // Ends the session: the daemon then drops whatever leases remain.
   ~ClientCore();
 
+  // Keeps every client core of this process that is still alive from being
+  // destroyed, ever: its session then ends when the process exits and the
+  // kernel closes the socket. For a runtime's exit hook (Python's atexit),
+  // run before objects are torn down in no particular order: destroying a
+  // gRPC channel hands its teardown to gRPC's own threads, and if that
+  // overlaps the process's static destructors (exit() after the
+  // interpreter is gone) it crashes inside gRPC. Thread-safe.
+  static void KeepAliveUntilExit();
+
   // Not copyable or movable: leases point to it.
   ClientCore(const ClientCore&) = delete;
   ClientCore& operator=(const ClientCore&) = delete;

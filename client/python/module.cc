@@ -302,6 +302,13 @@ PYBIND11_MODULE(_core, m) {
         return out;
       },
       py::arg("client"), py::arg("nbytes"), py::arg("iters"));
+  m.def(
+      "_keep_clients_alive_until_exit",
+      [] {
+        py::gil_scoped_release release;
+        Client::KeepAliveUntilExit();
+      },
+      "For atexit: see Client::KeepAliveUntilExit (shmtensor/client.h).");
   m.def("default_address", &DefaultAddress,
         "The daemon address used when none is given ($SHMTENSOR_ADDRESS or "
         "unix:/tmp/shmtensord-<uid>.sock).");

@@ -83,6 +83,13 @@ class Client {
   // Connects and opens a session. UNAVAILABLE when no daemon answers.
   static absl::StatusOr<Client> Connect(const ClientOptions& options = {});
 
+  // For a runtime's exit hook (the Python package calls it from atexit):
+  // keeps every client of this process still alive from being destroyed,
+  // ever; their sessions end when the process exits. Destroying a client
+  // hands its gRPC channel's teardown to gRPC's threads, which must not
+  // overlap the process's static destructors. Thread-safe.
+  static void KeepAliveUntilExit();
+
   // Allocates a writable buffer (see CreateOptions).
   absl::StatusOr<Buffer> Create(const CreateOptions& options);
 

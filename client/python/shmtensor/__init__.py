@@ -19,16 +19,25 @@ Timeouts are in seconds; None waits without limit (Ctrl-C still works), 0
 does not wait.
 """
 
+import atexit as _atexit
+
 import numpy as _np
 
 from . import errors
 from ._core import Buffer, View, default_address
 from . import _core
+
 from . import _dtypes
 from .errors import (AlreadyExistsError, AlreadyTakenError,
                      DaemonUnavailableError, Error, InvalidArgumentError,
                      NotFoundError, PermissionDeniedError, PoolExhaustedError,
                      PreconditionError, StaleReferenceError, TimeoutError)
+
+# At interpreter exit, live clients are kept rather than torn down: gRPC
+# finishes a channel's teardown on its own threads, and that raced with the
+# process's static destructors (a crash after everything else had passed).
+# Their sessions end as the process exits.
+_atexit.register(_core._keep_clients_alive_until_exit)
 
 __version__ = "0.1.0"
 __all__ = [
