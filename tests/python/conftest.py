@@ -75,30 +75,29 @@ class Daemon:
         return self.proc.returncode
 
     def kill(self):
+        """SIGKILLs the daemon if it still runs, then removes what a killed
+        daemon leaves behind (its segments, socket and lock file), so tests
+        that crash daemons do not fill /dev/shm."""
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-
-
-def _cleanup(d):
-    d.kill()
-    for name in d.segments:  # Only after a kill; a clean stop removed them.
-        try:
-            os.unlink(os.path.join(d.directory, name))
-        except FileNotFoundError:
-            pass
-    for p in (d.path, d.path + ".lock"):
-        try:
-            os.unlink(p)
-        except FileNotFoundError:
-            pass
+        for name in self.segments:
+            try:
+                os.unlink(os.path.join(self.directory, name))
+            except FileNotFoundError:
+                pass
+        for p in (self.path, self.path + ".lock"):
+            try:
+                os.unlink(p)
+            except FileNotFoundError:
+                pass
 
 
 @pytest.fixture
 def daemon():
     d = Daemon()
     yield d
-    _cleanup(d)
+    d.kill()
 
 
 @pytest.fixture
@@ -117,7 +116,7 @@ def huge_daemon(tmp_path):
         try:
             yield d
         finally:
-            _cleanup(d)
+            d.kill()
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
