@@ -359,7 +359,8 @@ absl::StatusOr<Handout> ObjectStore::GetByName(uint64_t session_id,
 absl::StatusOr<bool> ObjectStore::Release(uint64_t session_id,
                                           uint64_t lease_id) {
   absl::MutexLock lock(&mu_);
-  absl::StatusOr<Lease*> lease = FindLease(session_id, lease_id);
+  // Applied even while shutting down: dropping a lease is always safe.
+  absl::StatusOr<Lease*> lease = LookupLease(session_id, lease_id);
   if (!lease.ok()) return lease.status();
   return DropLease(lease_id);
 }
@@ -378,7 +379,9 @@ absl::Status ObjectStore::ReleaseBatch(uint64_t session_id, uint64_t seq,
   released_.SignalAll();
   std::vector<uint64_t> unknown;
   for (uint64_t id : lease_ids) {
-    if (FindLease(session_id, id).ok()) {
+    // Applied even while shutting down (releases in flight when SIGTERM
+    // came are not errors).
+    if (LookupLease(session_id, id).ok()) {
       DropLease(id);
     } else {
       unknown.push_back(id);
@@ -499,6 +502,11 @@ absl::StatusOr<uint32_t> ObjectStore::ResolveRef(
 absl::StatusOr<ObjectStore::Lease*> ObjectStore::FindLease(uint64_t session_id,
                                                            uint64_t lease_id) {
   if (shutting_down_) return ShuttingDownError();
+  return LookupLease(session_id, lease_id);
+}
+
+absl::StatusOr<ObjectStore::Lease*> ObjectStore::LookupLease(
+    uint64_t session_id, uint64_t lease_id) {
   if (absl::StatusOr<Session*> s = FindSession(session_id); !s.ok()) {
     return s.status();
   }

@@ -108,7 +108,8 @@ class ObjectStore {
   absl::StatusOr<Handout> GetByName(uint64_t session_id,
                                     const std::string& name,
                                     absl::Duration timeout);
-  // Returns true when the release freed the object's memory.
+  // Returns true when the release freed the object's memory. Releases (this
+  // and ReleaseBatch) still apply while shutting down.
   absl::StatusOr<bool> Release(uint64_t session_id, uint64_t lease_id);
 
   // Applies one ReleaseLeases message of the session stream: drops each lease
@@ -183,7 +184,14 @@ class ObjectStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<uint32_t> ResolveRef(const v1::ObjectRef& ref) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The lease `lease_id` of session `session_id`; UNAVAILABLE while
+  // shutting down, else as LookupLease.
   absl::StatusOr<Lease*> FindLease(uint64_t session_id, uint64_t lease_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The same lookup during shutdown too (for releases): FAILED_PRECONDITION
+  // for a session not open or a lease already released, NOT_FOUND for one
+  // never issued, PERMISSION_DENIED for another session's.
+  absl::StatusOr<Lease*> LookupLease(uint64_t session_id, uint64_t lease_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t AddLease(uint64_t session_id, Session& session, uint32_t slot,
                     bool write) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

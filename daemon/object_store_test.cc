@@ -307,6 +307,20 @@ TEST_F(ObjectStoreTest, StreamReleasesApplyInOrderAndSkipUnknownLeases) {
   EXPECT_EQ(Used(), kPage);
 }
 
+// Releases that were in flight when SIGTERM came still apply (they used to be
+// refused and logged as leases the session did not hold).
+TEST_F(ObjectStoreTest, ReleasesStillApplyWhileShuttingDown) {
+  Handout h1 = *Create(a_, kPage);
+  Handout h2 = *Create(a_, kPage);
+  store_->Shutdown();
+  EXPECT_EQ(Create(a_, kPage).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(store_->ReleaseBatch(a_, 1, {h1.lease_id}).ok());
+  absl::StatusOr<bool> freed = store_->Release(a_, h2.lease_id);
+  ASSERT_TRUE(freed.ok()) << freed.status();
+  EXPECT_TRUE(*freed);
+  EXPECT_EQ(Used(), 0u);
+}
+
 TEST_F(ObjectStoreTest, AwaitReleasesWaitsForTheSeqThenTimesOut) {
   EXPECT_TRUE(store_->AwaitReleases(a_, 0, absl::ZeroDuration()).ok());
   Handout h = *Create(a_, kPage);
