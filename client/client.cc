@@ -35,10 +35,11 @@ v1::ObjectRef ToProto(const ObjectRef& r) {
   return p;
 }
 
-ObjectInfo MakeInfo(const v1::ObjectRef& ref, const v1::Placement& placement,
-                    const v1::Layout& layout) {
+ObjectInfo MakeInfo(const internal::ClientCore& core, const v1::ObjectRef& ref,
+                    const v1::Placement& placement, const v1::Layout& layout) {
   ObjectInfo info;
   info.ref = FromProto(ref);
+  info.device = core.PoolDevice(placement.pool_id()).value_or(Device::Host());
   info.dtype = static_cast<DType>(layout.dtype());
   info.shape.assign(layout.shape().begin(), layout.shape().end());
   info.size_bytes = placement.size_bytes();
@@ -56,26 +57,40 @@ ObjectInfo MakeInfo(const v1::ObjectRef& ref, const v1::Placement& placement,
   return info;
 }
 
-// Builds the lease for a handout, opening the writable range if needed.
+// Builds the lease for a handout: for a host pool, opening the writable
+// range if needed; for a CUDA pool, mapping the pool on first use.
 absl::StatusOr<std::shared_ptr<internal::Lease>> MakeLease(
     const std::shared_ptr<internal::ClientCore>& core, uint64_t lease_id,
     const v1::Placement& placement, bool writable) {
-  absl::StatusOr<internal::PoolMapping*> m = core->Mapping(placement.pool_id());
-  absl::StatusOr<uint8_t*> data;
-  if (m.ok() && writable) {
-    data = (*m)->Protect(placement.offset(), placement.capacity_bytes(),
-                         internal::Access::kReadWrite);
-  } else if (m.ok()) {
-    data = const_cast<uint8_t*>((*m)->read_base()) + placement.offset();
+  const absl::StatusOr<Device> device = core->PoolDevice(placement.pool_id());
+  absl::StatusOr<uint8_t*> data = absl::UnknownError("unset");
+  if (!device.ok()) {
+    data = device.status();
+  } else if (device->is_cuda()) {
+    absl::StatusOr<internal::CudaPoolMapping*> m =
+        core->CudaMapping(placement.pool_id());
+    data = m.ok() ? absl::StatusOr<uint8_t*>((*m)->base() + placement.offset())
+                  : m.status();
+  } else {
+    absl::StatusOr<internal::PoolMapping*> m =
+        core->Mapping(placement.pool_id());
+    if (!m.ok()) {
+      data = m.status();
+    } else if (writable) {
+      data = (*m)->Protect(placement.offset(), placement.capacity_bytes(),
+                           internal::Access::kReadWrite);
+    } else {
+      data = const_cast<uint8_t*>((*m)->read_base()) + placement.offset();
+    }
   }
-  absl::Status err = !m.ok() ? m.status() : data.status();
-  if (!err.ok()) {
+  if (!data.ok()) {
     core->ReleaseLease(lease_id).IgnoreError();
-    return err;
+    return data.status();
   }
   return std::make_shared<internal::Lease>(
       core, lease_id, placement,
-      writable ? internal::Access::kReadWrite : internal::Access::kRead, *data);
+      writable ? internal::Access::kReadWrite : internal::Access::kRead, *data,
+      *device);
 }
 
 absl::StatusOr<View> ViewFromResponse(
@@ -85,16 +100,17 @@ absl::StatusOr<View> ViewFromResponse(
   absl::StatusOr<std::shared_ptr<internal::Lease>> lease =
       MakeLease(core, resp.lease_id(), resp.placement(), writable);
   if (!lease.ok()) return lease.status();
-  return View(MakeInfo(resp.ref(), resp.placement(), resp.layout()),
+  return View(MakeInfo(*core, resp.ref(), resp.placement(), resp.layout()),
               *std::move(lease), writable);
 }
 
 v1::CreateRequest MakeCreateRequest(const internal::ClientCore& core,
-                                    const CreateOptions& options) {
+                                    const CreateOptions& options,
+                                    const std::string& pool) {
   v1::CreateRequest req;
   req.set_session_id(core.session_id());
   req.set_releases_through(core.releases_sent());
-  req.set_pool(options.pool);
+  req.set_pool(pool);
   req.set_size_bytes(options.size_bytes);
   req.set_name(options.name);
   req.set_timeout_ms(ToMillis(options.timeout));
@@ -137,7 +153,13 @@ struct Created {
 absl::StatusOr<Created> CreateObject(
     const std::shared_ptr<internal::ClientCore>& core,
     const CreateOptions& options, bool writable) {
-  const v1::CreateRequest req = MakeCreateRequest(*core, options);
+  std::string pool = options.pool;
+  if (pool.empty()) {
+    absl::StatusOr<std::string> on = core->PoolOn(options.device);
+    if (!on.ok()) return on.status();
+    pool = *std::move(on);
+  }
+  const v1::CreateRequest req = MakeCreateRequest(*core, options, pool);
   Created c;
   if (absl::Status s = core->Call(&v1::ObjectStore::Stub::Create, req, &c.resp,
                                   options.timeout + internal::kRpcDeadline);
@@ -156,26 +178,37 @@ absl::StatusOr<Created> CreateObject(
 absl::StatusOr<Buffer> Client::Create(const CreateOptions& options) {
   absl::StatusOr<Created> c = CreateObject(core_, options, true);
   if (!c.ok()) return c.status();
-  return Buffer(MakeInfo(c->resp.ref(), c->resp.placement(), c->resp.layout()),
-                std::move(c->lease));
+  return Buffer(
+      MakeInfo(*core_, c->resp.ref(), c->resp.placement(), c->resp.layout()),
+      std::move(c->lease));
 }
 
 absl::StatusOr<SealedRef> Client::Put(const void* data,
                                       const CreateOptions& options,
-                                      bool exclusive) {
+                                      bool exclusive, CudaStream stream) {
   // Read-only here: until sealed nobody else sees the object, and if anything
   // below fails the lease's release discards it.
   absl::StatusOr<Created> c = CreateObject(core_, options, false);
   if (!c.ok()) return c.status();
   const v1::CreateResponse& created = c->resp;
   std::shared_ptr<internal::Lease>& lease = c->lease;
-  absl::StatusOr<internal::PoolMapping*> m =
-      core_->Mapping(created.placement().pool_id());
-  if (!m.ok()) return m.status();
-  if (absl::Status s = (*m)->Write(created.placement().offset(), data,
-                                   created.placement().size_bytes());
-      !s.ok()) {
-    return s;
+  if (lease->device().is_cuda()) {
+    // Device to device (or host to device), complete before the seal.
+    if (absl::Status s = internal::cuda::CopyAndWait(
+            lease->device().index, lease->data(), data,
+            created.placement().size_bytes(), stream);
+        !s.ok()) {
+      return s;
+    }
+  } else {
+    absl::StatusOr<internal::PoolMapping*> m =
+        core_->Mapping(created.placement().pool_id());
+    if (!m.ok()) return m.status();
+    if (absl::Status s = (*m)->Write(created.placement().offset(), data,
+                                     created.placement().size_bytes());
+        !s.ok()) {
+      return s;
+    }
   }
   v1::SealRequest seal;
   seal.set_session_id(core_->session_id());
@@ -253,6 +286,10 @@ absl::StatusOr<StoreStats> Client::Stats() {
   out.leases = resp.leases();
   out.pending_transfers = resp.pending_transfers();
   return out;
+}
+
+bool Client::HasPoolOn(const Device& device) const {
+  return core_->PoolOn(device).ok();
 }
 
 uint64_t Client::session_id() const { return core_->session_id(); }

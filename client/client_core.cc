@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "client/fork_guard.h"
 #include "shmtensor/errors.h"
 
@@ -93,11 +94,11 @@ absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::Connect(
   core->session_id_ = event.opened().session_id();
   core->epoch_ = event.opened().daemon_epoch();
   for (const v1::PoolInfo& info : event.opened().pools()) {
+    core->pools_.push_back(info);
+    core->cuda_mappings_.push_back(nullptr);
     if (info.kind() != v1::MEMORY_KIND_HOST) {
-      // A pool this client cannot map (CUDA): fine until an object of it
-      // is used; Mapping() then says so.
+      // A CUDA pool: mapped on first use (CudaMapping).
       core->mappings_.push_back(nullptr);
-      core->unmapped_.push_back(info);
       continue;
     }
     absl::StatusOr<std::shared_ptr<PoolMapping>> m = PoolMapping::Get(info);
@@ -115,8 +116,13 @@ ClientCore::~ClientCore() {
     session_ctx_.release();
     stub_.release();
     new std::shared_ptr<grpc::Channel>(std::move(channel_));
+    releaser_.release();  // Its thread is the parent's.
     return;
   }
+  // Pending GPU releases go out while the session is open (else the
+  // daemon would drop those leases at once, with the GPU maybe still on
+  // them).
+  releaser_.reset();
   if (session_ != nullptr) {
     session_->WritesDone();
     session_ctx_->TryCancel();
@@ -134,22 +140,85 @@ absl::Status ClientCore::CheckOwner() const {
       getpid()));
 }
 
-absl::StatusOr<PoolMapping*> ClientCore::Mapping(uint32_t pool_id) const {
-  if (pool_id >= mappings_.size()) {
-    return absl::InternalError(absl::StrCat("daemon named pool ", pool_id,
-                                            " but sent ", mappings_.size(),
-                                            " pools"));
+absl::StatusOr<const v1::PoolInfo*> ClientCore::Pool(uint32_t pool_id) const {
+  if (pool_id >= pools_.size()) {
+    return absl::InternalError(absl::StrCat(
+        "daemon named pool ", pool_id, " but sent ", pools_.size(), " pools"));
   }
+  return &pools_[pool_id];
+}
+
+absl::StatusOr<Device> ClientCore::PoolDevice(uint32_t pool_id) const {
+  absl::StatusOr<const v1::PoolInfo*> info = Pool(pool_id);
+  if (!info.ok()) return info.status();
+  if ((*info)->kind() == v1::MEMORY_KIND_CUDA_DEVICE) {
+    return Device::Cuda((*info)->cuda_device());
+  }
+  return Device::Host();
+}
+
+absl::StatusOr<PoolMapping*> ClientCore::Mapping(uint32_t pool_id) const {
+  absl::StatusOr<const v1::PoolInfo*> info = Pool(pool_id);
+  if (!info.ok()) return info.status();
   if (mappings_[pool_id] == nullptr) {
-    for (const v1::PoolInfo& info : unmapped_) {
-      if (info.pool_id() != pool_id) continue;
-      return absl::UnimplementedError(absl::StrFormat(
-          "pool '%s' holds CUDA device memory (device %d), which this client "
-          "does not map yet; use a host pool",
-          info.name(), info.cuda_device()));
-    }
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "pool '%s' holds CUDA device memory (cuda:%d), not host memory",
+        (*info)->name(), (*info)->cuda_device()));
   }
   return mappings_[pool_id].get();
+}
+
+absl::StatusOr<CudaPoolMapping*> ClientCore::CudaMapping(uint32_t pool_id) {
+  absl::StatusOr<const v1::PoolInfo*> info = Pool(pool_id);
+  if (!info.ok()) return info.status();
+  std::lock_guard<std::mutex> lock(cuda_mu_);
+  std::shared_ptr<CudaPoolMapping>& m = cuda_mappings_[pool_id];
+  if (m == nullptr) {
+    absl::StatusOr<std::shared_ptr<CudaPoolMapping>> opened =
+        CudaPoolMapping::Get(**info);
+    if (!opened.ok()) return opened.status();
+    m = *std::move(opened);
+  }
+  return m.get();
+}
+
+absl::StatusOr<std::string> ClientCore::PoolOn(const Device& device) const {
+  std::vector<std::string> have;
+  for (const v1::PoolInfo& info : pools_) {
+    const Device d = info.kind() == v1::MEMORY_KIND_CUDA_DEVICE
+                         ? Device::Cuda(info.cuda_device())
+                         : Device::Host();
+    if (d == device) return info.name();
+    have.push_back(absl::StrCat(info.name(), " (", DeviceName(d), ")"));
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "shmtensord at ", address_, " has no pool on ", DeviceName(device),
+      "; its pools: ", absl::StrJoin(have, ", "),
+      device.is_cuda() ? " (a CUDA pool the daemon could not create is listed "
+                         "by `shmtensorctl status`)"
+                       : ""));
+}
+
+void ClientCore::ReleaseAfter(cuda::Fence fence, uint64_t lease_id) {
+  GpuReleaser* r;
+  {
+    std::lock_guard<std::mutex> lock(releaser_mu_);
+    if (releaser_ == nullptr) {
+      releaser_ = std::make_unique<GpuReleaser>(
+          [this](uint64_t id) { ReleaseLease(id).IgnoreError(); });
+    }
+    r = releaser_.get();
+  }
+  r->ReleaseAfter(std::move(fence), lease_id);
+}
+
+void ClientCore::FlushGpuReleases() {
+  GpuReleaser* r;
+  {
+    std::lock_guard<std::mutex> lock(releaser_mu_);
+    r = releaser_.get();
+  }
+  if (r != nullptr) r->Flush();
 }
 
 absl::Status ClientCore::ReleaseLease(uint64_t lease_id) {

@@ -24,7 +24,11 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "client/cuda_api.h"
+#include "client/cuda_pool_mapping.h"
+#include "client/gpu_releaser.h"
 #include "client/pool_mapping.h"
+#include "shmtensor/device.h"
 #include "shmtensor/v1/shmtensor.grpc.pb.h"
 
 namespace shmtensor::internal {
@@ -63,8 +67,27 @@ class ClientCore {
   uint64_t epoch() const { return epoch_; }
   const std::string& address() const { return address_; }
 
-  // The mapping of pool `pool_id`. INTERNAL for an id the daemon never sent.
+  // The description of pool `pool_id`. INTERNAL for an id the daemon never
+  // sent.
+  absl::StatusOr<const v1::PoolInfo*> Pool(uint32_t pool_id) const;
+  // The device pool `pool_id` lives on.
+  absl::StatusOr<Device> PoolDevice(uint32_t pool_id) const;
+  // The mapping of host pool `pool_id`. INTERNAL for an id the daemon never
+  // sent, FAILED_PRECONDITION for a CUDA pool.
   absl::StatusOr<PoolMapping*> Mapping(uint32_t pool_id) const;
+  // The mapping of CUDA pool `pool_id`, opened on first use (see
+  // cuda_pool_mapping.h) and kept while this core lives. Errors as
+  // CudaPoolMapping::Get; FAILED_PRECONDITION for a host pool.
+  absl::StatusOr<CudaPoolMapping*> CudaMapping(uint32_t pool_id);
+  // The name of the first pool on `device`. NOT_FOUND naming the device and
+  // listing the daemon's pools when there is none.
+  absl::StatusOr<std::string> PoolOn(const Device& device) const;
+
+  // Releases `lease_id` once `fence` has completed, without blocking (see
+  // gpu_releaser.h).
+  void ReleaseAfter(cuda::Fence fence, uint64_t lease_id);
+  // Blocks until the releases handed to ReleaseAfter so far were sent.
+  void FlushGpuReleases();
 
   // Calls a unary RPC of the stub with `timeout` as deadline; maps the
   // outcome to an absl::Status carrying the error reason.
@@ -110,9 +133,16 @@ class ClientCore {
   // Serialises writes on session_ (gRPC allows one outstanding write).
   std::mutex write_mu_;
   std::atomic<uint64_t> releases_sent_{0};  // Written under write_mu_.
-  // By pool id; null for pools of a kind this client cannot map.
+  std::vector<v1::PoolInfo> pools_;         // By pool id.
+  // By pool id; null for CUDA pools.
   std::vector<std::shared_ptr<PoolMapping>> mappings_;
-  std::vector<v1::PoolInfo> unmapped_;  // The pools whose mapping is null.
+  // By pool id; opened on first use, null until then and for host pools.
+  mutable std::mutex cuda_mu_;
+  std::vector<std::shared_ptr<CudaPoolMapping>> cuda_mappings_;
+  // Made on the first CUDA release. Declared last: destroyed first, so it
+  // sends its pending releases while the session is still open.
+  std::mutex releaser_mu_;
+  std::unique_ptr<GpuReleaser> releaser_;
 };
 
 }  // namespace shmtensor::internal

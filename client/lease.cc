@@ -1,5 +1,7 @@
 #include "client/lease.h"
 
+#include <algorithm>
+
 namespace shmtensor::internal {
 
 void Lease::CloseWritableRange() {
@@ -14,10 +16,37 @@ void Lease::CloseWritableRange() {
   }
 }
 
+void Lease::UseOnStream(CudaStream stream) {
+  if (!device_.is_cuda()) return;
+  if (stream == 1) stream = kLegacyDefaultStream;  // DLPack's spelling.
+  std::lock_guard<std::mutex> lock(mu_);
+  if (std::find(streams_.begin(), streams_.end(), stream) == streams_.end()) {
+    streams_.push_back(stream);
+  }
+}
+
+absl::StatusOr<cuda::Fence> Lease::RecordFence() {
+  std::vector<CudaStream> streams = streams_;
+  streams.push_back(kLegacyDefaultStream);
+  absl::StatusOr<cuda::Fence> fence =
+      cuda::Fence::Record(device_.index, streams);
+  if (fence.ok()) return fence;
+  // Could not record: wait for all of this process's work on the device
+  // instead. If that fails as well, the context and its work are gone.
+  cuda::WaitForStream(device_.index, kLegacyDefaultStream).IgnoreError();
+  return cuda::Fence();
+}
+
 Lease::~Lease() {
   if (core_->inherited()) return;  // The parent's lease, not ours to drop.
   CloseWritableRange();
-  if (held_) core_->ReleaseLease(id_).IgnoreError();
+  if (!held_) return;
+  if (device_.is_cuda()) {
+    absl::StatusOr<cuda::Fence> fence = RecordFence();
+    core_->ReleaseAfter(fence.ok() ? *std::move(fence) : cuda::Fence(), id_);
+    return;
+  }
+  core_->ReleaseLease(id_).IgnoreError();
 }
 
 absl::Status Lease::ReleaseNow() {
@@ -25,6 +54,10 @@ absl::Status Lease::ReleaseNow() {
   if (!held_) return absl::OkStatus();
   if (absl::Status s = core_->CheckOwner(); !s.ok()) return s;
   CloseWritableRange();
+  if (device_.is_cuda()) {
+    absl::StatusOr<cuda::Fence> fence = RecordFence();
+    if (fence.ok()) fence->Wait().IgnoreError();
+  }
   held_ = false;
   v1::ReleaseRequest req;
   req.set_session_id(core_->session_id());
@@ -33,8 +66,11 @@ absl::Status Lease::ReleaseNow() {
   return core_->Call(&v1::ObjectStore::Stub::Release, req, &resp);
 }
 
-absl::Status Lease::CloseForSeal() {
+absl::Status Lease::CloseForSeal(CudaStream stream) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (device_.is_cuda()) {
+    return cuda::WaitForStream(device_.index, stream);
+  }
   absl::StatusOr<PoolMapping*> m = core_->Mapping(placement_.pool_id());
   if (!m.ok()) return m.status();
   absl::StatusOr<uint8_t*> p = (*m)->Protect(
@@ -46,6 +82,7 @@ absl::Status Lease::CloseForSeal() {
 
 void Lease::BecomeReadLease() {
   std::lock_guard<std::mutex> lock(mu_);
+  if (device_.is_cuda()) return;  // One mapping of device memory.
   // Readers read through the read-only mapping, like every other view.
   absl::StatusOr<PoolMapping*> m = core_->Mapping(placement_.pool_id());
   if (m.ok())

@@ -2,12 +2,18 @@
 // has to the object's bytes. Buffers, views, SealedRefs and tensors share a
 // Lease by shared_ptr; the last one to go releases it.
 //
+// For an object in a CUDA pool, the release waits for the GPU: the lease
+// remembers the streams its exports were used on (UseOnStream; the legacy
+// default stream always counts), and its last holder records events on them
+// and lets the core's GpuReleaser send the release once they complete.
+//
 // Thread safety: thread-safe.
 #ifndef SHMTENSOR_CLIENT_LEASE_H_
 #define SHMTENSOR_CLIENT_LEASE_H_
 
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "client/client_core.h"
@@ -18,14 +24,17 @@ class Lease {
  public:
   // `data` points to the object's bytes in the mapping matching `access`.
   // For kReadWrite the range is already open for writing.
+  // `device` is where the pool lives; for a CUDA pool `data` is a device
+  // address and no range is opened or closed.
   Lease(std::shared_ptr<ClientCore> core, uint64_t id, v1::Placement placement,
-        Access access, uint8_t* data)
+        Access access, uint8_t* data, Device device = Device::Host())
       : core_(std::move(core)),
         id_(id),
         placement_(std::move(placement)),
+        device_(device),
         access_(access),
         data_(data),
-        opened_rw_range_(access == Access::kReadWrite) {}
+        opened_rw_range_(access == Access::kReadWrite && !device.is_cuda()) {}
   // Closes a writable range, then releases the lease without waiting (one
   // ReleaseLeases message; errors are dropped: a daemon that is gone has
   // dropped the lease already).
@@ -40,10 +49,17 @@ class Lease {
   uint8_t* data() const { return data_; }
   Access access() const { return access_; }
   ClientCore& core() const { return *core_; }
+  const Device& device() const { return device_; }
 
-  // Before sealing: closes the writable range to read-only. From here on a
-  // write through the old pointer faults.
-  absl::Status CloseForSeal();
+  // CUDA: the object is (also) used on `stream`; the release waits for the
+  // work queued there. No-op for host objects.
+  void UseOnStream(CudaStream stream);
+  // Before sealing. Host: closes the writable range to read-only; from here
+  // on a write through the old pointer faults. CUDA: waits until the work
+  // queued on `stream` is done (all of this process's work on the device
+  // for kLegacyDefaultStream), so no reader can see the object before the
+  // producer's writes have landed.
+  absl::Status CloseForSeal(CudaStream stream = kLegacyDefaultStream);
   // After a shared seal: the lease now is the ref's read lease.
   void BecomeReadLease();
   // After an exclusive seal: the daemon consumed the lease.
@@ -57,12 +73,17 @@ class Lease {
  private:
   // Closes the range this lease opened for writing, if still open.
   void CloseWritableRange();
+  // CUDA: events on the streams the object was used on. Called by the last
+  // holder, under mu_ or in the destructor.
+  absl::StatusOr<cuda::Fence> RecordFence();
 
   std::shared_ptr<ClientCore> core_;
   const uint64_t id_;
   const v1::Placement placement_;
+  const Device device_;
   std::mutex mu_;
-  Access access_;  // Guarded by mu_ after construction.
+  std::vector<CudaStream> streams_;  // Guarded by mu_. CUDA only.
+  Access access_;                    // Guarded by mu_ after construction.
   uint8_t* data_;
   // This lease opened its range in the writable mapping; it closes it again.
   const bool opened_rw_range_;

@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "client/lease.h"
 
 namespace shmtensor {
 namespace {
@@ -43,7 +44,7 @@ std::optional<at::ScalarType> ToScalarType(DType dtype) {
 
 }  // namespace
 
-absl::StatusOr<at::Tensor> ToTensor(const View& view) {
+absl::StatusOr<at::Tensor> ToTensor(const View& view, CudaStream stream) {
   if (!view.valid()) {
     return absl::FailedPreconditionError("view was released");
   }
@@ -56,16 +57,24 @@ absl::StatusOr<at::Tensor> ToTensor(const View& view) {
   const int64_t item = ItemSize(view.dtype());
   std::vector<int64_t> strides;
   for (int64_t s : view.strides_bytes()) strides.push_back(s / item);
-  // The deleter owns a share of the lease: the last tensor releases it.
+  const Device& device = view.info().device;
+  // The deleter owns a share of the lease: the last tensor releases it (for
+  // CUDA, once the work on `stream` is done as well).
   auto keep = view.lease();
+  if (device.is_cuda()) keep->UseOnStream(stream);
   // libtorch reports errors by exception: this is its one adapter.
   try {
     return at::from_blob(
         const_cast<void*>(view.data()), view.shape(), strides,
         [keep](void*) mutable { keep.reset(); },
-        at::TensorOptions().dtype(*type).device(at::kCPU));
+        at::TensorOptions().dtype(*type).device(
+            device.is_cuda()
+                ? at::Device(at::kCUDA, static_cast<int8_t>(device.index))
+                : at::Device(at::kCPU)));
   } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("torch::from_blob: ", e.what()));
+    // E.g. a CUDA object with a libtorch built without CUDA (Debian's).
+    return absl::FailedPreconditionError(absl::StrCat(
+        "torch::from_blob on ", DeviceName(device), ": ", e.what()));
   }
 }
 

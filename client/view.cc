@@ -17,6 +17,14 @@ void* View::mutable_data() const {
   return lease_ != nullptr && writable_ ? lease_->data() : nullptr;
 }
 
+void View::UseOnStream(CudaStream stream) const {
+  if (lease_ != nullptr) lease_->UseOnStream(stream);
+}
+
+void Buffer::UseOnStream(CudaStream stream) const {
+  if (lease_ != nullptr) lease_->UseOnStream(stream);
+}
+
 absl::Status View::Release() {
   if (lease_ == nullptr) {
     return absl::FailedPreconditionError("view was already released");
@@ -36,14 +44,15 @@ void* Buffer::data() const {
   return lease_ != nullptr ? lease_->data() : nullptr;
 }
 
-absl::StatusOr<SealedRef> Buffer::Seal(bool exclusive) {
+absl::StatusOr<SealedRef> Buffer::Seal(bool exclusive, CudaStream stream) {
   if (lease_ == nullptr) {
     return absl::FailedPreconditionError(
         "buffer is no longer writable: it was sealed or discarded");
   }
-  // Close the writable range before the daemon publishes the object, so no
-  // write of this process can land after a reader could see it.
-  if (absl::Status s = lease_->CloseForSeal(); !s.ok()) return s;
+  // Close the writable range (host) or wait for the GPU's writes (CUDA)
+  // before the daemon publishes the object, so no write of this process can
+  // land after a reader could see it.
+  if (absl::Status s = lease_->CloseForSeal(stream); !s.ok()) return s;
   v1::SealRequest req;
   req.set_session_id(lease_->core().session_id());
   req.set_lease_id(lease_->id());

@@ -9,7 +9,7 @@
 
 extern "C" {
 
-enum DLDeviceType : int32_t { kDLCPU = 1 };
+enum DLDeviceType : int32_t { kDLCPU = 1, kDLCUDA = 2 };
 struct DLDevice {
   DLDeviceType device_type;
   int32_t device_id;

@@ -114,6 +114,12 @@ void DeleteDLContext(DLManagedTensor* self) {
 
 py::array MakeArray(const ExportSource& src) {
   const ObjectInfo& info = *src.info;
+  if (info.device.is_cuda()) {
+    throw py::type_error("the object is in CUDA memory (" +
+                         DeviceName(info.device) +
+                         "), which NumPy cannot address; use .tensor() or "
+                         "torch.from_dlpack() for a CUDA tensor");
+  }
   const char* format = NumpyFormat(info.dtype);
   if (format == nullptr) {
     throw py::type_error(std::string("dtype ") + DTypeName(info.dtype) +
@@ -167,7 +173,9 @@ py::capsule MakeDLPack(const ExportSource& src) {
   if (ctx->counter) ++*ctx->counter;
   DLTensor& t = ctx->managed.dl_tensor;
   t.data = src.data;
-  t.device = {kDLCPU, 0};
+  t.device = info.device.is_cuda()
+                 ? DLDevice{kDLCUDA, static_cast<int32_t>(info.device.index)}
+                 : DLDevice{kDLCPU, 0};
   t.ndim = static_cast<int32_t>(ctx->shape.size());
   t.dtype = dl_type;
   t.shape = ctx->shape.data();

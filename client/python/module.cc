@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -54,6 +55,24 @@ absl::Duration ToDuration(std::optional<double> seconds) {
 }
 
 py::bytes RefBytes(const ObjectRef& ref) { return py::bytes(ref.Serialize()); }
+
+// The consumer stream of a __dlpack__(stream=...) call, for a CUDA export:
+// None means the legacy default stream; -1 means the consumer asks for no
+// synchronisation (its use is then its own to order); any other integer is
+// a stream handle (1 and 2: the legacy and per-thread default streams).
+void DeclareDlpackStream(const py::object& stream,
+                         const std::function<void(CudaStream)>& use) {
+  if (stream.is_none()) return;  // The legacy default stream always counts.
+  const long long s = stream.cast<long long>();
+  if (s == -1) return;
+  if (s < 0) {
+    throw py::value_error(
+        "__dlpack__: stream must be None, -1 or a stream "
+        "handle, got " +
+        std::to_string(s));
+  }
+  use(static_cast<CudaStream>(s));
+}
 
 ObjectRef ParseRef(const std::string& bytes) {
   return Check(ObjectRef::Parse(bytes));
@@ -124,11 +143,12 @@ class PyBuffer {
     arrays_.push_back(py::weakref(arr));
     return arr;
   }
-  py::capsule DLPack() {
+  py::capsule DLPack(const py::object& stream) {
     const Buffer& b = get();
+    DeclareDlpackStream(stream, [&](CudaStream s) { b.UseOnStream(s); });
     return MakeDLPack({&b.info(), b.data(), b.lease(), true, dlpack_});
   }
-  PySealedRef Seal(bool exclusive) {
+  PySealedRef Seal(bool exclusive, CudaStream stream) {
     get();
     std::vector<py::object> live;
     for (const py::weakref& w : arrays_) {
@@ -150,7 +170,7 @@ class PyBuffer {
     std::optional<absl::StatusOr<SealedRef>> sealed;
     {
       py::gil_scoped_release release;
-      sealed = buffer_.Seal(exclusive);
+      sealed = buffer_.Seal(exclusive, stream);
     }
     return PySealedRef{Check(*std::move(sealed))};
   }
@@ -221,8 +241,15 @@ void AddInfoProperties(py::class_<Cls>& cls, Get get_info) {
           "ref_bytes",
           [get_info](const Cls& c) { return RefBytes(get_info(c).ref); },
           "The serialised ObjectRef of the object.")
-      .def("__dlpack_device__",
-           [](const Cls&) { return py::make_tuple(1 /* kDLCPU */, 0); });
+      .def_property_readonly(
+          "device",
+          [get_info](const Cls& c) { return DeviceName(get_info(c).device); },
+          "Where the bytes are: 'cpu' or 'cuda:N'.")
+      .def("__dlpack_device__", [get_info](const Cls& c) {
+        const Device& d = get_info(c).device;
+        // DLPack: kDLCPU = 1, kDLCUDA = 2.
+        return d.is_cuda() ? py::make_tuple(2, d.index) : py::make_tuple(1, 0);
+      });
 }
 
 // Runs `attempt(wait)` in slices of at most one second until it succeeds, fails
@@ -360,6 +387,9 @@ PYBIND11_MODULE(_core, m) {
       .def(
           "__dlpack__",
           [](const PyView& v, py::object stream) {
+            const View& view = v.get();
+            DeclareDlpackStream(stream,
+                                [&](CudaStream s) { view.UseOnStream(s); });
             return MakeDLPack(v.Source());
           },
           py::arg("stream") = py::none(), "A DLPack capsule (zero-copy).")
@@ -390,10 +420,13 @@ PYBIND11_MODULE(_core, m) {
           py::arg("dtype") = py::none(), "A zero-copy writable ndarray.")
       .def(
           "__dlpack__",
-          [](PyBuffer& b, py::object stream) { return b.DLPack(); },
+          [](PyBuffer& b, py::object stream) { return b.DLPack(stream); },
           py::arg("stream") = py::none(), "A DLPack capsule (zero-copy).")
       .def("seal", &PyBuffer::Seal, py::arg("exclusive") = false,
-           "Makes the object immutable; returns the creator's SealedRef.")
+           py::arg("stream") = 0,
+           "Makes the object immutable; returns the creator's SealedRef. "
+           "CUDA: first waits for the work on `stream` (0: all of this "
+           "process's work on the device).")
       .def("discard", &PyBuffer::Discard, "Discards the unsealed object.");
 
   py::class_<Client>(m, "Client", "A session with shmtensord.")
@@ -414,10 +447,18 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("daemon_epoch", &Client::daemon_epoch)
       .def_property_readonly("address", &Client::address)
       .def(
+          "has_pool_on",
+          [](const Client& c, const std::string& device) {
+            return c.HasPoolOn(Check(ParseDevice(device)));
+          },
+          py::arg("device"), "True when the daemon has a pool on `device`.")
+      .def(
           "create",
           [](Client& c, std::vector<int64_t> shape, int dtype, uint64_t size,
-             const std::string& name, std::optional<double> timeout) {
+             const std::string& name, std::optional<double> timeout,
+             const std::string& device) {
             CreateOptions o;
+            o.device = Check(ParseDevice(device));
             o.shape = std::move(shape);
             o.dtype = static_cast<DType>(dtype);
             o.size_bytes = size;
@@ -430,13 +471,15 @@ PYBIND11_MODULE(_core, m) {
                 }));
           },
           py::arg("shape"), py::arg("dtype"), py::arg("size_bytes"),
-          py::arg("name"), py::arg("timeout"))
+          py::arg("name"), py::arg("timeout"), py::arg("device") = "cpu")
       .def(
           "put",
           [](Client& c, uintptr_t src, std::vector<int64_t> shape, int dtype,
              uint64_t nbytes, const std::string& name, bool exclusive,
-             std::optional<double> timeout) {
+             std::optional<double> timeout, const std::string& device,
+             CudaStream stream) {
             CreateOptions o;
+            o.device = Check(ParseDevice(device));
             o.shape = std::move(shape);
             o.dtype = static_cast<DType>(dtype);
             // Exactly the bytes at `src`: the daemon refuses a layout that
@@ -448,13 +491,16 @@ PYBIND11_MODULE(_core, m) {
                 ToDuration(timeout), absl::StatusCode::kResourceExhausted,
                 [&](absl::Duration slice) {
                   o.timeout = slice;
-                  return c.Put(reinterpret_cast<const void*>(src), o,
-                               exclusive);
+                  return c.Put(reinterpret_cast<const void*>(src), o, exclusive,
+                               stream);
                 })};
           },
           py::arg("src"), py::arg("shape"), py::arg("dtype"), py::arg("nbytes"),
           py::arg("name"), py::arg("exclusive"), py::arg("timeout"),
-          "Creates, copies `nbytes` from address `src`, seals.")
+          py::arg("device") = "cpu", py::arg("stream") = 0,
+          "Creates on `device`, copies `nbytes` from address `src` (host "
+          "memory, or for a CUDA pool device memory, copied on `stream`), "
+          "seals.")
       .def(
           "get_ref",
           [](Client& c, const std::string& ref_bytes, bool writable) {

@@ -14,6 +14,22 @@
 // (proto/shmtensor/v1/shmtensor.proto), reasons via shmtensor/errors.h.
 // No call copies object bytes: buffers and views point into pools mapped once
 // per process.
+//
+// CUDA pools (a daemon pool of kind "cuda"): Create with .device =
+// Device::Cuda(n) gives a buffer in device memory; data() pointers are then
+// device addresses (View::info().device says which). The ordering contract
+// across processes (PITFALLS P12):
+//  - Producer: Seal (and Put) first waits until the producer's GPU work is
+//    done, on the stream given (all of this process's work on the device
+//    when none is), so a consumer never reads before the writes landed.
+//  - Consumer: when the last holder of a view (copies, ToTensor tensors,
+//    Python exports) lets go, the release is sent only once the work queued
+//    on the legacy default stream, and on every stream an export was
+//    declared on (DLPack's stream argument, ToTensor's), is done; until then
+//    the memory cannot be reused. Work on other streams must be ordered
+//    before the last reference dies (as torch's record_stream requires).
+// Device memory has no page protection: that a shared CUDA object is not
+// written is the API's contract (read-only views), not enforced by the MMU.
 #ifndef SHMTENSOR_CLIENT_INCLUDE_SHMTENSOR_CLIENT_H_
 #define SHMTENSOR_CLIENT_INCLUDE_SHMTENSOR_CLIENT_H_
 
@@ -24,6 +40,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "shmtensor/device.h"
 #include "shmtensor/dtype.h"
 #include "shmtensor/object_ref.h"
 #include "shmtensor/view.h"
@@ -48,7 +65,12 @@ struct CreateOptions {
   std::vector<int64_t> shape;
   std::vector<int64_t> strides_bytes;  // Empty: C-contiguous.
   std::string name;  // Empty: unnamed. Visible to Get once sealed.
-  std::string pool;  // Empty: the first pool.
+  // The pool by name. Empty: the first pool on `device`.
+  std::string pool;
+  // Where the object lives when no pool is named: host shared memory, or a
+  // CUDA pool of that device (NOT_FOUND listing the daemon's pools if it has
+  // none there).
+  Device device = Device::Host();
   // How long to wait for memory when the pool is full (then
   // RESOURCE_EXHAUSTED).
   absl::Duration timeout = absl::ZeroDuration();
@@ -94,12 +116,16 @@ class Client {
   absl::StatusOr<Buffer> Create(const CreateOptions& options);
 
   // Copies `options`' bytes from `data` into a new object and seals it, in
-  // one call (size from size_bytes, or from the layout). The bytes go in with
-  // pwrite(2): the buffer is never mapped writable in this process, so no
-  // page-table change and no window for a stray write. `exclusive` as in
-  // Buffer::Seal.
+  // one call (size from size_bytes, or from the layout). Host pool: `data` is
+  // host memory, copied in with pwrite(2): the buffer is never mapped
+  // writable in this process, so no page-table change and no window for a
+  // stray write. CUDA pool: `data` is device (or host) memory, copied with
+  // cudaMemcpyAsync on `stream` (after the work queued there, which is how a
+  // producer's writes to `data` are ordered before the copy) and waited for.
+  // `exclusive` as in Buffer::Seal.
   absl::StatusOr<SealedRef> Put(const void* data, const CreateOptions& options,
-                                bool exclusive = false);
+                                bool exclusive = false,
+                                CudaStream stream = kLegacyDefaultStream);
 
   // A view of a sealed object. Read-only, or writable for the one consumer of
   // an exclusive transfer. NOT_FOUND with IsStaleReference for a ref whose
@@ -120,6 +146,9 @@ class Client {
   absl::Status Delete(std::string_view name);
 
   absl::StatusOr<StoreStats> Stats();
+
+  // True when the daemon has a pool on `device` (CreateOptions::device).
+  bool HasPoolOn(const Device& device) const;
 
   uint64_t session_id() const;
   // Random id of the daemon instance (see ObjectRef::daemon_epoch): two

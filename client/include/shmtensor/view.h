@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "shmtensor/device.h"
 #include "shmtensor/dtype.h"
 #include "shmtensor/object_ref.h"
 
@@ -22,6 +23,9 @@ struct ObjectInfo {
   std::vector<int64_t> shape;
   std::vector<int64_t> strides_bytes;
   uint64_t size_bytes = 0;
+  // Where the bytes are: data() is a host address, or a device address on
+  // that CUDA device.
+  Device device;
 };
 
 // A read-only (or, for the taker of an exclusive transfer, writable) view of
@@ -62,6 +66,11 @@ class View {
   // released already.
   absl::Status Release();
 
+  // CUDA objects: declares that the bytes are (also) used on `stream`, so
+  // the lease's release waits for the work queued there too (see client.h).
+  // No-op for host objects or a released view.
+  void UseOnStream(CudaStream stream) const;
+
   // For adapters (ToTensor): the shared lease, to keep alive with the data.
   const std::shared_ptr<internal::Lease>& lease() const { return lease_; }
 
@@ -97,12 +106,17 @@ class Buffer {
   // nothing, this process loses write access (the taker alone may write),
   // and the object lives until one consumer's Get takes it (or this client's
   // session ends).
+  // CUDA: first waits for the producer's GPU work (see client.h): on
+  // `stream`, or for all of this process's work on the device by default.
   // FAILED_PRECONDITION if already sealed or discarded.
-  absl::StatusOr<SealedRef> Seal(bool exclusive = false);
+  absl::StatusOr<SealedRef> Seal(bool exclusive = false,
+                                 CudaStream stream = kLegacyDefaultStream);
 
   // Discards the unsealed object now. FAILED_PRECONDITION if not valid.
   absl::Status Discard();
 
+  // As View::UseOnStream.
+  void UseOnStream(CudaStream stream) const;
   // For adapters (Python arrays, DLPack): the lease, to keep alive with the
   // data. Exports made from it keep the object alive; after Seal they see
   // the bytes read-only.

@@ -137,6 +137,32 @@ def _shape_tuple(shape):
     return [int(d) for d in shape]
 
 
+def _device_name(device):
+    """'cpu' or 'cuda:N' for a device given as None, a string, an int (a CUDA
+    ordinal) or a torch.device."""
+    if device is None:
+        return "cpu"
+    if isinstance(device, int) and not isinstance(device, bool):
+        return f"cuda:{device}"
+    name = str(device)
+    if name == "cuda":  # torch's "current CUDA device".
+        torch = _dtypes._torch()
+        index = 0
+        if torch is not None and torch.cuda.is_available():
+            index = torch.cuda.current_device()
+        return f"cuda:{index}"
+    return name
+
+
+def _current_stream(device_name):
+    """torch's current stream on a CUDA device, as a handle (0: the legacy
+    default stream)."""
+    torch = _dtypes._torch()
+    if torch is None or not device_name.startswith("cuda"):
+        return 0
+    return torch.cuda.current_stream(torch.device(device_name)).cuda_stream
+
+
 class Client:
     """A session with shmtensord. Thread-safe. Use shmtensor.connect()."""
 
@@ -159,14 +185,20 @@ class Client:
         share its pools (the same node)."""
         return self._c.daemon_epoch
 
-    def create(self, shape, dtype, name=None, timeout=None):
+    def create(self, shape, dtype, name=None, timeout=None, device=None):
         """A writable buffer of `shape` and `dtype` (NumPy dtype or type,
         torch dtype, or a name). Fill it through numpy.asarray(buf) or
         buf.tensor(), then seal() it. `name` binds a name visible once
         sealed. When the pool is full, waits up to `timeout` seconds for
-        memory (None: without limit), then raises PoolExhaustedError."""
+        memory (None: without limit), then raises PoolExhaustedError.
+
+        device: None or "cpu" for host shared memory; "cuda:N" (or a
+        torch.device, or N) for a CUDA pool of that device, whose buffers
+        give CUDA tensors (buf.tensor(), torch.from_dlpack) and no NumPy
+        arrays. NotFoundError listing the daemon's pools if it has none
+        there."""
         return self._c.create(_shape_tuple(shape), _dtypes.dtype_code(dtype),
-                              0, name or "", timeout)
+                              0, name or "", timeout, _device_name(device))
 
     def create_bytes(self, size, name=None, timeout=None):
         """An untyped writable buffer of `size` bytes (viewed as uint8)."""
@@ -189,24 +221,44 @@ class Client:
         raise TypeError(f"get() takes an ObjectRef or a name, not "
                         f"{type(ref_or_name).__name__}")
 
-    def put(self, obj, name=None, exclusive=False, timeout=None):
+    def has_pool_on(self, device):
+        """True when the daemon has a pool on `device` ("cpu", "cuda:N")."""
+        return self._c.has_pool_on(_device_name(device))
+
+    def put(self, obj, name=None, exclusive=False, timeout=None, device=None):
         """Copies an array or tensor in and seals it; returns the ref.
 
-        The copy goes in through the kernel (pwrite): the new object is never
-        writable in this process, not even for an instant.
+        Into host memory the copy goes in through the kernel (pwrite): the
+        new object is never writable in this process, not even for an
+        instant.
 
-        Rules: a tensor is detached (no autograd graph is kept) and, if on a
-        GPU, copied to the host; bfloat16 keeps its dtype. Non-contiguous
+        device: where the object goes. None: a CUDA tensor goes to a CUDA
+        pool of its own device when the daemon has one (a device-to-device
+        copy, queued on torch's current stream after the work that produced
+        the tensor, and finished before the seal), else to the host; anything
+        else goes to the host. "cpu" or "cuda:N" choose explicitly (host data
+        is copied to the GPU, GPU data to the host).
+
+        Rules: a tensor is detached (no autograd graph is kept); bfloat16
+        keeps its dtype. Non-contiguous
         data (slices, transposes) is stored C-contiguous: values and shape
         round-trip, strides do not. A big-endian array, or a dtype one side
         lacks, raises InvalidArgumentError saying what to do. Anything else
         NumPy can make an array of (lists, scalars) is stored as that array.
         """
         torch = _dtypes._torch()
+        target = None if device is None else _device_name(device)
+        stream = 0
         if torch is not None and isinstance(obj, torch.Tensor):
             t = obj.detach()
-            if t.device.type != "cpu":
-                t = t.to("cpu")
+            if t.device.type == "cuda":
+                own = f"cuda:{t.device.index}"
+                if target is None:
+                    target = own if self._c.has_pool_on(own) else "cpu"
+                if target == "cpu":
+                    t = t.to("cpu")
+                else:
+                    stream = _current_stream(own)
             code = _dtypes.code_of_torch(t.dtype)
             t = t.resolve_conj().resolve_neg().contiguous()
             shape, nbytes, ptr, keep = (list(t.shape),
@@ -220,7 +272,8 @@ class Client:
             shape, nbytes, ptr, keep = (list(a.shape), a.nbytes,
                                         a.__array_interface__["data"][0], a)
         sealed = self._c.put(ptr, shape, code, nbytes, name or "",
-                             bool(exclusive), timeout)
+                             bool(exclusive), timeout, target or "cpu",
+                             stream)
         del keep
         return ObjectRef._from_core(sealed)
 
@@ -278,8 +331,13 @@ def _buffer_tensor(self):
     return _to_tensor(self, read_only=False)
 
 
-def _buffer_seal(self, exclusive=False):
+def _buffer_seal(self, exclusive=False, stream=None):
     """Makes the object immutable and returns its ObjectRef.
+
+    CUDA buffers: first waits until the GPU work that filled the buffer is
+    done: all of this process's work on the device, or only the work on
+    `stream` (a torch.cuda.Stream) when given. A consumer never sees the
+    object before that.
 
     A shared seal returns a ref that keeps the object alive; arrays made from
     the buffer stay readable but not writable (a write through a torch
@@ -287,7 +345,8 @@ def _buffer_seal(self, exclusive=False):
     exclusive=True the object goes to exactly one consumer: the returned ref
     holds nothing, this process can no longer write it, and arrays or tensors
     made from the buffer must be gone (else BufferError)."""
-    return ObjectRef._from_core(self._seal(exclusive))
+    handle = 0 if stream is None else int(getattr(stream, "cuda_stream", stream))
+    return ObjectRef._from_core(self._seal(exclusive, handle))
 
 
 def _view_ref(self):
