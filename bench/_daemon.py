@@ -6,8 +6,9 @@ import subprocess
 import tempfile
 import time
 
-DAEMON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build",
-                      "bin", "shmtensord")
+DAEMON = os.environ.get("SHMTENSOR_DAEMON") or os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "build", "bin",
+    "shmtensord")
 
 
 def _die_with_parent():
@@ -54,12 +55,12 @@ class HugeTmpfs:
 class Daemon:
     _count = 0
 
-    def __init__(self, pool_size, pool_dir=None):
+    def __init__(self, pool_size, pool_dir=None, config=None):
         Daemon._count += 1
         self.path = f"/tmp/shmtensor-pybench-{os.getpid()}-{Daemon._count}.sock"
         self.address = "unix:" + self.path
-        args = [DAEMON, "--listen", self.address, "--pool-size", pool_size,
-                "--log-level", "warn"]
+        args = [DAEMON, "--listen", self.address, "--log-level", "warn"]
+        args += ["--config", config] if config else ["--pool-size", pool_size]
         if pool_dir:
             args += ["--pool-dir", pool_dir]
         self.proc = subprocess.Popen(args, preexec_fn=_die_with_parent)

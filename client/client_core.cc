@@ -45,7 +45,12 @@ void ClientCore::KeepAliveUntilExit() {
   std::lock_guard<std::mutex> lock(RegistryMu());
   static auto* kept = new std::vector<std::shared_ptr<ClientCore>>;
   for (const std::weak_ptr<ClientCore>& w : Registry()) {
-    if (std::shared_ptr<ClientCore> core = w.lock()) kept->push_back(core);
+    if (std::shared_ptr<ClientCore> core = w.lock()) {
+      // Releases waiting for the GPU go out now, while the session is open
+      // (after exit the daemon would drop those leases at once).
+      if (!core->inherited()) core->FlushGpuReleases();
+      kept->push_back(core);
+    }
   }
 }
 

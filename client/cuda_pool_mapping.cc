@@ -1,10 +1,13 @@
 #include "client/cuda_pool_mapping.h"
 
+#include <unistd.h>
+
 #include <atomic>
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "client/cuda_api.h"
@@ -21,17 +24,19 @@ absl::StatusOr<std::shared_ptr<CudaPoolMapping>> CudaPoolMapping::Get(
         absl::StrFormat("pool '%s' is not a CUDA pool", info.name()));
   }
   // Keyed by the IPC handle, which is unique per allocation (so per daemon
-  // instance and pool).
+  // instance and pool), and by process: a CUDA mapping does not survive
+  // fork(), so a child opens its own.
   static absl::Mutex mu(absl::kConstInit);
   static auto* mappings =
       new absl::flat_hash_map<std::string, std::weak_ptr<CudaPoolMapping>>();
+  const std::string key = absl::StrCat(getpid(), "/", info.cuda_ipc_handle());
   absl::MutexLock lock(&mu);
-  std::weak_ptr<CudaPoolMapping>& slot = (*mappings)[info.cuda_ipc_handle()];
+  std::weak_ptr<CudaPoolMapping>& slot = (*mappings)[key];
   if (std::shared_ptr<CudaPoolMapping> live = slot.lock()) return live;
   absl::StatusOr<void*> base =
       cuda::OpenMemHandle(info.cuda_device(), info.cuda_ipc_handle());
   if (!base.ok()) {
-    mappings->erase(info.cuda_ipc_handle());
+    mappings->erase(key);
     return absl::Status(
         base.status().code(),
         absl::StrFormat("cannot map CUDA pool '%s' (cuda:%d, %d bytes): %s",
@@ -50,6 +55,8 @@ uint64_t CudaPoolMapping::opens() {
 }
 
 CudaPoolMapping::~CudaPoolMapping() {
+  // In a forked child the mapping is the parent's: no CUDA call there.
+  if (getpid() != owner_pid_) return;
   cuda::CloseMemHandle(info_.cuda_device(), base_);
 }
 

@@ -4,6 +4,9 @@
 // last holder lets go. An object of the pool is an offset into this mapping,
 // so a Get costs no CUDA call at all (PITFALLS P13).
 //
+// A CUDA mapping does not survive fork(): a child's clients open their own,
+// and the parent's, inherited, is never touched in the child.
+//
 // Opened on first use, not at connect: opening creates this process's CUDA
 // context on the device, which a client that uses only host pools must not
 // pay for (or fail on, on a machine without a GPU).
@@ -15,6 +18,9 @@
 // Thread safety: thread-safe.
 #ifndef SHMTENSOR_CLIENT_CUDA_POOL_MAPPING_H_
 #define SHMTENSOR_CLIENT_CUDA_POOL_MAPPING_H_
+
+#include <sys/types.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <memory>
@@ -47,10 +53,11 @@ class CudaPoolMapping {
 
  private:
   CudaPoolMapping(v1::PoolInfo info, uint8_t* base)
-      : info_(std::move(info)), base_(base) {}
+      : info_(std::move(info)), base_(base), owner_pid_(getpid()) {}
 
   const v1::PoolInfo info_;
   uint8_t* const base_;
+  const pid_t owner_pid_;  // The process that opened it.
 };
 
 }  // namespace shmtensor::internal

@@ -4,6 +4,7 @@
 // (PITFALLS P12, P13). Without a usable GPU the GPU tests skip, saying why.
 #include <signal.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -79,6 +80,13 @@ std::string WhyNoGpu() {
   return n > 0 ? "" : "no CUDA device";
 }
 
+// The helper process: $SHMTENSOR_CUDA_CHILD if set (bench/gpu_check.sh runs
+// this test away from its build tree), else the build tree's.
+std::string CudaChildPath() {
+  const char* env = std::getenv("SHMTENSOR_CUDA_CHILD");
+  return env != nullptr && *env != '\0' ? env : SHMTENSOR_CUDA_CHILD_PATH;
+}
+
 std::string Hex(const ObjectRef& ref) {
   return absl::BytesToHexString(ref.Serialize());
 }
@@ -108,8 +116,8 @@ class CudaDaemonTest : public ::testing::Test {
   std::unique_ptr<Subprocess> Child(const std::string& cmd,
                                     const ObjectRef& ref, int byte) {
     absl::StatusOr<std::unique_ptr<Subprocess>> p =
-        Subprocess::Spawn({SHMTENSOR_CUDA_CHILD_PATH, cmd, daemon_->address(),
-                           Hex(ref), std::to_string(byte)});
+        Subprocess::Spawn({CudaChildPath(), cmd, daemon_->address(), Hex(ref),
+                           std::to_string(byte)});
     EXPECT_TRUE(p.ok()) << p.status();
     return p.ok() ? *std::move(p) : nullptr;
   }

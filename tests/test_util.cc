@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/status/status.h"
@@ -111,7 +112,12 @@ int Subprocess::Wait(absl::Duration timeout) {
   return status;
 }
 
-std::string DaemonPath() { return SHMTENSOR_DAEMON_PATH; }
+std::string DaemonPath() {
+  // Overridable for test binaries run away from their build tree
+  // (bench/gpu_check.sh runs them on a GPU machine).
+  const char* env = std::getenv("SHMTENSOR_DAEMON");
+  return env != nullptr && *env != '\0' ? env : SHMTENSOR_DAEMON_PATH;
+}
 std::string ChildPath() { return SHMTENSOR_CHILD_PATH; }
 
 std::string FreshAddress() {

@@ -93,7 +93,8 @@ class DaemonTest : public ::testing::Test {
   std::optional<Client> client_;
 };
 
-// Path of the daemon and of the test helper binary.
+// Path of the daemon ($SHMTENSOR_DAEMON if set, else the build tree's) and
+// of the test helper binary.
 std::string DaemonPath();
 std::string ChildPath();
 // A fresh socket address "unix:/tmp/shmtensor-test-<pid>-<n>.sock".

@@ -42,14 +42,15 @@ def segments_of(address, directory="/dev/shm"):
 
 class Daemon:
     """A shmtensord on a fresh socket; stop() sends SIGTERM. With
-    `pool_dir`, its pool lives in that tmpfs instead of /dev/shm."""
+    `pool_dir`, its pool lives in that tmpfs instead of /dev/shm; with
+    `config` (a TOML file), its pools are that file's."""
 
-    def __init__(self, pool_size="256MiB", pool_dir=None):
+    def __init__(self, pool_size="256MiB", pool_dir=None, config=None):
         self.path = f"/tmp/shmtensor-pytest-{os.getpid()}-{uuid.uuid4().hex[:8]}.sock"
         self.address = "unix:" + self.path
         self.directory = pool_dir or "/dev/shm"
-        args = [DAEMON, "--listen", self.address, "--pool-size", pool_size,
-                "--log-level", "warn"]
+        args = [DAEMON, "--listen", self.address, "--log-level", "warn"]
+        args += ["--config", config] if config else ["--pool-size", pool_size]
         if pool_dir:
             args += ["--pool-dir", pool_dir]
         self.proc = subprocess.Popen(args, preexec_fn=_die_with_parent)
