@@ -251,16 +251,20 @@ class Client:
         stream = 0
         if torch is not None and isinstance(obj, torch.Tensor):
             t = obj.detach()
-            if t.device.type == "cuda":
-                own = f"cuda:{t.device.index}"
-                if target is None:
-                    target = own if self._c.has_pool_on(own) else "cpu"
-                if target == "cpu":
-                    t = t.to("cpu")
-                else:
-                    stream = _current_stream(own)
+            own = f"cuda:{t.device.index}" if t.device.type == "cuda" else None
+            if own is not None and target is None:
+                target = own if self._c.has_pool_on(own) else "cpu"
+            if own is not None and target == "cpu":
+                t = t.to("cpu")
             code = _dtypes.code_of_torch(t.dtype)
             t = t.resolve_conj().resolve_neg().contiguous()
+            if own is not None and target == own:
+                # The copy is queued after the work that produced t.
+                stream = _current_stream(own)
+            elif own is not None and target != "cpu":
+                # Another device's pool: the copy runs on that device's
+                # stream, so t's producer must be done first.
+                torch.cuda.current_stream(t.device).synchronize()
             shape, nbytes, ptr, keep = (list(t.shape),
                                         t.numel() * t.element_size(),
                                         t.data_ptr(), t)

@@ -145,7 +145,9 @@ def broadcast(tensor_or_array, src=0, group=None, name=None, address=None):
     # 1. The source publishes once into its node's daemon.
     ref = None
     if me == src:
-        ref = c.put(tensor_or_array)
+        # Host memory on every node (module docstring), even where the
+        # daemon has a CUDA pool on the source tensor's device.
+        ref = c.put(tensor_or_array, device="cpu")
     # 2. Each other node's leader receives the bytes over the process group
     #    straight into its own pool, then seals.
     if len(leaders) > 1:
