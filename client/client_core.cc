@@ -188,13 +188,18 @@ absl::StatusOr<CudaPoolMapping*> ClientCore::CudaMapping(uint32_t pool_id) {
 }
 
 absl::StatusOr<std::string> ClientCore::PoolOn(const Device& device) const {
+  // Per Create: the search is a scan of a few pools; the list of them is
+  // built only for the error.
+  for (uint32_t id = 0; id < pools_.size(); ++id) {
+    if (PoolDevice(id).value_or(Device::Host()) == device) {
+      return pools_[id].name();
+    }
+  }
   std::vector<std::string> have;
-  for (const v1::PoolInfo& info : pools_) {
-    const Device d = info.kind() == v1::MEMORY_KIND_CUDA_DEVICE
-                         ? Device::Cuda(info.cuda_device())
-                         : Device::Host();
-    if (d == device) return info.name();
-    have.push_back(absl::StrCat(info.name(), " (", DeviceName(d), ")"));
+  for (uint32_t id = 0; id < pools_.size(); ++id) {
+    have.push_back(
+        absl::StrCat(pools_[id].name(), " (",
+                     DeviceName(PoolDevice(id).value_or(Device::Host())), ")"));
   }
   return absl::NotFoundError(absl::StrCat(
       "shmtensord at ", address_, " has no pool on ", DeviceName(device),

@@ -25,12 +25,12 @@ void Lease::UseOnStream(CudaStream stream) {
   }
 }
 
-absl::StatusOr<cuda::Fence> Lease::RecordFence() {
+cuda::Fence Lease::RecordFence() {
   std::vector<CudaStream> streams = streams_;
   streams.push_back(kLegacyDefaultStream);
   absl::StatusOr<cuda::Fence> fence =
       cuda::Fence::Record(device_.index, streams);
-  if (fence.ok()) return fence;
+  if (fence.ok()) return *std::move(fence);
   // Could not record: wait for all of this process's work on the device
   // instead. If that fails as well, the context and its work are gone.
   cuda::WaitForStream(device_.index, kLegacyDefaultStream).IgnoreError();
@@ -42,8 +42,7 @@ Lease::~Lease() {
   CloseWritableRange();
   if (!held_) return;
   if (device_.is_cuda()) {
-    absl::StatusOr<cuda::Fence> fence = RecordFence();
-    core_->ReleaseAfter(fence.ok() ? *std::move(fence) : cuda::Fence(), id_);
+    core_->ReleaseAfter(RecordFence(), id_);
     return;
   }
   core_->ReleaseLease(id_).IgnoreError();
@@ -54,10 +53,7 @@ absl::Status Lease::ReleaseNow() {
   if (!held_) return absl::OkStatus();
   if (absl::Status s = core_->CheckOwner(); !s.ok()) return s;
   CloseWritableRange();
-  if (device_.is_cuda()) {
-    absl::StatusOr<cuda::Fence> fence = RecordFence();
-    if (fence.ok()) fence->Wait().IgnoreError();
-  }
+  if (device_.is_cuda()) RecordFence().Wait().IgnoreError();
   held_ = false;
   v1::ReleaseRequest req;
   req.set_session_id(core_->session_id());

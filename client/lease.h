@@ -73,9 +73,10 @@ class Lease {
  private:
   // Closes the range this lease opened for writing, if still open.
   void CloseWritableRange();
-  // CUDA: events on the streams the object was used on. Called by the last
+  // CUDA: events on the streams the object was used on (or, if they cannot
+  // be recorded, none after waiting for the device). Called by the last
   // holder, under mu_ or in the destructor.
-  absl::StatusOr<cuda::Fence> RecordFence();
+  cuda::Fence RecordFence();
 
   std::shared_ptr<ClientCore> core_;
   const uint64_t id_;

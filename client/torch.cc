@@ -6,7 +6,6 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "client/lease.h"
 
 namespace shmtensor {
 namespace {
@@ -61,7 +60,7 @@ absl::StatusOr<at::Tensor> ToTensor(const View& view, CudaStream stream) {
   // The deleter owns a share of the lease: the last tensor releases it (for
   // CUDA, once the work on `stream` is done as well).
   auto keep = view.lease();
-  if (device.is_cuda()) keep->UseOnStream(stream);
+  if (device.is_cuda()) view.UseOnStream(stream);
   // libtorch reports errors by exception: this is its one adapter.
   try {
     return at::from_blob(
