@@ -1,13 +1,19 @@
 """CUDA pools from Python: create(device=...), CUDA tensors through
 view.tensor() and torch.from_dlpack, put() of CUDA tensors device to device,
-across real processes, under the same lease rules as host pools.
+across real processes, under the same lease rules as host pools; and
+shmtensor.distributed.broadcast of a CUDA tensor into GPU pools (NCCL
+between nodes, which needs 2 GPUs).
 
 The GPU tests need a torch with CUDA and a usable GPU (skipped, saying so,
 otherwise: Debian's torch is CPU-only); the device-selection errors are
 tested everywhere."""
 
 import multiprocessing as mp
+import os
 import sys
+import tempfile
+import traceback
+from datetime import timedelta
 
 import numpy as np
 import pytest
@@ -134,6 +140,99 @@ def test_another_process_reads_and_takes_gpu_objects(gpu_client):
         assert total == (2 if exclusive else 1) * (1 << 20)
         del ref
     assert wait_until(lambda: gpu_used(c) == 0, 2.0)
+
+
+def _gpu_rank(rank, world, init_file, addresses, node_of_rank, devices,
+              results):
+    try:
+        import torch
+        import torch.distributed as dist
+        torch.cuda.set_device(devices[rank])
+        os.environ["SHMTENSOR_ADDRESS"] = addresses[node_of_rank[rank]]
+        dist.init_process_group("gloo", init_method=f"file://{init_file}",
+                                rank=rank, world_size=world,
+                                timeout=timedelta(seconds=60))
+        import shmtensor.distributed as sd
+        x = (torch.arange(1 << 20, dtype=torch.float32,
+                          device=f"cuda:{devices[rank]}")
+             if rank == 0 else None)
+        t = sd.broadcast(x, src=0, name="gpu-weights")
+        try:
+            t.add_(1)
+            writable = True
+        except RuntimeError:
+            writable = False
+        c = shmtensor.connect(addresses[node_of_rank[rank]])
+        results.put({"rank": rank, "device": str(t.device),
+                     "sum": float(t.double().sum()), "writable": writable,
+                     "gpu_objects": c.stats()["pools"][1]["objects"]})
+        dist.barrier()
+        del t
+        dist.barrier()
+    except Exception:  # noqa: BLE001 - reported to the test.
+        results.put({"rank": rank, "crash": traceback.format_exc()})
+
+
+def _broadcast_on_gpus(tmp_path, node_of_rank, devices):
+    """Runs one GPU broadcast from rank 0 over len(devices) ranks (spawned),
+    a daemon per node with a CUDA pool on its ranks' device; returns the
+    ranks' reports in rank order."""
+    nodes = sorted(set(node_of_rank))
+    daemons = []
+    try:
+        for n in nodes:
+            dev = devices[node_of_rank.index(n)]
+            config = tmp_path / f"node{n}.toml"
+            config.write_text('[[pool]]\nname = "host"\nsize = "64MiB"\n'
+                              '[[pool]]\nname = "gpu"\nsize = "256MiB"\n'
+                              f'kind = "cuda"\ndevice = {dev}\n')
+            daemons.append(Daemon(config=str(config)))
+        ctx = mp.get_context("spawn")
+        results = ctx.Queue()
+        init_file = tempfile.mktemp(dir=tmp_path)
+        world = len(devices)
+        procs = [ctx.Process(target=_gpu_rank,
+                             args=(r, world, init_file,
+                                   [d.address for d in daemons], node_of_rank,
+                                   devices, results))
+                 for r in range(world)]
+        for p in procs:
+            p.start()
+        reports = [results.get(timeout=120) for _ in procs]
+        for p in procs:
+            p.join(60)
+        for r in reports:
+            assert "crash" not in r, r["crash"]
+        return sorted(reports, key=lambda r: r["rank"])
+    finally:
+        for d in daemons:
+            d.kill()
+
+
+def test_broadcast_of_a_cuda_tensor_is_one_gpu_copy_per_node(gpu_client,
+                                                             tmp_path):
+    n = 1 << 20
+    reports = _broadcast_on_gpus(tmp_path, [0, 0], [0, 0])
+    for r in reports:
+        assert r["device"] == "cuda:0"
+        assert r["sum"] == n * (n - 1) / 2
+        assert not r["writable"]
+        assert r["gpu_objects"] == 1  # One copy, in the GPU pool.
+
+
+def test_broadcast_between_nodes_goes_over_nccl_into_gpu_pools(gpu_client,
+                                                               tmp_path):
+    import torch
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs: NCCL refuses two ranks of one group on "
+                    "one GPU, and each simulated node's leader needs its own")
+    n = 1 << 20
+    reports = _broadcast_on_gpus(tmp_path, [0, 0, 1, 1], [0, 0, 1, 1])
+    for r in reports:
+        assert r["device"] == f"cuda:{[0, 0, 1, 1][r['rank']]}"
+        assert r["sum"] == n * (n - 1) / 2
+        assert not r["writable"]
+        assert r["gpu_objects"] == 1
 
 
 if __name__ == "__main__":

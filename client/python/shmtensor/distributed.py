@@ -17,10 +17,16 @@ and seals it. Every rank then maps its node's copy read-only. No rank holds a
 private copy; on each node the data exists once, and between ranks of one
 node it crosses no socket.
 
-The data always lands in host memory (shmtensord's host pools): a CUDA
-source tensor is copied to the host once, on the source, and every rank gets
-a CPU tensor; the bytes between nodes go over a Gloo group of the source and
-the leaders, whatever the job's own backend.
+Where the data lands: when the source is a CUDA tensor and every rank's
+daemon has a CUDA pool on that rank's current device (torch.cuda), the copy
+of each node lives in GPU memory: the source puts it device to device into
+its own pool, the other leaders receive it over an NCCL group of the source
+and the leaders straight into their pools, and every rank gets a read-only
+CUDA tensor over its node's copy (on the device of the leader's pool; other
+GPUs of the node read it through CUDA IPC). Otherwise the data lands in
+host memory: a CUDA source tensor is copied to the host once, on the
+source, every rank gets a CPU tensor, and the bytes between nodes go over a
+Gloo group of the source and the leaders, whatever the job's own backend.
 
 Lifetime: the object lives while any rank holds its view (array, tensor, or
 anything viewing them), then returns to its pool. Every call makes a new
@@ -56,7 +62,8 @@ def _describe(obj):
     if isinstance(obj, torch.Tensor):
         t = obj.detach()
         return {"kind": "torch", "dtype": str(t.dtype).replace("torch.", ""),
-                "shape": tuple(t.shape), "nbytes": t.numel() * t.element_size()}
+                "shape": tuple(t.shape), "nbytes": t.numel() * t.element_size(),
+                "device": t.device.type}
     a = np.asarray(obj)
     return {"kind": "numpy", "dtype": a.dtype.str, "shape": a.shape,
             "nbytes": a.nbytes}
@@ -95,21 +102,31 @@ def plan(src=0, group=None, address=None):
     return Plan(nodes, leaders, nodes[k], leaders[k])
 
 
-def _bytes_of_source(obj):
-    """The source's bytes as a flat uint8 CPU tensor (no copy if already
-    contiguous on the CPU)."""
+def _gpu_of_rank(c):
+    """This rank's current CUDA device if its daemon has a pool there."""
+    if not torch.cuda.is_available():
+        return None
+    device = f"cuda:{torch.cuda.current_device()}"
+    return device if c.has_pool_on(device) else None
+
+
+def _bytes_of_source(obj, on_gpu):
+    """The source's bytes as a flat uint8 tensor: on its GPU for the GPU
+    path, else on the CPU (no copy if already contiguous there)."""
     if isinstance(obj, torch.Tensor):
-        t = obj.detach().cpu().contiguous().reshape(-1)
+        t = obj.detach()
+        t = (t if on_gpu else t.cpu()).contiguous().reshape(-1)
         return t.view(torch.uint8) if t.numel() else t.to(torch.uint8)
     a = np.ascontiguousarray(obj)
     return torch.from_numpy(a.reshape(-1).view(np.uint8))
 
 
-def _receive_buffer(c, meta):
-    """A pool buffer of the source's layout, and a flat uint8 tensor over
-    it to receive into."""
+def _receive_buffer(c, meta, device):
+    """A pool buffer of the source's layout on `device`, and a flat uint8
+    tensor over it to receive into."""
     if meta["kind"] == "torch":
-        buf = c.create(meta["shape"], getattr(torch, meta["dtype"]))
+        buf = c.create(meta["shape"], getattr(torch, meta["dtype"]),
+                       device=device)
         flat = buf.tensor().reshape(-1)
         return buf, flat.view(torch.uint8) if flat.numel() else flat
     buf = c.create(meta["shape"], np.dtype(meta["dtype"]))
@@ -127,7 +144,8 @@ def broadcast(tensor_or_array, src=0, group=None, name=None, address=None):
     meta = _describe(tensor_or_array) if me == src else None
     infos = _gather({"rank": me, "host": socket.gethostname(),
                      "epoch": c.daemon_epoch, "name": name, "src": src,
-                     "meta": meta}, group, "agreeing on the call", name)
+                     "meta": meta, "gpu": _gpu_of_rank(c)}, group,
+                    "agreeing on the call", name)
     calls = {(i["name"], i["src"]) for i in infos}
     if len(calls) > 1:
         detail = "; ".join(f"rank {i['rank']}: name={i['name']!r} "
@@ -141,27 +159,35 @@ def broadcast(tensor_or_array, src=0, group=None, name=None, address=None):
     meta = source["meta"]
     nodes, leaders = _plan_from(infos, src)
     my_leader = next(l for n, l in zip(nodes, leaders) if me in n)
+    # The GPU path, decided from what every rank reported (so alike on all).
+    on_gpu = (meta["kind"] == "torch" and meta.get("device") == "cuda"
+              and all(i["gpu"] for i in infos)
+              and (len(leaders) == 1 or dist.is_nccl_available()))
+    my_gpu = next(i["gpu"] for i in infos if i["rank"] == me)
+    target = my_gpu if on_gpu else "cpu"
 
     # 1. The source publishes once into its node's daemon.
     ref = None
     if me == src:
-        # Host memory on every node (module docstring), even where the
-        # daemon has a CUDA pool on the source tensor's device.
-        ref = c.put(tensor_or_array, device="cpu")
+        # Host memory unless the GPU path was chosen (module docstring),
+        # even where the daemon has a CUDA pool on the tensor's device.
+        ref = c.put(tensor_or_array, device=target)
     # 2. Each other node's leader receives the bytes over the process group
     #    straight into its own pool, then seals.
     if len(leaders) > 1:
-        key = tuple(sorted(leaders))
+        ranks = tuple(sorted(leaders))
+        # Whatever the job's backend: Gloo between host pools, NCCL between
+        # GPU pools.
+        backend = "nccl" if on_gpu else "gloo"
+        key = (ranks, backend)
         if key not in _leader_groups:
-            # Gloo whatever the job's backend: the bytes go from host memory
-            # to host pools.
-            _leader_groups[key] = dist.new_group(ranks=list(key),
-                                                 backend="gloo")
-        if me in key:
+            _leader_groups[key] = dist.new_group(ranks=list(ranks),
+                                                 backend=backend)
+        if me in ranks:
             if me == src:
-                data = _bytes_of_source(tensor_or_array)
+                data = _bytes_of_source(tensor_or_array, on_gpu)
             else:
-                buf, data = _receive_buffer(c, meta)
+                buf, data = _receive_buffer(c, meta, target)
             if meta["nbytes"]:
                 try:
                     dist.broadcast(data, src, group=_leader_groups[key])
@@ -171,7 +197,7 @@ def broadcast(tensor_or_array, src=0, group=None, name=None, address=None):
                         f"failed sending the data between nodes: {e}") from e
             del data
             if me != src:
-                ref = buf.seal()
+                ref = buf.seal()  # On the GPU: after the NCCL receive.
                 del buf
     # 3. Every rank maps its node's copy.
     refs = _gather({"rank": me, "ref": bytes(ref) if ref is not None else None},
