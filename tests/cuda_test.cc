@@ -163,8 +163,10 @@ TEST_F(CudaDaemonTest, ObjectsAreOffsetsIntoOneMappingOpenedOncePerProcess) {
   ASSERT_EQ(cudaMemcpy(&first, views[7].data(), 1, cudaMemcpyDeviceToHost),
             cudaSuccess);
   EXPECT_EQ(first, 7);
-  views.clear();
-  refs.clear();
+  // Explicit releases wait for the GPU and the daemon (dropping would hand
+  // the releases to the GpuReleaser and return at once).
+  for (View& v : views) ASSERT_TRUE(v.Release().ok());
+  for (SealedRef& r : refs) ASSERT_TRUE(r.Release().ok());
   EXPECT_EQ(GpuUsed(), 0u);
 }
 
@@ -241,7 +243,7 @@ TEST_F(CudaDaemonTest, PutCopiesDeviceToDevice) {
   EXPECT_EQ(*child->ReadLine(), "ok " + std::to_string(bytes));
   EXPECT_EQ(child->Wait(), 0);
   cudaFree(src);
-  ref->Reset();
+  ASSERT_TRUE(ref->Release().ok());
   EXPECT_EQ(GpuUsed(), 0u);
 }
 
@@ -255,20 +257,20 @@ TEST_F(CudaDaemonTest, ReleaseWaitsForTheConsumersQueuedWork) {
   const uintptr_t where = reinterpret_cast<uintptr_t>(b->data());
   absl::StatusOr<SealedRef> ref = b->Seal();
   ASSERT_TRUE(ref.ok()) << ref.status();
+  absl::StatusOr<View> v = client_->Get(ref->ref());
+  ASSERT_TRUE(v.ok()) << v.status();
+  // From here the view alone keeps the object.
+  ASSERT_TRUE(ref->Release().ok());
   void* scratch = nullptr;
   ASSERT_EQ(cudaMalloc(&scratch, bytes), cudaSuccess);
-  {
-    absl::StatusOr<View> v = client_->Get(ref->ref());
-    ASSERT_TRUE(v.ok()) << v.status();
-    // Reads queued on the legacy default stream, still running when the
-    // last reference goes.
-    for (int i = 0; i < 16; ++i) {
-      ASSERT_EQ(cudaMemcpyAsync(scratch, v->data(), bytes,
-                                cudaMemcpyDeviceToDevice, 0),
-                cudaSuccess);
-    }
+  // Reads queued on the legacy default stream, still running when the last
+  // reference goes.
+  for (int i = 0; i < 16; ++i) {
+    ASSERT_EQ(
+        cudaMemcpyAsync(scratch, v->data(), bytes, cudaMemcpyDeviceToDevice, 0),
+        cudaSuccess);
   }
-  ref->Reset();
+  v = View();  // The last reference: its release must wait for the reads.
   // Another producer asks for the same amount at once: it may only get the
   // same range once the reads are done.
   Client other = *Client::Connect({.address = daemon_->address()});
