@@ -56,6 +56,29 @@ absl::Duration ToDuration(std::optional<double> seconds) {
 
 py::bytes RefBytes(const ObjectRef& ref) { return py::bytes(ref.Serialize()); }
 
+// The keywords DLPack 1.0 consumers may pass besides `stream`: max_version
+// (the legacy "dltensor" capsule is returned, which they accept), dl_device
+// (must be where the bytes are) and copy (a copy cannot be made here).
+void CheckDlpackKeywords(const ObjectInfo& info, const py::object& dl_device,
+                         const py::object& copy) {
+  if (!copy.is_none() && copy.cast<bool>()) {
+    throw py::buffer_error(
+        "__dlpack__(copy=True): shmtensor exports its bytes without a copy "
+        "only; copy the resulting tensor instead");
+  }
+  if (dl_device.is_none()) return;
+  const auto want = dl_device.cast<std::pair<int, int>>();
+  const std::pair<int, int> have = info.device.is_cuda()
+                                       ? std::make_pair(2, info.device.index)
+                                       : std::make_pair(1, 0);
+  if (want != have) {
+    throw py::buffer_error("__dlpack__(dl_device=(" +
+                           std::to_string(want.first) + ", " +
+                           std::to_string(want.second) +
+                           ")): the bytes are on " + DeviceName(info.device));
+  }
+}
+
 // The consumer stream of a __dlpack__(stream=...) call, for a CUDA export:
 // None means the legacy default stream; -1 means the consumer asks for no
 // synchronisation (its use is then its own to order); any other integer is
@@ -386,13 +409,17 @@ PYBIND11_MODULE(_core, m) {
           "object alive while it lives.")
       .def(
           "__dlpack__",
-          [](const PyView& v, py::object stream) {
+          [](const PyView& v, py::object stream, py::object max_version,
+             py::object dl_device, py::object copy) {
             const View& view = v.get();
+            CheckDlpackKeywords(view.info(), dl_device, copy);
             DeclareDlpackStream(stream,
                                 [&](CudaStream s) { view.UseOnStream(s); });
             return MakeDLPack(v.Source());
           },
-          py::arg("stream") = py::none(), "A DLPack capsule (zero-copy).")
+          py::arg("stream") = py::none(), py::arg("max_version") = py::none(),
+          py::arg("dl_device") = py::none(), py::arg("copy") = py::none(),
+          "A DLPack capsule (zero-copy).")
       .def("close", &PyView::Close,
            "Drops this view's share of the lease. Arrays and tensors made from "
            "it keep their own share: the lease ends when the last one dies. "
@@ -420,8 +447,14 @@ PYBIND11_MODULE(_core, m) {
           py::arg("dtype") = py::none(), "A zero-copy writable ndarray.")
       .def(
           "__dlpack__",
-          [](PyBuffer& b, py::object stream) { return b.DLPack(stream); },
-          py::arg("stream") = py::none(), "A DLPack capsule (zero-copy).")
+          [](PyBuffer& b, py::object stream, py::object max_version,
+             py::object dl_device, py::object copy) {
+            CheckDlpackKeywords(b.get().info(), dl_device, copy);
+            return b.DLPack(stream);
+          },
+          py::arg("stream") = py::none(), py::arg("max_version") = py::none(),
+          py::arg("dl_device") = py::none(), py::arg("copy") = py::none(),
+          "A DLPack capsule (zero-copy).")
       .def("seal", &PyBuffer::Seal, py::arg("exclusive") = false,
            py::arg("stream") = 0,
            "Makes the object immutable; returns the creator's SealedRef. "

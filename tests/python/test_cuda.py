@@ -38,6 +38,25 @@ def test_a_device_without_a_pool_is_a_clear_error(client):
     assert client.get(ref).device == "cpu"
 
 
+def test_dlpack_keywords_of_newer_consumers(client):
+    """DLPack 1.0 consumers (torch >= 2.4) pass max_version, dl_device and
+    copy; shmtensor answers with the legacy capsule, refuses a copy or
+    another device, saying why."""
+    import torch
+    buf = client.create((8,), "float32")
+    cap = buf.__dlpack__(stream=None, max_version=(1, 0))
+    t = torch.from_dlpack(cap)
+    assert t.data_ptr() == buf.address
+    del t, cap
+    view = client.get(buf.seal())
+    with pytest.raises(BufferError, match="the bytes are on cpu"):
+        view.__dlpack__(dl_device=(2, 0))
+    with pytest.raises(BufferError, match="copy=True"):
+        view.__dlpack__(copy=True)
+    assert torch.from_dlpack(view.__dlpack__(dl_device=(1, 0), copy=False)
+                             ).data_ptr() == view.address
+
+
 def _why_no_gpu():
     try:
         import torch
