@@ -102,9 +102,11 @@ run() {
   pyb=$($py -c 'import pybind11; print("-isystem", pybind11.get_include())' 2>/dev/null)
   mkdir -p "$G"/python/shmtensor
   cp client/python/shmtensor/*.py "$G"/python/shmtensor/
-  local build=0
+  local build=0 cxx
+  cxx=${CXX:-$(command -v g++ || command -v c++ || command -v clang++)}
+  [[ -n "$cxx" ]] || echo "gpu_check: no C++ compiler here: Python part skipped"
   # shellcheck disable=SC2046
-  g++ -O2 -fPIC -fvisibility=hidden -std=c++17 -shared \
+  [[ -n "$cxx" ]] && "$cxx" -O2 -fPIC -fvisibility=hidden -std=c++17 -shared \
       -I. -Iclient/include -isystem "$G"/include $pyb -isystem "$inc" \
       client/python/module.cc client/python/exports.cc \
       -o "$G/python/shmtensor/_core$ext" $(G=$G eval echo "$(cat "$G"/link_args)") \
