@@ -34,8 +34,10 @@ struct ObjectInfo {
 // through a view never changes: the object is immutable and its memory
 // cannot be reused while the lease is held.
 //
-// A read-only view's bytes lie in a read-only mapping: a write through a
-// const_cast pointer faults (SIGSEGV) instead of changing what others see.
+// A read-only view's bytes (host pools) lie in a read-only mapping: a write
+// through a const_cast pointer faults (SIGSEGV) instead of changing what
+// others see. Device memory (CUDA pools) has no such protection: there,
+// read-only is the API's contract (see client.h).
 // Thread safety: const methods are safe from any thread.
 class View {
  public:
@@ -100,7 +102,8 @@ class Buffer {
   uint64_t size_bytes() const { return info_.size_bytes; }
 
   // Makes the object immutable and returns its ref; the Buffer becomes
-  // invalid. From here on a write through the old data() pointer faults.
+  // invalid. From here on a write through the old data() pointer faults
+  // (host pools; see the class comment of View for CUDA pools).
   // Shared seal: the SealedRef holds a lease that keeps the object alive.
   // Exclusive seal (hand-off to exactly one consumer): the SealedRef holds
   // nothing, this process loses write access (the taker alone may write),
