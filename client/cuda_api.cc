@@ -36,18 +36,24 @@ absl::Status Error(cudaError_t e, const std::string& what) {
 // Makes `device` current for its lifetime, then restores the caller's.
 class DeviceScope {
  public:
-  explicit DeviceScope(int device) {
+  explicit DeviceScope(int device) : device_(device) {
     if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    status_ = previous_ == device ? cudaSuccess : cudaSetDevice(device);
+    error_ = previous_ == device ? cudaSuccess : cudaSetDevice(device);
   }
   ~DeviceScope() {
     if (previous_ >= 0) cudaSetDevice(previous_);
   }
-  cudaError_t status() const { return status_; }
+  // OK, or why the device could not be made current.
+  absl::Status status() const {
+    return error_ == cudaSuccess
+               ? absl::OkStatus()
+               : Error(error_, absl::StrFormat("cudaSetDevice(%d)", device_));
+  }
 
  private:
+  const int device_;
   int previous_ = -1;
-  cudaError_t status_ = cudaSuccess;
+  cudaError_t error_ = cudaSuccess;
 };
 
 cudaStream_t AsStream(CudaStream s) {
@@ -66,9 +72,7 @@ absl::StatusOr<void*> OpenMemHandle(int device, const std::string& handle) {
   }
   std::memcpy(&h, handle.data(), sizeof(h));
   DeviceScope scope(device);
-  if (scope.status() != cudaSuccess) {
-    return Error(scope.status(), absl::StrFormat("cudaSetDevice(%d)", device));
-  }
+  if (absl::Status s = scope.status(); !s.ok()) return s;
   void* base = nullptr;
   if (cudaError_t e =
           cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess);
@@ -88,9 +92,7 @@ absl::Status CopyAndWait(int device, void* dst, const void* src, uint64_t bytes,
                          CudaStream stream) {
   if (bytes == 0) return absl::OkStatus();
   DeviceScope scope(device);
-  if (scope.status() != cudaSuccess) {
-    return Error(scope.status(), absl::StrFormat("cudaSetDevice(%d)", device));
-  }
+  if (absl::Status s = scope.status(); !s.ok()) return s;
   if (cudaError_t e =
           cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, AsStream(stream));
       e != cudaSuccess) {
@@ -107,9 +109,7 @@ absl::Status CopyAndWait(int device, void* dst, const void* src, uint64_t bytes,
 
 absl::Status WaitForStream(int device, CudaStream stream) {
   DeviceScope scope(device);
-  if (scope.status() != cudaSuccess) {
-    return Error(scope.status(), absl::StrFormat("cudaSetDevice(%d)", device));
-  }
+  if (absl::Status s = scope.status(); !s.ok()) return s;
   const cudaError_t e = stream == kLegacyDefaultStream
                             ? cudaDeviceSynchronize()
                             : cudaStreamSynchronize(AsStream(stream));
@@ -122,9 +122,7 @@ absl::Status WaitForStream(int device, CudaStream stream) {
 absl::StatusOr<Fence> Fence::Record(int device,
                                     const std::vector<CudaStream>& streams) {
   DeviceScope scope(device);
-  if (scope.status() != cudaSuccess) {
-    return Error(scope.status(), absl::StrFormat("cudaSetDevice(%d)", device));
-  }
+  if (absl::Status s = scope.status(); !s.ok()) return s;
   Fence f;
   f.device_ = device;
   std::vector<CudaStream> done;
