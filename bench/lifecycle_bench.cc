@@ -2,7 +2,9 @@
 //
 //  1. Lifecycle (create, fill, seal, get, release) at 64 KiB, 1 MiB and
 //     16 MiB against a bare unary gRPC round trip on the same socket, and the
-//     minor page faults per lifecycle in steady state (getrusage).
+//     minor page faults and mprotect calls per lifecycle in steady state
+//     (getrusage; the pool mapping's count), with both WriteRevocation modes
+//     (view.h) and through Client::Put.
 //  2. Copy-in bandwidth: memcpy into a pool buffer vs into private memory, and
 //     vs a fresh shared-memory segment per object (what a DataLoader batch
 //     pays today).
@@ -44,6 +46,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "client/lease.h"
 #include "grpcpp/grpcpp.h"
 #include "shmtensor/client.h"
 #include "shmtensor/v1/monitor.grpc.pb.h"
@@ -151,15 +154,26 @@ struct Phases {
   double create, fill, seal, get, release_view, release_ref;
 };
 
-// One lifecycle; returns its duration and (out) the time of each phase.
+// One lifecycle; returns its duration and (out) the time of each phase and
+// the mprotect count of the pool's mapping in this process after it.
 Clock::duration Lifecycle(Client& c, uint64_t bytes, const void* src,
-                          Phases* phases) {
+                          Phases* phases,
+                          shmtensor::WriteRevocation revocation =
+                              shmtensor::WriteRevocation::kImmediate,
+                          uint64_t* protect_calls = nullptr) {
   const auto t0 = Clock::now();
   shmtensor::Buffer buf = Check(c.Create({.size_bytes = bytes}), "create");
   const auto t1 = Clock::now();
   std::memcpy(buf.data(), src, bytes);
   const auto t2 = Clock::now();
-  shmtensor::SealedRef ref = Check(buf.Seal(), "seal");
+  if (protect_calls != nullptr) {
+    const std::shared_ptr<shmtensor::internal::Lease>& lease = buf.lease();
+    *protect_calls =
+        Check(lease->core().Mapping(lease->placement().pool_id()), "mapping")
+            ->protect_calls();
+  }
+  shmtensor::SealedRef ref = Check(
+      buf.Seal(false, shmtensor::kLegacyDefaultStream, revocation), "seal");
   const auto t3 = Clock::now();
   std::optional<shmtensor::View> v = Check(c.Get(ref.ref()), "get");
   const auto t4 = Clock::now();
@@ -246,6 +260,55 @@ struct Target {
   Client* client;
 };
 
+// One table of section 1: lifecycles at each size with `revocation`.
+void BenchLifecycleTable(Client& c, const std::vector<uint64_t>& sizes,
+                         const std::vector<ProtectCost>& protect,
+                         shmtensor::WriteRevocation revocation, double rtt,
+                         int iters) {
+  std::printf("%-8s %9s %9s %9s %12s %14s %20s %10s %10s   %s\n", "size",
+              "p50 us", "p99 us", "fill us", "overhead us", "overhead/3 RTT",
+              "(minus mprotect)/3RTT", "minflt/op", "mprotect/op",
+              "p50 us: create seal get release(view) release(ref)");
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    const uint64_t bytes = sizes[k];
+    std::vector<uint8_t> src(bytes, 0xab);
+    const int n = bytes >= (16u << 20) ? std::max(iters / 8, 20) : iters;
+    for (int i = 0; i < 10; ++i) {
+      Lifecycle(c, bytes, src.data(), nullptr, revocation);
+    }
+    std::vector<double> total, fill, create, seal, get, rel_view, rel_ref;
+    const long faults0 = MinorFaults();
+    uint64_t protects0 = 0, protects1 = 0;
+    for (int i = 0; i < n; ++i) {
+      Phases p;
+      total.push_back(Us(Lifecycle(c, bytes, src.data(), &p, revocation,
+                                   i == 0 ? &protects0 : &protects1)));
+      fill.push_back(p.fill);
+      create.push_back(p.create);
+      seal.push_back(p.seal);
+      get.push_back(p.get);
+      rel_view.push_back(p.release_view);
+      rel_ref.push_back(p.release_ref);
+    }
+    const double faults = double(MinorFaults() - faults0) / n;
+    const double protects =
+        n > 1 ? double(protects1 - protects0) / (n - 1) : 0.0;
+    const Summary t = Summarize(total), fl = Summarize(fill);
+    const double overhead = t.p50 - fl.p50;
+    const double budget = kLifecycleRoundTrips * rtt;
+    // The page-table changes actually made, at their calibrated cost.
+    const double mprotect_us =
+        protects / 2 * (protect[k].open_us + protect[k].close_us);
+    std::printf(
+        "%-8s %9.1f %9.1f %9.1f %12.1f %14.2f %20.2f %10.2f %10.2f   %.0f %.0f "
+        "%.0f %.0f %.0f\n",
+        SizeName(bytes).c_str(), t.p50, t.p99, fl.p50, overhead,
+        overhead / budget, (overhead - mprotect_us) / budget, faults, protects,
+        Summarize(create).p50, Summarize(seal).p50, Summarize(get).p50,
+        Summarize(rel_view).p50, Summarize(rel_ref).p50);
+  }
+}
+
 void BenchLifecycle(const Target& target, int iters) {
   Client& c = *target.client;
   std::vector<double> rtt;
@@ -276,39 +339,17 @@ void BenchLifecycle(const Target& target, int iters) {
       "lifecycle = create, fill, seal, get, release view, release ref: "
       "%d round trips + 2 one-way messages\n",
       kLifecycleRoundTrips);
-  std::printf("%-8s %9s %9s %9s %12s %14s %20s %10s   %s\n", "size", "p50 us",
-              "p99 us", "fill us", "overhead us", "overhead/3 RTT",
-              "(minus mprotect)/3RTT", "minflt/op",
-              "p50 us: create seal get release(view) release(ref)");
-  for (size_t k = 0; k < sizes.size(); ++k) {
-    const uint64_t bytes = sizes[k];
-    std::vector<uint8_t> src(bytes, 0xab);
-    const int n = bytes >= (16u << 20) ? std::max(iters / 8, 20) : iters;
-    for (int i = 0; i < 10; ++i) Lifecycle(c, bytes, src.data(), nullptr);
-    std::vector<double> total, fill, create, seal, get, rel_view, rel_ref;
-    const long faults0 = MinorFaults();
-    for (int i = 0; i < n; ++i) {
-      Phases p;
-      total.push_back(Us(Lifecycle(c, bytes, src.data(), &p)));
-      fill.push_back(p.fill);
-      create.push_back(p.create);
-      seal.push_back(p.seal);
-      get.push_back(p.get);
-      rel_view.push_back(p.release_view);
-      rel_ref.push_back(p.release_ref);
-    }
-    const double faults = double(MinorFaults() - faults0) / n;
-    const Summary t = Summarize(total), fl = Summarize(fill);
-    const double overhead = t.p50 - fl.p50;
-    const double budget = kLifecycleRoundTrips * r.p50;
+  for (const shmtensor::WriteRevocation revocation :
+       {shmtensor::WriteRevocation::kImmediate,
+        shmtensor::WriteRevocation::kDeferred}) {
+    const bool immediate = revocation == shmtensor::WriteRevocation::kImmediate;
     std::printf(
-        "%-8s %9.1f %9.1f %9.1f %12.1f %14.2f %20.2f %10.2f   %.0f %.0f %.0f "
-        "%.0f %.0f\n",
-        SizeName(bytes).c_str(), t.p50, t.p99, fl.p50, overhead,
-        overhead / budget,
-        (overhead - protect[k].open_us - protect[k].close_us) / budget, faults,
-        Summarize(create).p50, Summarize(seal).p50, Summarize(get).p50,
-        Summarize(rel_view).p50, Summarize(rel_ref).p50);
+        immediate
+            ? "WriteRevocation::kImmediate (the C++ default: seal closes the "
+              "range, a write through the old pointer faults):\n"
+            : "WriteRevocation::kDeferred (the Python package's mode: no "
+              "pointer survives the seal, the range stays open for reuse):\n");
+    BenchLifecycleTable(c, sizes, protect, revocation, r.p50, iters);
   }
   std::printf(
       "via Client::Put (pwrite copy-in, no writable range, no page-table "

@@ -134,7 +134,8 @@ absl::StatusOr<Client> Client::Connect(const ClientOptions& options) {
                                ? absl::StrCat("pid ", getpid())
                                : options.client_name;
   absl::StatusOr<std::shared_ptr<internal::ClientCore>> core =
-      internal::ClientCore::Connect(address, name, options.connect_timeout);
+      internal::ClientCore::Connect(address, name, options.connect_timeout,
+                                    options.write_revocation);
   if (!core.ok()) return core.status();
   return Client(*std::move(core));
 }

@@ -56,12 +56,13 @@ void ClientCore::KeepAliveUntilExit() {
 
 absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::Connect(
     const std::string& address, const std::string& client_name,
-    absl::Duration connect_timeout) {
+    absl::Duration connect_timeout, WriteRevocation write_revocation) {
   EnableForkSupport();
   RegisterDaemonAddress(address);
   std::shared_ptr<ClientCore> core(new ClientCore());
   core->owner_pid_ = getpid();
   core->address_ = address;
+  core->write_revocation_ = write_revocation;
   grpc::ChannelArguments args;
   // A local daemon: never wait long to reconnect, never wait for one to
   // appear longer than the caller's timeout.

@@ -30,6 +30,7 @@
 #include "client/pool_mapping.h"
 #include "shmtensor/device.h"
 #include "shmtensor/v1/shmtensor.grpc.pb.h"
+#include "shmtensor/view.h"
 
 namespace shmtensor::internal {
 
@@ -42,7 +43,8 @@ class ClientCore {
   // UNAVAILABLE naming the address when no daemon answers in time.
   static absl::StatusOr<std::shared_ptr<ClientCore>> Connect(
       const std::string& address, const std::string& client_name,
-      absl::Duration connect_timeout);
+      absl::Duration connect_timeout,
+      WriteRevocation write_revocation = WriteRevocation::kImmediate);
   // Ends the session: the daemon then drops whatever leases remain.
   ~ClientCore();
 
@@ -66,6 +68,8 @@ class ClientCore {
   absl::Status CheckOwner() const;
   uint64_t epoch() const { return epoch_; }
   const std::string& address() const { return address_; }
+  // The client's default for its leases (ClientOptions::write_revocation).
+  WriteRevocation write_revocation() const { return write_revocation_; }
 
   // The description of pool `pool_id`. INTERNAL for an id the daemon never
   // sent.
@@ -122,6 +126,7 @@ class ClientCore {
 
   pid_t owner_pid_ = 0;  // The process that connected.
   std::string address_;
+  WriteRevocation write_revocation_ = WriteRevocation::kImmediate;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::ObjectStore::Stub> stub_;
   std::unique_ptr<grpc::ClientContext> session_ctx_;

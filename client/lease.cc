@@ -7,13 +7,23 @@ namespace shmtensor::internal {
 void Lease::CloseWritableRange() {
   if (opened_rw_range_ && access_ == Access::kReadWrite) {
     if (absl::StatusOr<PoolMapping*> m = core_->Mapping(placement_.pool_id());
-        m.ok()) {
+        m.ok() && revocation_ == WriteRevocation::kImmediate) {
       (*m)->Protect(placement_.offset(), placement_.capacity_bytes(),
                     Access::kRead)
           .IgnoreError();
     }
     access_ = Access::kRead;
   }
+}
+
+WriteRevocation Lease::revocation() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return revocation_;
+}
+
+void Lease::set_revocation(WriteRevocation revocation) {
+  std::lock_guard<std::mutex> lock(mu_);
+  revocation_ = revocation;
 }
 
 void Lease::UseOnStream(CudaStream stream) {
@@ -62,10 +72,16 @@ absl::Status Lease::ReleaseNow() {
   return core_->Call(&v1::ObjectStore::Stub::Release, req, &resp);
 }
 
-absl::Status Lease::CloseForSeal(CudaStream stream) {
+absl::Status Lease::CloseForSeal(CudaStream stream,
+                                 WriteRevocation revocation) {
   std::lock_guard<std::mutex> lock(mu_);
   if (device_.is_cuda()) {
     return cuda::WaitForStream(device_.index, stream);
+  }
+  revocation_ = revocation;
+  if (revocation == WriteRevocation::kDeferred) {
+    access_ = Access::kRead;
+    return absl::OkStatus();
   }
   absl::StatusOr<PoolMapping*> m = core_->Mapping(placement_.pool_id());
   if (!m.ok()) return m.status();

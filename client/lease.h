@@ -34,10 +34,11 @@ class Lease {
         device_(device),
         access_(access),
         data_(data),
-        opened_rw_range_(access == Access::kReadWrite && !device.is_cuda()) {}
-  // Closes a writable range, then releases the lease without waiting (one
-  // ReleaseLeases message; errors are dropped: a daemon that is gone has
-  // dropped the lease already).
+        opened_rw_range_(access == Access::kReadWrite && !device.is_cuda()),
+        revocation_(core_->write_revocation()) {}
+  // Closes a writable range (as revocation() says), then releases the lease
+  // without waiting (one ReleaseLeases message; errors are dropped: a daemon
+  // that is gone has dropped the lease already).
   ~Lease();
 
   // Not copyable or movable: shared by pointer.
@@ -54,12 +55,22 @@ class Lease {
   // CUDA: the object is (also) used on `stream`; the release waits for the
   // work queued there. No-op for host objects.
   void UseOnStream(CudaStream stream);
-  // Before sealing. Host: closes the writable range to read-only; from here
-  // on a write through the old pointer faults. CUDA: waits until the work
+  // How the writable range closes, at seal or release: the client's
+  // default until set. Host pools only.
+  WriteRevocation revocation() const;
+  void set_revocation(WriteRevocation revocation);
+
+  // Before sealing. Host: closes the writable range to read-only, so that
+  // from here on a write through the old pointer faults (kImmediate), or
+  // just stops handing it out (kDeferred: the caller vouched that no pointer
+  // is left; the range stays open in this process's writable mapping for
+  // its next writable use). CUDA: waits until the work
   // queued on `stream` is done (all of this process's work on the device
   // for kLegacyDefaultStream), so no reader can see the object before the
   // producer's writes have landed.
-  absl::Status CloseForSeal(CudaStream stream = kLegacyDefaultStream);
+  absl::Status CloseForSeal(
+      CudaStream stream = kLegacyDefaultStream,
+      WriteRevocation revocation = WriteRevocation::kImmediate);
   // After a shared seal: the lease now is the ref's read lease.
   void BecomeReadLease();
   // After an exclusive seal: the daemon consumed the lease.
@@ -71,7 +82,8 @@ class Lease {
   absl::Status ReleaseNow();
 
  private:
-  // Closes the range this lease opened for writing, if still open.
+  // Closes the range this lease opened for writing, if still open, as
+  // revocation_ says. Called under mu_ or in the destructor.
   void CloseWritableRange();
   // CUDA: events on the streams the object was used on (or, if they cannot
   // be recorded, none after waiting for the device). Called by the last
@@ -82,13 +94,14 @@ class Lease {
   const uint64_t id_;
   const v1::Placement placement_;
   const Device device_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::vector<CudaStream> streams_;  // Guarded by mu_. CUDA only.
   Access access_;                    // Guarded by mu_ after construction.
   uint8_t* data_;
   // This lease opened its range in the writable mapping; it closes it again.
   const bool opened_rw_range_;
-  bool held_ = true;  // Guarded by mu_.
+  WriteRevocation revocation_;  // Guarded by mu_ after construction.
+  bool held_ = true;            // Guarded by mu_.
 };
 
 }  // namespace shmtensor::internal

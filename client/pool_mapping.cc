@@ -123,14 +123,29 @@ absl::StatusOr<uint8_t*> PoolMapping::Protect(uint64_t offset,
         offset, capacity, info_.name(), info_.size_bytes()));
   }
   if (absl::Status s = EnsureWritable(); !s.ok()) return s;
-  if (capacity > 0) {
-    const int prot =
-        access == Access::kReadWrite ? PROT_READ | PROT_WRITE : PROT_READ;
-    if (mprotect(rw_ + offset, capacity, prot) != 0) {
-      return absl::InternalError(
-          absl::StrFormat("mprotect of [%d, +%d) in pool '%s': %s", offset,
-                          capacity, info_.name(), std::strerror(errno)));
-    }
+  if (capacity == 0) return rw_ + offset;
+  const uint64_t end = offset + capacity;
+  if (access == Access::kReadWrite) {
+    absl::MutexLock lock(&open_mu_);
+    if (open_.Covers(offset, end)) return rw_ + offset;
+  } else {
+    // Forget the range before it closes: a concurrent opener of memory that
+    // overlaps it (none can, while this lease holds it) must not skip its
+    // mprotect on the strength of this range.
+    absl::MutexLock lock(&open_mu_);
+    open_.Remove(offset, end);
+  }
+  const int prot =
+      access == Access::kReadWrite ? PROT_READ | PROT_WRITE : PROT_READ;
+  protect_calls_.fetch_add(1, std::memory_order_relaxed);
+  if (mprotect(rw_ + offset, capacity, prot) != 0) {
+    return absl::InternalError(
+        absl::StrFormat("mprotect of [%d, +%d) in pool '%s': %s", offset,
+                        capacity, info_.name(), std::strerror(errno)));
+  }
+  if (access == Access::kReadWrite) {
+    absl::MutexLock lock(&open_mu_);
+    open_.Add(offset, end);
   }
   return rw_ + offset;
 }

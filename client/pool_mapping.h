@@ -8,9 +8,15 @@
 //  - writable, made on first need: open(O_RDWR) + mmap(PROT_READ). Only
 //    the ranges of buffers this process may write (its unsealed buffers, and
 //    the transfers it took) are opened to PROT_READ|PROT_WRITE with
-//    mprotect, for exactly that time. Sealing (shared or exclusive) and
-//    releasing close the range back to PROT_READ, so a write through an old
-//    writable pointer faults.
+//    mprotect. Sealing (shared or exclusive) and releasing close the range
+//    back to PROT_READ, so a write through an old writable pointer faults;
+//    unless the holder vouches that no such pointer exists
+//    (WriteRevocation::kDeferred, view.h): then the range stays open, and a
+//    later writable use of memory that is still open needs no mprotect. The
+//    mapping remembers which ranges are open, so in steady state a recycled
+//    buffer costs no page-table change at all. No view ever points into an
+//    open range it does not hold: readers read through the read-only
+//    mapping.
 // The daemon allocated every page of the pool up front, so a first touch in
 // a client only maps an existing page (a minor fault, once per page and
 // process); mprotect keeps page-table entries, and the allocator hands the
@@ -25,11 +31,15 @@
 #ifndef SHMTENSOR_CLIENT_POOL_MAPPING_H_
 #define SHMTENSOR_CLIENT_POOL_MAPPING_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "client/range_set.h"
 #include "shmtensor/v1/shmtensor.pb.h"
 
 namespace shmtensor::internal {
@@ -55,9 +65,16 @@ class PoolMapping {
 
   // Sets this process's access to [offset, offset+capacity) through the
   // writable mapping (mapped here on first use) and returns its base.
+  // Opening a range that is open already makes no system call; closing
+  // always does (see open_).
   // INVALID_ARGUMENT for a range outside the pool or not page-aligned.
   absl::StatusOr<uint8_t*> Protect(uint64_t offset, uint64_t capacity,
                                    Access access);
+
+  // mprotect calls this mapping made, for tests and benchmarks.
+  uint64_t protect_calls() const {
+    return protect_calls_.load(std::memory_order_relaxed);
+  }
 
   // Copies `size` bytes to `offset` with pwrite(2) on the segment: no
   // writable mapping, no page-table change, no fault in this process. For
@@ -72,6 +89,14 @@ class PoolMapping {
   uint8_t* const ro_;
   // Opens the writable mapping and fd on first use.
   absl::Status EnsureWritable();
+
+  // The ranges of the writable mapping known to be PROT_READ|PROT_WRITE. A
+  // subset of what is open: after fork() a child's copy may miss a range one
+  // of the parent's threads was opening, which costs one redundant mprotect
+  // there, never a missed one, because closing does not trust it.
+  absl::Mutex open_mu_;
+  RangeSet open_ ABSL_GUARDED_BY(open_mu_);
+  std::atomic<uint64_t> protect_calls_{0};
 
   std::once_flag rw_once_;
   uint8_t* rw_ = nullptr;   // Set once under rw_once_.

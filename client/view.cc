@@ -44,7 +44,9 @@ void* Buffer::data() const {
   return lease_ != nullptr ? lease_->data() : nullptr;
 }
 
-absl::StatusOr<SealedRef> Buffer::Seal(bool exclusive, CudaStream stream) {
+absl::StatusOr<SealedRef> Buffer::Seal(
+    bool exclusive, CudaStream stream,
+    std::optional<WriteRevocation> revocation) {
   if (lease_ == nullptr) {
     return absl::FailedPreconditionError(
         "buffer is no longer writable: it was sealed or discarded");
@@ -52,7 +54,11 @@ absl::StatusOr<SealedRef> Buffer::Seal(bool exclusive, CudaStream stream) {
   // Close the writable range (host) or wait for the GPU's writes (CUDA)
   // before the daemon publishes the object, so no write of this process can
   // land after a reader could see it.
-  if (absl::Status s = lease_->CloseForSeal(stream); !s.ok()) return s;
+  if (absl::Status s = lease_->CloseForSeal(
+          stream, revocation.value_or(lease_->revocation()));
+      !s.ok()) {
+    return s;
+  }
   v1::SealRequest req;
   req.set_session_id(lease_->core().session_id());
   req.set_lease_id(lease_->id());

@@ -6,10 +6,12 @@
 #include <sys/wait.h>
 
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
+#include "client/lease.h"
 #include "gtest/gtest.h"
 #include "shmtensor/client.h"
 #include "shmtensor/errors.h"
@@ -81,6 +83,65 @@ TEST_F(SafetyTest, CreatorLosesAccessAfterExclusiveSeal) {
   absl::StatusOr<std::string> line = child->ReadLine();
   ASSERT_TRUE(line.ok() && absl::StartsWith(*line, "sealed ")) << line.status();
   EXPECT_TRUE(KilledBySegv(child->Wait()));
+}
+
+// WriteRevocation::kDeferred leaves a sealed object's range writable in its
+// creator's writable mapping; every view, the creator's own included, still
+// reads through the read-only mapping, so a write through it faults.
+TEST_F(SafetyTest, DeferredRevocationKeepsEveryViewReadOnly) {  // [P1]
+  std::unique_ptr<Subprocess> child =
+      Child({"deferred-write-view", "deferred-obj"});
+  absl::StatusOr<std::string> line = child->ReadLine();
+  ASSERT_TRUE(line.ok() && absl::StartsWith(*line, "sealed ")) << line.status();
+  EXPECT_TRUE(KilledBySegv(child->Wait()));
+  absl::StatusOr<View> v = client_->Get("deferred-obj");
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_TRUE(AllBytes(*v, 7));
+}
+
+// What kDeferred buys: once a recycled range is open in this process, a
+// lifecycle (create, fill, seal, get, release) and an exclusive hand-off
+// take no mprotect at all; with kImmediate each writable use takes two.
+TEST_F(SafetyTest, DeferredRevocationRecyclesRangesWithoutMprotect) {
+  absl::StatusOr<Client> deferred =
+      Client::Connect({.address = daemon_->address(),
+                       .write_revocation = WriteRevocation::kDeferred});
+  ASSERT_TRUE(deferred.ok()) << deferred.status();
+  internal::PoolMapping* mapping = nullptr;
+  // One lifecycle; returns the pool mapping's mprotect count after it.
+  auto lifecycle = [&](Client& c, bool exclusive,
+                       std::optional<WriteRevocation> r) -> uint64_t {
+    absl::StatusOr<Buffer> buf = c.Create({.size_bytes = 64 << 10});
+    EXPECT_TRUE(buf.ok()) << buf.status();
+    const std::shared_ptr<internal::Lease> lease = buf->lease();
+    mapping = *lease->core().Mapping(lease->placement().pool_id());
+    std::memset(buf->data(), 3, 64 << 10);
+    absl::StatusOr<SealedRef> ref =
+        buf->Seal(exclusive, kLegacyDefaultStream, r);
+    EXPECT_TRUE(ref.ok()) << ref.status();
+    absl::StatusOr<View> v = c.Get(ref->ref());
+    EXPECT_TRUE(v.ok()) << v.status();
+    EXPECT_EQ(v->writable(), exclusive);
+    EXPECT_TRUE(AllBytes(*v, 3));
+    EXPECT_TRUE(v->Release().ok());
+    return mapping->protect_calls();
+  };
+  for (bool exclusive : {false, true}) {
+    SCOPED_TRACE(exclusive ? "exclusive" : "shared");
+    const uint64_t warm = lifecycle(*deferred, exclusive, std::nullopt);
+    for (int i = 0; i < 20; ++i) {
+      EXPECT_EQ(lifecycle(*deferred, exclusive, std::nullopt), warm);
+    }
+    // A seal that asks for kImmediate (a pointer may be left) closes at
+    // once, so a taker must open the range again.
+    const uint64_t before = lifecycle(*deferred, exclusive, std::nullopt);
+    EXPECT_EQ(lifecycle(*deferred, exclusive, WriteRevocation::kImmediate),
+              before + (exclusive ? 2 : 1));
+    // The default client: open and close for every writable use.
+    const uint64_t eager = lifecycle(*client_, exclusive, std::nullopt);
+    EXPECT_EQ(lifecycle(*client_, exclusive, std::nullopt),
+              eager + (exclusive ? 4 : 2));
+  }
 }
 
 TEST_F(SafetyTest, SigkilledClientIsReclaimedWithinOneSecond) {  // [P9]

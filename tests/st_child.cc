@@ -76,6 +76,28 @@ int Run(int argc, char** argv) {
     Say("WROTE");
     return 0;
   }
+  if (cmd == "deferred-write-view") {  // argv[3]: name
+    // A client that leaves sealed ranges open in its writable mapping
+    // (WriteRevocation::kDeferred): its own view of what it sealed must
+    // still be read-only.
+    absl::StatusOr<Client> deferred = Client::Connect(
+        {.address = argv[2],
+         .client_name = "st_child deferred",
+         .write_revocation = shmtensor::WriteRevocation::kDeferred});
+    if (!deferred.ok()) return Fail(deferred.status());
+    absl::StatusOr<shmtensor::Buffer> buf =
+        deferred->Create({.size_bytes = 8192, .name = argv[3]});
+    if (!buf.ok()) return Fail(buf.status());
+    std::memset(buf->data(), 7, 8192);
+    absl::StatusOr<shmtensor::SealedRef> sealed = buf->Seal();
+    if (!sealed.ok()) return Fail(sealed.status());
+    absl::StatusOr<shmtensor::View> view = deferred->Get(sealed->ref());
+    if (!view.ok()) return Fail(view.status());
+    Say("sealed " + RefToHex(sealed->ref()));
+    std::memset(const_cast<void*>(view->data()), 0x66, 8192);  // Must fault.
+    Say("WROTE");
+    return 0;
+  }
   if (cmd == "take") {  // argv[3]: ref hex, argv[4]: expected byte
     absl::StatusOr<ObjectRef> ref = RefFromHex(argv[3]);
     if (!ref.ok()) return Fail(ref.status());

@@ -184,7 +184,13 @@ class PyBuffer {
           " arrays or tensors made from this buffer are still alive; delete "
           "them before seal(exclusive=True): the consumer will own the memory");
     }
-    // Arrays made before a shared seal stay readable, no longer writable.
+    // Arrays made before a shared seal stay readable, no longer writable;
+    // a write through one (or through a tensor, which torch cannot make
+    // read-only) faults, so their memory is closed at once. With none
+    // alive, nothing can write here any more: the range may stay open.
+    const WriteRevocation revocation = live.empty() && dlpack_->load() == 0
+                                           ? WriteRevocation::kDeferred
+                                           : WriteRevocation::kImmediate;
     for (py::object& a : live) {
       py::detail::array_proxy(a.ptr())->flags &=
           ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
@@ -193,7 +199,7 @@ class PyBuffer {
     std::optional<absl::StatusOr<SealedRef>> sealed;
     {
       py::gil_scoped_release release;
-      sealed = buffer_.Seal(exclusive, stream);
+      sealed = buffer_.Seal(exclusive, stream, revocation);
     }
     return PySealedRef{Check(*std::move(sealed))};
   }
@@ -471,6 +477,12 @@ PYBIND11_MODULE(_core, m) {
             o.address = address;
             o.client_name = name;
             o.connect_timeout = absl::Seconds(connect_timeout);
+            // Every pointer this package hands out into a writable buffer or
+            // view is an array or tensor it counts (PyBuffer, MakeArray,
+            // MakeDLPack), and a lease is released only when the last is
+            // gone; where one is alive at a seal, PyBuffer::Seal asks for
+            // kImmediate.
+            o.write_revocation = WriteRevocation::kDeferred;
             py::gil_scoped_release release;
             return Check(Client::Connect(o));
           },

@@ -169,9 +169,47 @@ def test_put_opens_no_writable_mapping(client, daemon):
     buf = client.create(4, "float32")  # A buffer does open one, while unsealed.
     with open("/proc/self/maps") as f:
         assert any("w" in line.split()[1] for line in f if segment in line)
-    buf.seal()
+    a = np.asarray(buf)
+    buf.seal()  # With an array of it alive, the range closes at once.
     with open("/proc/self/maps") as f:
         assert all("w" not in line.split()[1] for line in f if segment in line)
+    assert not a.flags.writeable
+
+
+def _perms_at(address):
+    """The permissions of this process's mapping that holds `address`."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            span, perms = line.split()[:2]
+            lo, hi = (int(x, 16) for x in span.split("-"))
+            if lo <= address < hi:
+                return perms
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+def test_seal_without_live_exports_defers_closing_not_safety(client):
+    # No array or tensor of the buffer is alive at seal: nothing can write
+    # through it any more, so its range may stay open in the writable
+    # mapping (no page-table change now, none when the memory is reused
+    # here). Views still read through the read-only mapping.
+    buf = client.create(1024, "float32")
+    written = buf.address
+    np.asarray(buf)[:] = 5.0
+    ref = buf.seal()
+    assert "w" in _perms_at(written)  # Left open for the next buffer here.
+    view = client.get(ref)
+    assert view.address != written
+    assert "w" not in _perms_at(view.address)
+    a = np.asarray(view)
+    assert not a.flags.writeable and a[0] == 5.0
+    with pytest.raises(ValueError, match="read-only"):
+        a[0] = 1.0
+    # The same memory, recycled for the next buffer, is written in place.
+    del view, a, ref
+    buf2 = client.create(1024, "float32")
+    assert buf2.address == written
+    np.asarray(buf2)[:] = 6.0
+    assert np.asarray(client.get(buf2.seal())).tolist() == [6.0] * 1024
 
 
 def test_exclusive_seal_refuses_live_exports(client):

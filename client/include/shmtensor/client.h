@@ -55,6 +55,10 @@ struct ClientOptions {
   std::string address;      // Empty: DefaultAddress().
   std::string client_name;  // Shown to operators; empty: "pid <pid>".
   absl::Duration connect_timeout = absl::Seconds(5);
+  // How this client's writable buffers and taken views give up write access
+  // when sealed, discarded or released (see WriteRevocation in view.h).
+  // kDeferred only where no raw pointer into a buffer can outlive it.
+  WriteRevocation write_revocation = WriteRevocation::kImmediate;
 };
 
 struct CreateOptions {

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -26,6 +27,25 @@ struct ObjectInfo {
   // Where the bytes are: data() is a host address, or a device address on
   // that CUDA device.
   Device device;
+};
+
+// How a writable buffer, or the writable view of a taken transfer, gives up
+// this process's write access to host-pool memory when it is sealed or
+// released.
+enum class WriteRevocation {
+  // At once, with mprotect: a write through any pointer kept from it (say,
+  // data() saved before Seal) faults instead of changing what others see.
+  // Costs two page-table changes per writable use (open and close), which
+  // on some VMs is most of a small object's lifecycle.
+  kImmediate,
+  // The caller vouches that no pointer into the bytes outlives the seal or
+  // release (the Python package can: it counts the arrays and tensors it
+  // made, and asks for kImmediate when one is alive). The range then stays
+  // writable in this process's writable mapping, into which no view or
+  // tensor points once its lease is gone, and the next writable use of that
+  // memory here needs no page-table change. Readers are unaffected: every
+  // read view reads through the read-only mapping.
+  kDeferred,
 };
 
 // A read-only (or, for the taker of an exclusive transfer, writable) view of
@@ -103,7 +123,9 @@ class Buffer {
 
   // Makes the object immutable and returns its ref; the Buffer becomes
   // invalid. From here on a write through the old data() pointer faults
-  // (host pools; see the class comment of View for CUDA pools).
+  // (host pools; see the class comment of View for CUDA pools), unless
+  // `revocation` (default: the client's ClientOptions::write_revocation) is
+  // kDeferred, by which the caller vouches that no such pointer is left.
   // Shared seal: the SealedRef holds a lease that keeps the object alive.
   // Exclusive seal (hand-off to exactly one consumer): the SealedRef holds
   // nothing, this process loses write access (the taker alone may write),
@@ -112,8 +134,9 @@ class Buffer {
   // CUDA: first waits for the producer's GPU work (see client.h): on
   // `stream`, or for all of this process's work on the device by default.
   // FAILED_PRECONDITION if already sealed or discarded.
-  absl::StatusOr<SealedRef> Seal(bool exclusive = false,
-                                 CudaStream stream = kLegacyDefaultStream);
+  absl::StatusOr<SealedRef> Seal(
+      bool exclusive = false, CudaStream stream = kLegacyDefaultStream,
+      std::optional<WriteRevocation> revocation = std::nullopt);
 
   // Discards the unsealed object now. FAILED_PRECONDITION if not valid.
   absl::Status Discard();
