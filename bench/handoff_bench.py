@@ -55,7 +55,12 @@ def touch(a):
 
 # -- consumers (one process each) ---------------------------------------------
 
-WARM = 4
+# Untimed items first: enough for every pool buffer in rotation (4 in the
+# queue, one being put, one held by the consumer) to have been used once in
+# both processes, so what is timed is the steady state of long-lived ones
+# (the first use of a buffer in a process maps its pages: a minor fault per
+# page, and for a writable take one page-table change of the whole range).
+WARM = 8
 
 
 def consumer(method, q, done, n, address):
