@@ -1,17 +1,19 @@
 #include "client/pool_mapping.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
-#include "absl/synchronization/mutex.h"
 
 namespace shmtensor::internal {
 namespace {
@@ -81,6 +83,44 @@ absl::StatusOr<uint8_t*> MapShm(const v1::PoolInfo& info, bool writable,
 
 }  // namespace
 
+namespace {
+
+// Every live mapping of the process, by path (unique per daemon instance
+// and pool). Locked across fork() with the mappings (PrepareFork).
+std::mutex& RegistryMutex() {
+  static auto* mu = new std::mutex();
+  return *mu;
+}
+absl::flat_hash_map<std::string, std::weak_ptr<PoolMapping>>& Registry() {
+  static auto* mappings =
+      new absl::flat_hash_map<std::string, std::weak_ptr<PoolMapping>>();
+  return *mappings;
+}
+// The mappings PrepareFork locked, kept alive until AfterFork unlocks them.
+std::vector<std::shared_ptr<PoolMapping>>* forking = nullptr;
+
+}  // namespace
+
+void PoolMapping::PrepareFork() {
+  RegistryMutex().lock();
+  auto* held = new std::vector<std::shared_ptr<PoolMapping>>();
+  for (auto& [path, weak] : Registry()) {
+    if (std::shared_ptr<PoolMapping> m = weak.lock()) {
+      m->mu_.lock();
+      held->push_back(std::move(m));
+    }
+  }
+  forking = held;
+}
+
+void PoolMapping::AfterFork() {
+  std::vector<std::shared_ptr<PoolMapping>>* held = forking;
+  forking = nullptr;
+  for (const std::shared_ptr<PoolMapping>& m : *held) m->mu_.unlock();
+  RegistryMutex().unlock();
+  delete held;  // May unmap a mapping whose last other holder let go.
+}
+
 absl::StatusOr<std::shared_ptr<PoolMapping>> PoolMapping::Get(
     const v1::PoolInfo& info) {
   if (info.kind() != v1::MEMORY_KIND_HOST) {
@@ -88,17 +128,16 @@ absl::StatusOr<std::shared_ptr<PoolMapping>> PoolMapping::Get(
         "pool '%s' is of memory kind %d, which this client cannot map",
         info.name(), info.kind()));
   }
-  // Keyed by path, which is unique per daemon instance and pool.
-  static absl::Mutex mu(absl::kConstInit);
-  static auto* mappings =
-      new absl::flat_hash_map<std::string, std::weak_ptr<PoolMapping>>();
+  static std::once_flag fork_handlers;
+  std::call_once(fork_handlers,
+                 [] { pthread_atfork(PrepareFork, AfterFork, AfterFork); });
   const std::string path = PoolPath(info);
-  absl::MutexLock lock(&mu);
-  std::weak_ptr<PoolMapping>& slot = (*mappings)[path];
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  std::weak_ptr<PoolMapping>& slot = Registry()[path];
   if (std::shared_ptr<PoolMapping> live = slot.lock()) return live;
   absl::StatusOr<uint8_t*> ro = MapShm(info, false);
   if (!ro.ok()) {
-    mappings->erase(path);
+    Registry().erase(path);
     return ro.status();
   }
   std::shared_ptr<PoolMapping> mapping(new PoolMapping(info, *ro));
@@ -126,13 +165,13 @@ absl::StatusOr<uint8_t*> PoolMapping::Protect(uint64_t offset,
   if (capacity == 0) return rw_ + offset;
   const uint64_t end = offset + capacity;
   if (access == Access::kReadWrite) {
-    absl::MutexLock lock(&open_mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     if (open_.Covers(offset, end)) return rw_ + offset;
   } else {
     // Forget the range before it closes: a concurrent opener of memory that
     // overlaps it (none can, while this lease holds it) must not skip its
     // mprotect on the strength of this range.
-    absl::MutexLock lock(&open_mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     open_.Remove(offset, end);
   }
   const int prot =
@@ -144,21 +183,23 @@ absl::StatusOr<uint8_t*> PoolMapping::Protect(uint64_t offset,
                         capacity, info_.name(), std::strerror(errno)));
   }
   if (access == Access::kReadWrite) {
-    absl::MutexLock lock(&open_mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     open_.Add(offset, end);
   }
   return rw_ + offset;
 }
 
 absl::Status PoolMapping::EnsureWritable() {
-  std::call_once(rw_once_, [this] {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!rw_tried_) {
+    rw_tried_ = true;
     absl::StatusOr<uint8_t*> rw = MapShm(info_, true, &rw_fd_);
-    if (!rw.ok()) {
+    if (rw.ok()) {
+      rw_ = *rw;
+    } else {
       rw_status_ = rw.status();
-      return;
     }
-    rw_ = *rw;
-  });
+  }
   return rw_ != nullptr ? absl::OkStatus() : rw_status_;
 }
 

@@ -36,9 +36,7 @@
 #include <memory>
 #include <mutex>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "client/range_set.h"
 #include "shmtensor/v1/shmtensor.pb.h"
 
@@ -85,23 +83,33 @@ class PoolMapping {
   PoolMapping(v1::PoolInfo info, uint8_t* ro)
       : info_(std::move(info)), ro_(ro) {}
 
+  // fork() handlers: lock the registry and every live mapping's mu_ before
+  // fork, unlock after it in parent and child, so that a child never
+  // inherits a lock held by a thread it does not have (a forked DataLoader
+  // worker would hang on its first writable buffer).
+  static void PrepareFork();
+  static void AfterFork();
+
   const v1::PoolInfo info_;
   uint8_t* const ro_;
   // Opens the writable mapping and fd on first use.
   absl::Status EnsureWritable();
 
+  // Guards what follows. A pthread mutex (std::mutex), not absl::Mutex:
+  // it is held across fork() and unlocked in the child, which a pthread
+  // mutex allows. Never held across a system call that can block long.
+  std::mutex mu_;
+  bool rw_tried_ = false;   // EnsureWritable ran; rw_* are final.
+  uint8_t* rw_ = nullptr;   // The writable mapping, once made.
+  int rw_fd_ = -1;          // O_RDWR, for Write.
+  absl::Status rw_status_;  // Why it could not be made.
   // The ranges of the writable mapping known to be PROT_READ|PROT_WRITE. A
-  // subset of what is open: after fork() a child's copy may miss a range one
-  // of the parent's threads was opening, which costs one redundant mprotect
-  // there, never a missed one, because closing does not trust it.
-  absl::Mutex open_mu_;
-  RangeSet open_ ABSL_GUARDED_BY(open_mu_);
+  // subset of what is open: a child forked while a thread was between its
+  // mprotect and the set's update misses that range, which costs one
+  // redundant mprotect there, never a missed one, because closing does not
+  // trust the set.
+  RangeSet open_;
   std::atomic<uint64_t> protect_calls_{0};
-
-  std::once_flag rw_once_;
-  uint8_t* rw_ = nullptr;   // Set once under rw_once_.
-  int rw_fd_ = -1;          // Set once under rw_once_; O_RDWR, for Write.
-  absl::Status rw_status_;  // Set once under rw_once_.
 };
 
 }  // namespace shmtensor::internal

@@ -5,7 +5,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -81,6 +83,61 @@ TEST_F(ForkTest, ParentSessionEndsWhenParentDiesEvenIfForkedChildLives) {
   EXPECT_EQ(Used(), 0u);
   EXPECT_EQ(kill(grandchild, 0), 0);  // Still alive, holding its fds.
   kill(grandchild, SIGKILL);
+}
+
+// fork() while another thread keeps opening and closing writable ranges of
+// the pool mapping the child inherits: every child's own client can open
+// writable buffers at once (the mapping's locks are held across fork, never
+// inherited locked), and the parent's thread carries on.
+TEST_F(ForkTest, ForkWhileAnotherThreadOpensRangesNeverHangsTheChild) {
+  std::atomic<bool> stop{false};
+  std::atomic<int> lifecycles{0};
+  std::thread busy([&] {
+    absl::StatusOr<Client> deferred =
+        Client::Connect({.address = daemon_->address(),
+                         .write_revocation = WriteRevocation::kDeferred});
+    if (!deferred.ok()) return;
+    for (int i = 0; !stop.load(); ++i) {
+      Client& c = i % 2 == 0 ? *client_ : *deferred;  // Open/close, reuse.
+      absl::StatusOr<Buffer> b = c.Create({.size_bytes = 8192u << (i % 4)});
+      if (!b.ok()) break;
+      std::memset(b->data(), 1, b->size_bytes());
+      if (!b->Seal().ok()) break;
+      lifecycles.fetch_add(1);
+    }
+  });
+  while (lifecycles.load() == 0) absl::SleepFor(absl::Milliseconds(1));
+  for (int k = 0; k < 20; ++k) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      absl::StatusOr<Client> own =
+          Client::Connect({.address = daemon_->address()});
+      if (!own.ok()) _exit(2);
+      absl::StatusOr<Buffer> b = own->Create({.size_bytes = 65536});
+      if (!b.ok()) _exit(3);
+      std::memset(b->data(), 2, 65536);
+      _exit(b->Seal().ok() ? 0 : 4);
+    }
+    ASSERT_GT(pid, 0);
+    int status = 0;
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (waitpid(pid, &status, WNOHANG) == 0) {
+      if (absl::Now() > deadline) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        ADD_FAILURE() << "forked child " << k << " hung";
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "child " << k << " status " << status;
+  }
+  const int before = lifecycles.load();
+  absl::SleepFor(absl::Milliseconds(50));
+  stop.store(true);
+  busy.join();
+  EXPECT_GT(lifecycles.load(), before);  // The parent's thread carried on.
 }
 
 }  // namespace
