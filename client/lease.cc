@@ -21,11 +21,6 @@ WriteRevocation Lease::revocation() const {
   return revocation_;
 }
 
-void Lease::set_revocation(WriteRevocation revocation) {
-  std::lock_guard<std::mutex> lock(mu_);
-  revocation_ = revocation;
-}
-
 void Lease::UseOnStream(CudaStream stream) {
   if (!device_.is_cuda()) return;
   if (stream == 1) stream = kLegacyDefaultStream;  // DLPack's spelling.

@@ -55,10 +55,9 @@ class Lease {
   // CUDA: the object is (also) used on `stream`; the release waits for the
   // work queued there. No-op for host objects.
   void UseOnStream(CudaStream stream);
-  // How the writable range closes, at seal or release: the client's
-  // default until set. Host pools only.
+  // How the writable range closes at release: the client's default
+  // (ClientOptions::write_revocation) until a seal chooses. Host pools only.
   WriteRevocation revocation() const;
-  void set_revocation(WriteRevocation revocation);
 
   // Before sealing. Host: closes the writable range to read-only, so that
   // from here on a write through the old pointer faults (kImmediate), or
