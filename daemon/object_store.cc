@@ -162,61 +162,33 @@ absl::StatusOr<Handout> ObjectStore::Create(const CreateArgs& args) {
     end = place->end;
   }
   const absl::Time deadline = absl::Now() + args.timeout;
-  const absl::Time release_deadline = absl::Now() + args.release_wait;
   uint64_t offset = 0;
   while (true) {
     if (shutting_down_) return ShuttingDownError();
     absl::StatusOr<Session*> session = FindSession(args.session_id);
     if (!session.ok()) return session.status();
-    // Before failing or waiting for lack of room: this session's own
-    // releases still in flight on its stream may make it. False when they
-    // are all applied (then the caller goes on to fail or wait).
-    auto await_own_releases = [&]() -> absl::StatusOr<bool> {
-      if ((*session)->releases_applied >= args.releases_through) return false;
-      if (released_.WaitWithDeadline(&mu_, release_deadline)) {
-        absl::StatusOr<Session*> again = FindSession(args.session_id);
-        if (!again.ok()) return again.status();
-        if ((*again)->releases_applied < args.releases_through) {
-          return absl::DeadlineExceededError(absl::StrFormat(
-              "releases_through %d not reached: session applied "
-              "ReleaseLeases through %d only",
-              args.releases_through, (*again)->releases_applied));
-        }
-      }
-      return true;
-    };
     if (!args.name.empty() && names_.contains(args.name)) {
       return absl::AlreadyExistsError(
           absl::StrCat("name '", args.name, "' is already bound to an object"));
     }
-    absl::Status full = absl::OkStatus();
     if (slots_.size() >= kMaxObjects && free_slots_.empty()) {
-      full = absl::ResourceExhaustedError(absl::StrFormat(
+      return absl::ResourceExhaustedError(absl::StrFormat(
           "%d objects alive, the most the daemon holds", kMaxObjects));
-    } else if (limits_.max_objects > 0 &&
-               live_objects_ >= limits_.max_objects) {
-      full = absl::ResourceExhaustedError(absl::StrFormat(
+    }
+    if (limits_.max_objects > 0 && live_objects_ >= limits_.max_objects) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
           "%d objects alive, the limit (limits.max_objects = %d)",
           live_objects_, limits_.max_objects));
-    } else {
-      full = CheckClientLimits(**session, kNoSlot, capacity);
     }
-    if (!full.ok()) {
-      absl::StatusOr<bool> waited = await_own_releases();
-      if (!waited.ok()) return waited.status();
-      if (*waited) continue;
-      return full;
+    if (absl::Status s = CheckClientLimits(**session, kNoSlot, capacity);
+        !s.ok()) {
+      return s;
     }
     if (capacity == 0) break;
     if (std::optional<uint64_t> got =
             pool.allocator().Allocate(capacity, alignment, end)) {
       offset = *got;
       break;
-    }
-    if (absl::StatusOr<bool> waited = await_own_releases(); !waited.ok()) {
-      return waited.status();
-    } else if (*waited) {
-      continue;
     }
     if (memory_freed_.WaitWithDeadline(&mu_, deadline) &&
         absl::Now() >= deadline) {

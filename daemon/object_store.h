@@ -63,13 +63,6 @@ struct CreateArgs {
   v1::Layout layout;
   std::string name;  // Empty: unnamed.
   absl::Duration timeout = absl::ZeroDuration();
-  // The session's ReleaseLeases through this seq are applied before the
-  // create fails or waits for memory (its own releases may make the room),
-  // but not before a create that succeeds without them: waiting for the
-  // stream would add a hop to every create that follows a release.
-  uint64_t releases_through = 0;
-  // Longest wait for those releases to arrive (then DEADLINE_EXCEEDED).
-  absl::Duration release_wait = absl::ZeroDuration();
 };
 
 // What Create and Get hand out: where the bytes are and the lease on them.

@@ -342,38 +342,6 @@ TEST_F(ObjectStoreTest, AwaitReleasesWaitsForTheSeqThenTimesOut) {
   ender.join();
 }
 
-// Create applies the session's own releases in flight (releases_through)
-// only when it needs their room, and then before failing even with no
-// timeout; when the room is there it does not wait for them.
-TEST_F(ObjectStoreTest, CreateWaitsForOwnReleasesOnlyWhenItNeedsTheirRoom) {
-  Handout full = *Create(a_, 16 * kPage);
-  CreateArgs args{.session_id = a_, .size_bytes = 4 * kPage};
-  args.releases_through = 1;
-  args.release_wait = absl::Seconds(30);
-  std::thread releaser([&] {
-    absl::SleepFor(absl::Milliseconds(100));
-    ASSERT_TRUE(store_->ReleaseBatch(a_, 1, {full.lease_id}).ok());
-  });
-  absl::StatusOr<Handout> h = store_->Create(args);  // timeout 0.
-  releaser.join();
-  ASSERT_TRUE(h.ok()) << h.status();
-  EXPECT_EQ(Used(), 4 * kPage);
-
-  // Room enough: seq 2 was never sent, and the create does not wait for it.
-  args.releases_through = 2;
-  const absl::Time t0 = absl::Now();
-  ASSERT_TRUE(store_->Create(args).ok());
-  EXPECT_LT(absl::Now() - t0, absl::Seconds(10));
-
-  // No room: it waits for seq 2, which never comes.
-  args.size_bytes = 16 * kPage;
-  args.release_wait = absl::Milliseconds(50);
-  h = store_->Create(args);
-  EXPECT_EQ(h.status().code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_NE(h.status().message().find("through 1 only"), std::string::npos)
-      << h.status();
-}
-
 TEST_F(ObjectStoreTest, ListingsFollowHoldingsThroughTransfersAndSessionEnd) {
   Handout named = *Create(a_, kPage, "n");
   ASSERT_TRUE(store_->Seal(a_, named.lease_id, false).ok());

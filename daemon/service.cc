@@ -201,6 +201,11 @@ grpc::Status ObjectStoreService::Create(grpc::ServerContext* ctx,
                                         const v1::CreateRequest* req,
                                         v1::CreateResponse* resp) {
   if (!IsLocalPeer(ctx->peer())) return RemoteRefused(ctx->peer());
+  if (absl::Status s = AwaitReleases(store_, ctx, req->session_id(),
+                                     req->releases_through());
+      !s.ok()) {
+    return ToGrpcStatus(ctx, s);
+  }
   CreateArgs args;
   args.session_id = req->session_id();
   args.pool = req->pool();
@@ -208,9 +213,6 @@ grpc::Status ObjectStoreService::Create(grpc::ServerContext* ctx,
   args.layout = req->layout();
   args.name = req->name();
   args.timeout = BoundedWait(ctx, req->timeout_ms());
-  // Create applies the session's releases only when it needs their room.
-  args.releases_through = req->releases_through();
-  args.release_wait = BoundedWait(ctx, kMaxReleaseWaitMs);
   absl::StatusOr<Handout> h = store_.Create(args);
   if (!h.ok()) return ToGrpcStatus(ctx, h.status());
   FillHandout(*std::move(h), resp);
