@@ -126,7 +126,9 @@ TEST_F(SafetyTest, DeferredRevocationRecyclesRangesWithoutMprotect) {
     // Both waiting: the memory is free again before the next Create, which
     // so gets the same range.
     EXPECT_TRUE(v->Release().ok());
-    if (!exclusive) EXPECT_TRUE(ref->Release().ok());
+    if (!exclusive) {
+      EXPECT_TRUE(ref->Release().ok());
+    }
     return mapping->protect_calls();
   };
   for (bool exclusive : {false, true}) {
