@@ -443,7 +443,10 @@ PYBIND11_MODULE(_core, m) {
           [](const PyBuffer& b) {
             return reinterpret_cast<uintptr_t>(b.get().data());
           },
-          "Address of the first byte in this process.")
+          "Address of the first byte in this process, for identity checks. "
+          "Not a view: it keeps nothing alive, and after seal() a write "
+          "through it is undefined (arrays and tensors are the way to "
+          "write).")
       .def(
           "__array__",
           [](PyBuffer& b, py::object dtype) {
