@@ -161,18 +161,20 @@ absl::StatusOr<uint8_t*> PoolMapping::Protect(uint64_t offset,
         "range [%d, +%d) is not a page-aligned range of pool '%s' (%d bytes)",
         offset, capacity, info_.name(), info_.size_bytes()));
   }
-  if (absl::Status s = EnsureWritable(); !s.ok()) return s;
-  if (capacity == 0) return rw_ + offset;
   const uint64_t end = offset + capacity;
-  if (access == Access::kReadWrite) {
+  {
+    // One lock per call: first use of the writable mapping, then the set.
     std::lock_guard<std::mutex> lock(mu_);
-    if (open_.Covers(offset, end)) return rw_ + offset;
-  } else {
-    // Forget the range before it closes: a concurrent opener of memory that
-    // overlaps it (none can, while this lease holds it) must not skip its
-    // mprotect on the strength of this range.
-    std::lock_guard<std::mutex> lock(mu_);
-    open_.Remove(offset, end);
+    if (absl::Status s = EnsureWritableLocked(); !s.ok()) return s;
+    if (capacity == 0) return rw_ + offset;
+    if (access == Access::kReadWrite) {
+      if (open_.Covers(offset, end)) return rw_ + offset;
+    } else {
+      // Forget the range before it closes: a concurrent opener of memory
+      // that overlaps it (none can, while this lease holds it) must not
+      // skip its mprotect on the strength of this range.
+      open_.Remove(offset, end);
+    }
   }
   const int prot =
       access == Access::kReadWrite ? PROT_READ | PROT_WRITE : PROT_READ;
@@ -189,8 +191,7 @@ absl::StatusOr<uint8_t*> PoolMapping::Protect(uint64_t offset,
   return rw_ + offset;
 }
 
-absl::Status PoolMapping::EnsureWritable() {
-  std::lock_guard<std::mutex> lock(mu_);
+absl::Status PoolMapping::EnsureWritableLocked() {
   if (!rw_tried_) {
     rw_tried_ = true;
     absl::StatusOr<uint8_t*> rw = MapShm(info_, true, &rw_fd_);
@@ -210,7 +211,10 @@ absl::Status PoolMapping::Write(uint64_t offset, const void* data,
         "write of %d bytes at %d is outside pool '%s' (%d bytes)", size, offset,
         info_.name(), info_.size_bytes()));
   }
-  if (absl::Status s = EnsureWritable(); !s.ok()) return s;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (absl::Status s = EnsureWritableLocked(); !s.ok()) return s;
+  }
   const auto* p = static_cast<const uint8_t*>(data);
   while (size > 0) {
     const ssize_t n = pwrite(rw_fd_, p, size, static_cast<off_t>(offset));

@@ -92,14 +92,14 @@ class PoolMapping {
 
   const v1::PoolInfo info_;
   uint8_t* const ro_;
-  // Opens the writable mapping and fd on first use.
-  absl::Status EnsureWritable();
+  // Opens the writable mapping and fd on first use. Called under mu_.
+  absl::Status EnsureWritableLocked();
 
   // Guards what follows. A pthread mutex (std::mutex), not absl::Mutex:
   // it is held across fork() and unlocked in the child, which a pthread
   // mutex allows. Never held across a system call that can block long.
   std::mutex mu_;
-  bool rw_tried_ = false;   // EnsureWritable ran; rw_* are final.
+  bool rw_tried_ = false;   // EnsureWritableLocked ran; rw_* are final.
   uint8_t* rw_ = nullptr;   // The writable mapping, once made.
   int rw_fd_ = -1;          // O_RDWR, for Write.
   absl::Status rw_status_;  // Why it could not be made.

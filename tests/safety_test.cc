@@ -8,6 +8,7 @@
 #include <cstring>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
@@ -34,6 +35,21 @@ class SafetyTest : public testing::DaemonTest {
     EXPECT_TRUE(buf.ok()) << buf.status();
     std::memset(buf->data(), byte, bytes);
     return *buf->Seal();
+  }
+  // Runs an st_child `command` that seals an object named `name` filled
+  // with 7s, says "sealed <ref>", then writes into it: the child must die of
+  // SIGSEGV, and the object, which outlives it through its name, must be
+  // unchanged.
+  void ExpectWriteIntoSealedFaults(const std::vector<std::string>& command,
+                                   const std::string& name) {
+    std::unique_ptr<Subprocess> child = Child(command);
+    absl::StatusOr<std::string> line = child->ReadLine();
+    ASSERT_TRUE(line.ok() && absl::StartsWith(*line, "sealed "))
+        << line.status();
+    EXPECT_TRUE(KilledBySegv(child->Wait()));
+    absl::StatusOr<View> v = client_->Get(name);
+    ASSERT_TRUE(v.ok()) << v.status();
+    EXPECT_TRUE(AllBytes(*v, 7));
   }
   static bool AllBytes(const View& v, uint8_t byte) {
     const auto* p = static_cast<const uint8_t*>(v.data());
@@ -67,14 +83,7 @@ TEST_F(SafetyTest, ReaderWriteThroughTorchTensorFaults) {  // [P1]
 }
 
 TEST_F(SafetyTest, CreatorWriteAfterSealFaults) {  // [P10]
-  std::unique_ptr<Subprocess> child = Child({"write-after-seal", "sealed-obj"});
-  absl::StatusOr<std::string> line = child->ReadLine();
-  ASSERT_TRUE(line.ok() && absl::StartsWith(*line, "sealed ")) << line.status();
-  EXPECT_TRUE(KilledBySegv(child->Wait()));
-  // The object outlives its dead creator through its name, unchanged.
-  absl::StatusOr<View> v = client_->Get("sealed-obj");
-  ASSERT_TRUE(v.ok()) << v.status();
-  EXPECT_TRUE(AllBytes(*v, 7));
+  ExpectWriteIntoSealedFaults({"write-after-seal", "sealed-obj"}, "sealed-obj");
 }
 
 TEST_F(SafetyTest, CreatorLosesAccessAfterExclusiveSeal) {
@@ -89,14 +98,8 @@ TEST_F(SafetyTest, CreatorLosesAccessAfterExclusiveSeal) {
 // creator's writable mapping; every view, the creator's own included, still
 // reads through the read-only mapping, so a write through it faults.
 TEST_F(SafetyTest, DeferredRevocationKeepsEveryViewReadOnly) {  // [P1]
-  std::unique_ptr<Subprocess> child =
-      Child({"deferred-write-view", "deferred-obj"});
-  absl::StatusOr<std::string> line = child->ReadLine();
-  ASSERT_TRUE(line.ok() && absl::StartsWith(*line, "sealed ")) << line.status();
-  EXPECT_TRUE(KilledBySegv(child->Wait()));
-  absl::StatusOr<View> v = client_->Get("deferred-obj");
-  ASSERT_TRUE(v.ok()) << v.status();
-  EXPECT_TRUE(AllBytes(*v, 7));
+  ExpectWriteIntoSealedFaults({"deferred-write-view", "deferred-obj"},
+                              "deferred-obj");
 }
 
 // What kDeferred buys: once a recycled range is open in this process, a
