@@ -3,10 +3,13 @@
 through the Python package and through the C++ client, side by side in one
 run against one daemon and one session. The two alternate lifecycle by
 lifecycle, and the overhead is the median of the paired differences, so that
-the machine's drift (large on a shared 2-core VM) cancels out. Two measures:
-wall-clock time, and the CPU time of the calling thread (time.thread_time),
+the machine's drift (large on a shared 2-core VM) cancels out. Measured per
+step (create, fill, seal, get, read, release view, release ref) in the CPU
+time of the calling thread (time.thread_time_ns, CLOCK_THREAD_CPUTIME_ID),
 which is where the binding's own work happens and which the daemon's and the
-other core's noise do not reach.
+other core's noise do not reach; and the whole lifecycle's wall time.
+Python fills and reads through numpy.asarray (an array made and dropped per
+step), C++ through the buffer's pointer.
 
 Usage: PYTHONPATH=build/python /usr/bin/python3 bench/python_bench.py
 Starts its own shmtensord from build/bin.
@@ -27,25 +30,45 @@ from _daemon import Daemon  # noqa: E402
 NBYTES = 64 << 10
 
 
+STEPS = ("(timer)", "create", "fill", "seal", "get", "read", "release view",
+         "release ref")
+
+
 def py_lifecycle(c):
-    """One Python lifecycle; returns (wall us, calling-thread CPU us)."""
-    c0 = time.thread_time()
+    """One Python lifecycle; returns (wall us, [thread CPU us per step])."""
+    clock = time.thread_time_ns
+    steps = []
     t0 = time.perf_counter()
+    t = clock()
+
+    def step():
+        nonlocal t
+        now = clock()
+        steps.append((now - t) / 1e3)
+        t = now
+
+    step()  # Nothing: what timing a step costs.
     buf = c.create(NBYTES // 4, "float32")
+    step()
     np.asarray(buf)[0] = 1.0
+    step()
     ref = buf.seal()
+    del buf
+    step()
     view = c.get(ref)
+    step()
     assert np.asarray(view)[0] == 1.0
-    del view, buf, ref  # Releases without waiting, like the C++ scope exit.
-    return ((time.perf_counter() - t0) * 1e6,
-            (time.thread_time() - c0) * 1e6)
+    step()
+    del view  # Releases without waiting, like the C++ scope exit.
+    step()
+    del ref
+    step()
+    return (time.perf_counter() - t0) * 1e6, steps
 
 
 def cpp_lifecycle(c):
-    """One C++ lifecycle (timed inside C++); returns (wall us, CPU us)."""
-    c0 = time.thread_time()
-    (wall,) = _core._cpp_lifecycles(c._c, NBYTES, 1)
-    return wall, (time.thread_time() - c0) * 1e6
+    """One C++ lifecycle (timed inside C++), same return value."""
+    return _core._cpp_lifecycle(c._c, NBYTES)
 
 
 def main():
@@ -59,17 +82,30 @@ def main():
             if i >= 100:  # Warm-up done.
                 py.append(p)
                 cpp.append(q)
-    print(f"64 KiB lifecycle (create, seal, get, release), {iters} pairs")
-    print(f"{'client':8} {'wall p50 us':>12} {'thread CPU p50 us':>18}")
-    for name, v in (("C++", cpp), ("Python", py)):
-        print(f"{name:8} {statistics.median(x[0] for x in v):12.1f} "
-              f"{statistics.median(x[1] for x in v):18.1f}")
-    for k, what in ((0, "wall"), (1, "thread CPU")):
-        d = statistics.median(p[k] - q[k] for p, q in zip(py, cpp))
-        r = (statistics.median(p[k] for p in py) /
-             statistics.median(q[k] for q in cpp))
-        print(f"binding overhead, {what}: median paired difference {d:+.1f} us,"
-              f" ratio of medians {r:.3f}")
+    med = statistics.median
+    print(f"64 KiB lifecycle, {iters} pairs (C++ and Python alternate); "
+          f"thread CPU p50 per step, us")
+    print(f"{'step':14} {'C++':>8} {'Python':>8} {'paired diff':>12}")
+    for k, name in enumerate(STEPS):
+        print(f"{name:14} {med(q[1][k] for q in cpp):8.1f} "
+              f"{med(p[1][k] for p in py):8.1f} "
+              f"{med(p[1][k] - q[1][k] for p, q in zip(py, cpp)):+12.1f}")
+    # The lifecycle without the timer's own cost (the "(timer)" step, once
+    # per step).
+    timed = len(STEPS) - 1
+    total = ([sum(x[1][1:]) - timed * x[1][0] for x in cpp],
+             [sum(x[1][1:]) - timed * x[1][0] for x in py])
+    print(f"{'whole - timer':14} {med(total[0]):8.1f} {med(total[1]):8.1f} "
+          f"{med(b - a for a, b in zip(*total)):+12.1f}")
+    print(f"{'wall p50':14} {med(q[0] for q in cpp):8.1f} "
+          f"{med(p[0] for p in py):8.1f} "
+          f"{med(p[0] - q[0] for p, q in zip(py, cpp)):+12.1f}")
+    rpc = [STEPS.index(s) for s in ("create", "seal", "get")]
+    per_call = med(sum((p[1][k] - p[1][0]) - (q[1][k] - q[1][0]) for k in rpc)
+                   / len(rpc) for p, q in zip(py, cpp))
+    print(f"binding overhead: {med(b - a for a, b in zip(*total)):+.1f} us of "
+          f"CPU per lifecycle ({med(total[1]) / med(total[0]):.3f}x), of "
+          f"which {per_call:+.1f} us per RPC call (create, seal, get)")
 
 
 if __name__ == "__main__":

@@ -61,6 +61,7 @@ absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::Connect(
   RegisterDaemonAddress(address);
   std::shared_ptr<ClientCore> core(new ClientCore());
   core->owner_pid_ = getpid();
+  core->fork_generation_ = ForkGeneration();
   core->address_ = address;
   core->write_revocation_ = write_revocation;
   grpc::ChannelArguments args;
@@ -136,7 +137,9 @@ ClientCore::~ClientCore() {
   }
 }
 
-bool ClientCore::inherited() const { return getpid() != owner_pid_; }
+bool ClientCore::inherited() const {
+  return ForkGeneration() != fork_generation_;
+}
 
 absl::Status ClientCore::CheckOwner() const {
   if (!inherited()) return absl::OkStatus();

@@ -125,6 +125,8 @@ class ClientCore {
                         const grpc::Status& status) const;
 
   pid_t owner_pid_ = 0;  // The process that connected.
+  // ForkGeneration() there: inherited() compares it, without a system call.
+  uint64_t fork_generation_ = 0;
   std::string address_;
   WriteRevocation write_revocation_ = WriteRevocation::kImmediate;
   std::shared_ptr<grpc::Channel> channel_;

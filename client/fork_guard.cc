@@ -9,6 +9,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <mutex>
 #include <set>
@@ -22,6 +23,8 @@ std::mutex& RegistryMutex() {
   static auto* mu = new std::mutex();
   return *mu;
 }
+std::atomic<uint64_t> fork_generation{0};
+
 std::set<std::string>& SocketPaths() {
   static auto* paths = new std::set<std::string>();
   return *paths;
@@ -31,6 +34,7 @@ void Prepare() { RegistryMutex().lock(); }
 void Parent() { RegistryMutex().unlock(); }
 
 void Child() {
+  fork_generation.fetch_add(1, std::memory_order_relaxed);
   const std::set<std::string>& paths = SocketPaths();
   if (!paths.empty()) {
     if (DIR* dir = opendir("/proc/self/fd")) {
@@ -81,6 +85,10 @@ void RegisterDaemonAddress(const std::string& address) {
   if (path.rfind("//", 0) == 0) path = path.substr(2);
   std::lock_guard<std::mutex> lock(RegistryMutex());
   SocketPaths().insert(path);
+}
+
+uint64_t ForkGeneration() {
+  return fork_generation.load(std::memory_order_relaxed);
 }
 
 }  // namespace shmtensor::internal

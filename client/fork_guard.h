@@ -13,6 +13,7 @@
 #ifndef SHMTENSOR_CLIENT_FORK_GUARD_H_
 #define SHMTENSOR_CLIENT_FORK_GUARD_H_
 
+#include <cstdint>
 #include <string>
 
 namespace shmtensor::internal {
@@ -26,6 +27,15 @@ void EnableForkSupport();
 // dead parent's leases only then. Fork-heavy clients should use the Unix
 // socket (the default).
 void RegisterDaemonAddress(const std::string& address);
+
+// How many fork()s separate this process from the one that called
+// EnableForkSupport() first: 0 there, incremented in each child by the
+// handler EnableForkSupport() registers. A value taken in one process and
+// compared in another says whether the object it belongs to was inherited,
+// at the cost of an atomic load (getpid() is a system call, and client calls
+// ask on every RPC and release). Children made without fork()'s handlers
+// (vfork, a raw clone) must exec or _exit before touching a client.
+uint64_t ForkGeneration();
 
 }  // namespace shmtensor::internal
 

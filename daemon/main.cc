@@ -5,12 +5,18 @@
 #include <iostream>
 
 #include "CLI/CLI.hpp"
+#include "absl/synchronization/mutex.h"
 #include "daemon/config.h"
 #include "daemon/daemon.h"
 #include "spdlog/spdlog.h"
 
 int main(int argc, char** argv) {
   using shmtensor::daemon::DaemonConfig;
+  // Debian builds Abseil without NDEBUG, so every absl::Mutex (gRPC's
+  // included) keeps a global lock-order graph behind one spin lock: a few
+  // percent of each RPC, and contention between the serving threads. The
+  // unit tests of the store run with it on; the daemon runs without.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   CLI::App app{
       "shmtensord: shared-memory pools for zero-copy arrays and tensors"};
   std::string listen, pool_size, pool_dir, config_file, log_level,

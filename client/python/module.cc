@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <ctime>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "client/python/exports.h"
 #include "shmtensor/client.h"
 #include "shmtensor/defaults.h"
@@ -318,6 +320,10 @@ using namespace shmtensor::python;  // NOLINT
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "shmtensor C++ client binding (use the shmtensor package).";
+  // Debian's Abseil (built without NDEBUG) checks the lock order of every
+  // absl::Mutex, gRPC's included, in a global graph: a few microseconds per
+  // RPC. In a Python process this module is their only user.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 
   // StatusError -> shmtensor.errors.from_status(code, reason, message).
   py::register_exception_translator([](std::exception_ptr p) {
@@ -334,30 +340,52 @@ PYBIND11_MODULE(_core, m) {
   });
 
   m.def(
-      "_cpp_lifecycles",
-      [](Client& c, int64_t nbytes, int iters) {
-        // Benchmark hook (bench/python_bench.py): the C++ client's lifecycle
-        // in this process, to compare the binding's overhead against.
-        py::gil_scoped_release release;
-        std::vector<double> out;
-        for (int i = 0; i < iters; ++i) {
+      "_cpp_lifecycle",
+      [](Client& c, int64_t nbytes) {
+        // Benchmark hook (bench/python_bench.py): one lifecycle of the C++
+        // client in this process, to compare the binding's overhead
+        // against. Returns (wall us, [thread CPU us of each step: nothing
+        // (the timer's own cost), create, fill, seal, get, read, release
+        // view, release ref]).
+        std::vector<double> steps;
+        absl::Duration wall;
+        {
+          py::gil_scoped_release release;
+          auto cpu_us = [] {
+            timespec ts;
+            clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+            return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+          };
+          double t = cpu_us();
+          auto step = [&] {
+            const double now = cpu_us();
+            steps.push_back(now - t);
+            t = now;
+          };
           const absl::Time t0 = absl::Now();
+          step();  // Nothing: what timing a step costs.
           Buffer buf = Check(
               c.Create({.dtype = DType::kFloat32, .shape = {nbytes / 4}}));
+          step();
           static_cast<float*>(buf.data())[0] = 1.0f;
+          step();
           SealedRef ref = Check(buf.Seal());
-          {
-            View v = Check(c.Get(ref.ref()));
-            if (static_cast<const float*>(v.data())[0] != 1.0f) {
-              throw StatusError{absl::DataLossError("bytes differ")};
-            }
+          step();
+          std::optional<View> v(Check(c.Get(ref.ref())));
+          step();
+          if (static_cast<const float*>(v->data())[0] != 1.0f) {
+            throw StatusError{absl::DataLossError("bytes differ")};
           }
+          step();
+          v.reset();
+          step();
           ref.Reset();
-          out.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
+          step();
+          wall = absl::Now() - t0;
         }
-        return out;
+        return py::make_tuple(absl::ToDoubleMicroseconds(wall), steps);
       },
-      py::arg("client"), py::arg("nbytes"), py::arg("iters"));
+      py::arg("client"), py::arg("nbytes"));
   m.def(
       "_keep_clients_alive_until_exit",
       [] {
