@@ -34,7 +34,9 @@ class HugeTmpfs:
         path = tempfile.mkdtemp(prefix="shmtensor-huge-")
         r = subprocess.run(["mount", "-t", "tmpfs", "-o",
                             f"huge=always,size={size},mode=0700",
-                            "shmtensor-bench", path],
+                            # Named after us: the C++ tests unmount it if
+                            # we die first (tests/scoped_tmpfs.h).
+                            f"shmtensor-bench-{os.getpid()}", path],
                            capture_output=True, text=True)
         if r.returncode != 0:
             os.rmdir(path)

@@ -4,6 +4,12 @@
 // Mounting needs CAP_SYS_ADMIN (root, or a user namespace that owns the
 // mount namespace); without it Mount says why, and callers skip.
 //
+// A run killed before its destructors (a test's timeout, SIGKILL) would
+// leave its mount, and the pages in it, until reboot. So every mount of ours
+// is named after its owner, "shmtensor-test-<pid>" (the Python tests and
+// benchmarks use "shmtensor-bench-<pid>" and "shmtensor-pytest-<pid>"), and
+// Mount first unmounts those whose owner is gone.
+//
 // Thread safety: not thread-safe; one owner.
 #ifndef SHMTENSOR_TESTS_SCOPED_TMPFS_H_
 #define SHMTENSOR_TESTS_SCOPED_TMPFS_H_
@@ -18,8 +24,9 @@ namespace shmtensor::testing {
 class ScopedTmpfs {
  public:
   // Mounts a tmpfs with `options` (mount(8) -o syntax, e.g.
-  // "huge=always,size=512m,mode=0700") at a fresh directory under /tmp.
-  // PERMISSION_DENIED without the privilege, INTERNAL for other failures.
+  // "huge=always,size=512m,mode=0700") at a fresh directory under /tmp,
+  // after SweepOrphans(). PERMISSION_DENIED without the privilege, INTERNAL
+  // for other failures.
   static absl::StatusOr<std::unique_ptr<ScopedTmpfs>> Mount(
       const std::string& options);
   // Unmounts (lazily, so open mappings elsewhere do not block it) and removes
@@ -30,6 +37,12 @@ class ScopedTmpfs {
   ScopedTmpfs& operator=(const ScopedTmpfs&) = delete;
 
   const std::string& path() const { return path_; }
+
+  // Unmounts (lazily) every tmpfs named "shmtensor-{test,bench,pytest}-<pid>"
+  // whose process <pid> no longer exists, and removes its directory when
+  // empty. Returns how many it unmounted. Best effort: without the
+  // privilege it unmounts nothing.
+  static int SweepOrphans();
 
  private:
   explicit ScopedTmpfs(std::string path) : path_(std::move(path)) {}

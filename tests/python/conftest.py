@@ -108,8 +108,10 @@ def huge_daemon(tmp_path):
     mnt = tmp_path / "huge"
     mnt.mkdir()
     r = subprocess.run(["mount", "-t", "tmpfs", "-o",
-                        "huge=always,size=300m,mode=0700", "shmtensor-test",
-                        str(mnt)], capture_output=True, text=True)
+                        "huge=always,size=300m,mode=0700",
+                        # Named after us: a later run unmounts it if we
+                        # die first (tests/scoped_tmpfs.h).
+                        f"shmtensor-pytest-{os.getpid()}", str(mnt)], capture_output=True, text=True)
     if r.returncode != 0:
         pytest.skip(f"cannot mount a huge=always tmpfs: {r.stderr.strip()}")
     try:
