@@ -109,7 +109,6 @@ v1::CreateRequest MakeCreateRequest(const internal::ClientCore& core,
                                     const std::string& pool) {
   v1::CreateRequest req;
   req.set_session_id(core.session_id());
-  req.set_releases_through(core.releases_sent());
   req.set_pool(pool);
   req.set_size_bytes(options.size_bytes);
   req.set_name(options.name);
@@ -160,10 +159,11 @@ absl::StatusOr<Created> CreateObject(
     if (!on.ok()) return on.status();
     pool = *std::move(on);
   }
-  const v1::CreateRequest req = MakeCreateRequest(*core, options, pool);
   Created c;
-  if (absl::Status s = core->Call(&v1::ObjectStore::Stub::Create, req, &c.resp,
-                                  options.timeout + internal::kRpcDeadline);
+  if (absl::Status s = core->CallAfterReleases(
+          &v1::ObjectStore::Stub::Create,
+          MakeCreateRequest(*core, options, pool), &c.resp,
+          options.timeout + internal::kRpcDeadline);
       !s.ok()) {
     return s;
   }
@@ -232,9 +232,9 @@ absl::StatusOr<View> Client::Get(const ObjectRef& ref, bool writable) {
   v1::GetRequest req;
   req.set_session_id(core_->session_id());
   *req.mutable_ref() = ToProto(ref);
-  req.set_releases_through(core_->releases_sent());
   v1::GetResponse resp;
-  if (absl::Status s = core_->Call(&v1::ObjectStore::Stub::Get, req, &resp);
+  if (absl::Status s = core_->CallAfterReleases(&v1::ObjectStore::Stub::Get,
+                                                std::move(req), &resp);
       !s.ok()) {
     return s;
   }
@@ -247,10 +247,10 @@ absl::StatusOr<View> Client::Get(std::string_view name,
   req.set_session_id(core_->session_id());
   req.set_name(std::string(name));
   req.set_timeout_ms(ToMillis(timeout));
-  req.set_releases_through(core_->releases_sent());
   v1::GetResponse resp;
-  if (absl::Status s = core_->Call(&v1::ObjectStore::Stub::Get, req, &resp,
-                                   timeout + kWaitMargin);
+  if (absl::Status s =
+          core_->CallAfterReleases(&v1::ObjectStore::Stub::Get, std::move(req),
+                                   &resp, timeout + kWaitMargin);
       !s.ok()) {
     return s;
   }
@@ -261,17 +261,17 @@ absl::Status Client::Delete(std::string_view name) {
   v1::DeleteRequest req;
   req.set_session_id(core_->session_id());
   req.set_name(std::string(name));
-  req.set_releases_through(core_->releases_sent());
   v1::DeleteResponse resp;
-  return core_->Call(&v1::ObjectStore::Stub::Delete, req, &resp);
+  return core_->CallAfterReleases(&v1::ObjectStore::Stub::Delete,
+                                  std::move(req), &resp);
 }
 
 absl::StatusOr<StoreStats> Client::Stats() {
   v1::StatsRequest req;
   req.set_session_id(core_->session_id());
-  req.set_releases_through(core_->releases_sent());
   v1::StatsResponse resp;
-  if (absl::Status s = core_->Call(&v1::ObjectStore::Stub::Stats, req, &resp);
+  if (absl::Status s = core_->CallAfterReleases(&v1::ObjectStore::Stub::Stats,
+                                                std::move(req), &resp);
       !s.ok()) {
     return s;
   }

@@ -240,7 +240,7 @@ absl::Status ClientCore::ReleaseLease(uint64_t lease_id) {
   v1::SessionRequest req;
   req.mutable_release()->add_lease_ids(lease_id);
   std::lock_guard<std::mutex> lock(write_mu_);
-  const uint64_t seq = releases_sent_.load(std::memory_order_relaxed) + 1;
+  const uint64_t seq = releases_sent_ + 1;
   req.mutable_release()->set_seq(seq);
   if (!session_->Write(req)) {
     return absl::UnavailableError(absl::StrCat(
@@ -248,9 +248,22 @@ absl::Status ClientCore::ReleaseLease(uint64_t lease_id) {
         " is closed; the daemon dropped lease ", lease_id, " with it"));
   }
   // Published only once written: a call that sends this seq as
-  // releases_through must find the release ahead of it on the wire.
-  releases_sent_.store(seq, std::memory_order_release);
+  // releases_through must find the release ahead of it on the wire (or
+  // carry its copy).
+  releases_sent_ = seq;
+  unconfirmed_releases_.emplace_back(seq, lease_id);
+  if (unconfirmed_releases_.size() > kMaxUnconfirmedReleases) {
+    unconfirmed_releases_.pop_front();
+  }
   return absl::OkStatus();
+}
+
+void ClientCore::ConfirmReleases(uint64_t through) {
+  std::lock_guard<std::mutex> lock(write_mu_);
+  while (!unconfirmed_releases_.empty() &&
+         unconfirmed_releases_.front().first <= through) {
+    unconfirmed_releases_.pop_front();
+  }
 }
 
 absl::Status ClientCore::FromGrpc(const grpc::ClientContext& ctx,

@@ -17,9 +17,11 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -112,17 +114,40 @@ class ClientCore {
   // the lease itself.
   absl::Status ReleaseLease(uint64_t lease_id);
 
-  // The seq of the last ReleaseLeases sent: what requests that can observe a
-  // release send as `releases_through`, so the daemon applies this client's
-  // releases before serving them.
-  uint64_t releases_sent() const {
-    return releases_sent_.load(std::memory_order_acquire);
+  // Call() for a request that can observe this client's releases (Create,
+  // Get, Delete, Stats). It is stamped with `releases_through`, the seq of
+  // the last ReleaseLeases sent, so the daemon applies them before serving
+  // it, and carries copies of those not yet confirmed applied, so the daemon
+  // need not wait for the stream to deliver them (see ReleaseLeases in the
+  // proto). Once it succeeded, every release through its stamp was applied.
+  template <typename Req, typename Resp>
+  absl::Status CallAfterReleases(grpc::Status (v1::ObjectStore::Stub::*method)(
+                                     grpc::ClientContext*, const Req&, Resp*),
+                                 Req req, Resp* resp,
+                                 absl::Duration timeout = kRpcDeadline) {
+    StampReleases(&req);
+    absl::Status s = Call(method, req, resp, timeout);
+    if (s.ok()) ConfirmReleases(req.releases_through());
+    return s;
   }
 
  private:
   ClientCore() = default;
   absl::Status FromGrpc(const grpc::ClientContext& ctx,
                         const grpc::Status& status) const;
+  // See CallAfterReleases.
+  template <typename Request>
+  void StampReleases(Request* req) {
+    std::lock_guard<std::mutex> lock(write_mu_);
+    req->set_releases_through(releases_sent_);
+    for (const auto& [seq, lease_id] : unconfirmed_releases_) {
+      v1::ReleaseLeases* r = req->add_releases();
+      r->set_seq(seq);
+      r->add_lease_ids(lease_id);
+    }
+  }
+  // Drops the copies of releases through `through`: the daemon applied them.
+  void ConfirmReleases(uint64_t through);
 
   pid_t owner_pid_ = 0;  // The process that connected.
   // ForkGeneration() there: inherited() compares it, without a system call.
@@ -139,8 +164,13 @@ class ClientCore {
   uint64_t epoch_ = 0;
   // Serialises writes on session_ (gRPC allows one outstanding write).
   std::mutex write_mu_;
-  std::atomic<uint64_t> releases_sent_{0};  // Written under write_mu_.
-  std::vector<v1::PoolInfo> pools_;         // By pool id.
+  uint64_t releases_sent_ = 0;  // Last ReleaseLeases seq. Guarded by write_mu_.
+  // (seq, lease id) of the releases sent and not yet confirmed applied,
+  // oldest first, at most kMaxUnconfirmedReleases (older ones are left to
+  // the stream). Guarded by write_mu_.
+  static constexpr size_t kMaxUnconfirmedReleases = 64;
+  std::deque<std::pair<uint64_t, uint64_t>> unconfirmed_releases_;
+  std::vector<v1::PoolInfo> pools_;  // By pool id.
   // By pool id; null for CUDA pools.
   std::vector<std::shared_ptr<PoolMapping>> mappings_;
   // By pool id; opened on first use, null until then and for host pools.

@@ -112,10 +112,13 @@ class ObjectStore {
   // and ReleaseBatch) still apply while shutting down.
   absl::StatusOr<bool> Release(uint64_t session_id, uint64_t lease_id);
 
-  // Applies one ReleaseLeases message of the session stream: drops each lease
-  // the session holds (an id it does not hold is skipped and counted in the
-  // returned status, which the caller logs) and records `seq` as applied.
-  // INVALID_ARGUMENT when `seq` is not one more than the last applied.
+  // Applies one ReleaseLeases message of the session (from its stream, or a
+  // copy a unary request carried): drops each lease the session holds (an id
+  // it does not hold is skipped and named in the returned NOT_FOUND, which
+  // the caller logs) and records `seq` as applied. A seq applied already is
+  // skipped (OK, nothing dropped): the other copy came first.
+  // INVALID_ARGUMENT when `seq` is past the next one due;
+  // FAILED_PRECONDITION (SESSION_ENDED) when the session is not open.
   absl::Status ReleaseBatch(uint64_t session_id, uint64_t seq,
                             const std::vector<uint64_t>& lease_ids);
   // Blocks until the session applied every ReleaseLeases through `seq`

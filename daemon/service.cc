@@ -1,8 +1,10 @@
 #include "daemon/service.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "daemon/peer.h"
 #include "shmtensor/errors.h"
@@ -177,12 +179,35 @@ absl::Duration BoundedWait(grpc::ServerContext* ctx, uint32_t timeout_ms) {
   return std::max(wait, absl::ZeroDuration());
 }
 
-// Applies the session's own stream releases through `seq` before a call
-// that could observe them (see ReleaseLeases in the proto).
-absl::Status AwaitReleases(ObjectStore& store, grpc::ServerContext* ctx,
-                           uint64_t session_id, uint64_t seq) {
-  if (seq == 0) return absl::OkStatus();
-  return store.AwaitReleases(session_id, seq,
+// Most copies of stream releases one request may carry (the client sends at
+// most 64).
+constexpr int kMaxCarriedReleases = 1024;
+
+// Applies the session's own releases through `releases_through` before a
+// call that could observe them (see ReleaseLeases in the proto): first the
+// copies the request carries, in order, up to a gap; then waits for the
+// stream to deliver any others.
+template <typename Request>
+absl::Status ApplyReleases(ObjectStore& store, grpc::ServerContext* ctx,
+                           const Request& req) {
+  if (req.releases_size() > kMaxCarriedReleases) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("request carries %d ReleaseLeases copies, at most %d",
+                        req.releases_size(), kMaxCarriedReleases));
+  }
+  for (const v1::ReleaseLeases& r : req.releases()) {
+    const std::vector<uint64_t> ids(r.lease_ids().begin(), r.lease_ids().end());
+    absl::Status s = store.ReleaseBatch(req.session_id(), r.seq(), ids);
+    if (absl::IsInvalidArgument(s)) break;  // A gap: the stream has the rest.
+    if (absl::IsNotFound(s)) {
+      // Leases the session does not hold, skipped as on the stream.
+      spdlog::warn("session {:016x}: {}", req.session_id(), s.ToString());
+    } else if (!s.ok()) {
+      return s;
+    }
+  }
+  if (req.releases_through() == 0) return absl::OkStatus();
+  return store.AwaitReleases(req.session_id(), req.releases_through(),
                              BoundedWait(ctx, kMaxReleaseWaitMs));
 }
 
@@ -201,9 +226,7 @@ grpc::Status ObjectStoreService::Create(grpc::ServerContext* ctx,
                                         const v1::CreateRequest* req,
                                         v1::CreateResponse* resp) {
   if (!IsLocalPeer(ctx->peer())) return RemoteRefused(ctx->peer());
-  if (absl::Status s = AwaitReleases(store_, ctx, req->session_id(),
-                                     req->releases_through());
-      !s.ok()) {
+  if (absl::Status s = ApplyReleases(store_, ctx, *req); !s.ok()) {
     return ToGrpcStatus(ctx, s);
   }
   CreateArgs args;
@@ -235,9 +258,7 @@ grpc::Status ObjectStoreService::Get(grpc::ServerContext* ctx,
                                      const v1::GetRequest* req,
                                      v1::GetResponse* resp) {
   if (!IsLocalPeer(ctx->peer())) return RemoteRefused(ctx->peer());
-  if (absl::Status s = AwaitReleases(store_, ctx, req->session_id(),
-                                     req->releases_through());
-      !s.ok()) {
+  if (absl::Status s = ApplyReleases(store_, ctx, *req); !s.ok()) {
     return ToGrpcStatus(ctx, s);
   }
   absl::StatusOr<Handout> h;
@@ -274,9 +295,7 @@ grpc::Status ObjectStoreService::Delete(grpc::ServerContext* ctx,
                                         const v1::DeleteRequest* req,
                                         v1::DeleteResponse* resp) {
   if (!IsLocalPeer(ctx->peer())) return RemoteRefused(ctx->peer());
-  if (absl::Status s = AwaitReleases(store_, ctx, req->session_id(),
-                                     req->releases_through());
-      !s.ok()) {
+  if (absl::Status s = ApplyReleases(store_, ctx, *req); !s.ok()) {
     return ToGrpcStatus(ctx, s);
   }
   absl::StatusOr<bool> freed = store_.Delete(req->session_id(), req->name());
@@ -289,9 +308,7 @@ grpc::Status ObjectStoreService::Stats(grpc::ServerContext* ctx,
                                        const v1::StatsRequest* req,
                                        v1::StatsResponse* resp) {
   if (!IsLocalPeer(ctx->peer())) return RemoteRefused(ctx->peer());
-  if (absl::Status s = AwaitReleases(store_, ctx, req->session_id(),
-                                     req->releases_through());
-      !s.ok()) {
+  if (absl::Status s = ApplyReleases(store_, ctx, *req); !s.ok()) {
     return ToGrpcStatus(ctx, s);
   }
   *resp = store_.Stats();

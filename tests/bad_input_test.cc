@@ -307,5 +307,71 @@ TEST_F(BadInputTest, StreamReleasesOfOthersAreSkippedAndOutOfOrderEndsSession) {
       << st.error_message();
 }
 
+TEST_F(BadInputTest, CarriedReleaseCopiesApplyAheadOfTheirStreamMessages) {
+  v1::CreateResponse a = CreateOk(session_id_, 4096);
+  v1::CreateResponse b = CreateOk(session_id_, 4096);
+  v1::CreateResponse c = CreateOk(session_id_, 4096);
+  auto stats = [&](const v1::StatsRequest& req) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(5));
+    v1::StatsResponse resp;
+    grpc::Status st = stub_->Stats(&ctx, req, &resp);
+    EXPECT_TRUE(st.ok()) << st.error_message();
+    return resp;
+  };
+  v1::StatsRequest plain;
+  plain.set_session_id(session_id_);
+  const uint64_t leases = stats(plain).leases();
+  // Seq 1 releases `a`, and only a copy carried by the request tells the
+  // daemon: it is served without waiting for the stream (which would take
+  // until the deadline: the stream message is not sent yet).
+  v1::StatsRequest carrying = plain;
+  carrying.set_releases_through(1);
+  v1::ReleaseLeases* copy = carrying.add_releases();
+  copy->set_seq(1);
+  copy->add_lease_ids(a.lease_id());
+  EXPECT_EQ(stats(carrying).leases(), leases - 1);
+  // The stream's own seq 1 arrives late, naming another lease: skipped whole
+  // (it is the same message), and the session goes on to seq 2.
+  v1::SessionRequest rel;
+  rel.mutable_release()->set_seq(1);
+  rel.mutable_release()->add_lease_ids(b.lease_id());
+  ASSERT_TRUE(session_->Write(rel));
+  rel.mutable_release()->set_seq(2);
+  rel.mutable_release()->clear_lease_ids();
+  rel.mutable_release()->add_lease_ids(c.lease_id());
+  ASSERT_TRUE(session_->Write(rel));
+  v1::StatsRequest through2 = plain;
+  through2.set_releases_through(2);
+  v1::StatsResponse after = stats(through2);
+  EXPECT_EQ(after.leases(), leases - 2);  // `a` and `c`; `b` is held.
+  EXPECT_EQ(after.sessions(), 3u);
+  v1::SealRequest seal;
+  seal.set_session_id(session_id_);
+  seal.set_lease_id(b.lease_id());
+  {
+    grpc::ClientContext ctx;
+    v1::SealResponse sr;
+    EXPECT_TRUE(stub_->Seal(&ctx, seal, &sr).ok());  // `b` is intact.
+  }
+  // A copy past a gap (seq 4 when 3 is due) is ignored: the stream delivers
+  // it in order. The request is still served.
+  v1::StatsRequest gap = plain;
+  copy = gap.add_releases();
+  copy->set_seq(4);
+  copy->add_lease_ids(b.lease_id());
+  EXPECT_EQ(stats(gap).leases(), leases - 2);
+  // Too many copies: INVALID_ARGUMENT naming the count.
+  v1::StatsRequest flood = plain;
+  for (int i = 0; i < 1025; ++i) flood.add_releases()->set_seq(3 + i);
+  Expect(&Stub::Stats, flood, kInvalid, "1025 ReleaseLeases copies");
+  // Copies for a session that is not open: its error, nothing applied.
+  v1::StatsRequest stranger = gap;
+  stranger.set_session_id(12345);
+  Expect(&Stub::Stats, stranger, grpc::StatusCode::FAILED_PRECONDITION,
+         "is not open");
+}
+
 }  // namespace
 }  // namespace shmtensor
