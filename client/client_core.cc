@@ -250,6 +250,7 @@ absl::Status ClientCore::ReleaseLease(uint64_t lease_id) {
   // Published only once written: a call that sends this seq as
   // releases_through must find the release ahead of it on the wire (or
   // carry its copy).
+  std::lock_guard<std::mutex> releases_lock(releases_mu_);
   releases_sent_ = seq;
   unconfirmed_releases_.emplace_back(seq, lease_id);
   if (unconfirmed_releases_.size() > kMaxUnconfirmedReleases) {
@@ -259,7 +260,7 @@ absl::Status ClientCore::ReleaseLease(uint64_t lease_id) {
 }
 
 void ClientCore::ConfirmReleases(uint64_t through) {
-  std::lock_guard<std::mutex> lock(write_mu_);
+  std::lock_guard<std::mutex> lock(releases_mu_);
   while (!unconfirmed_releases_.empty() &&
          unconfirmed_releases_.front().first <= through) {
     unconfirmed_releases_.pop_front();

@@ -125,6 +125,9 @@ class ClientCore {
                                      grpc::ClientContext*, const Req&, Resp*),
                                  Req req, Resp* resp,
                                  absl::Duration timeout = kRpcDeadline) {
+    // Before StampReleases: in a child process (fork) the lock it takes
+    // may have been held by a parent thread that is gone.
+    if (absl::Status s = CheckOwner(); !s.ok()) return s;
     StampReleases(&req);
     absl::Status s = Call(method, req, resp, timeout);
     if (s.ok()) ConfirmReleases(req.releases_through());
@@ -138,7 +141,7 @@ class ClientCore {
   // See CallAfterReleases.
   template <typename Request>
   void StampReleases(Request* req) {
-    std::lock_guard<std::mutex> lock(write_mu_);
+    std::lock_guard<std::mutex> lock(releases_mu_);
     req->set_releases_through(releases_sent_);
     for (const auto& [seq, lease_id] : unconfirmed_releases_) {
       v1::ReleaseLeases* r = req->add_releases();
@@ -164,10 +167,15 @@ class ClientCore {
   uint64_t epoch_ = 0;
   // Serialises writes on session_ (gRPC allows one outstanding write).
   std::mutex write_mu_;
-  uint64_t releases_sent_ = 0;  // Last ReleaseLeases seq. Guarded by write_mu_.
+  // What requests carry of the releases (StampReleases). Its own lock, so
+  // that a request never waits behind a stream write.
+  std::mutex releases_mu_;
+  // Seq of the last ReleaseLeases sent. Written under write_mu_ and
+  // releases_mu_ (so read under either).
+  uint64_t releases_sent_ = 0;
   // (seq, lease id) of the releases sent and not yet confirmed applied,
   // oldest first, at most kMaxUnconfirmedReleases (older ones are left to
-  // the stream). Guarded by write_mu_.
+  // the stream). Guarded by releases_mu_.
   static constexpr size_t kMaxUnconfirmedReleases = 64;
   std::deque<std::pair<uint64_t, uint64_t>> unconfirmed_releases_;
   std::vector<v1::PoolInfo> pools_;  // By pool id.
