@@ -262,26 +262,23 @@ struct Target {
 
 // The lifecycle's skeleton without shmtensor: three bare round trips (Stats)
 // with the same copy of `bytes` between the first and the second, into
-// private memory. A 16 MiB copy evicts the caches the RPC path runs from, so
-// the round trips after it cost more than on a quiet loop; this is the
-// reference for "one round trip per RPC" in the conditions the lifecycle
-// runs in. Returns p50 of (its time - its copy's time), in microseconds.
+// private memory (`dst`). A 16 MiB copy evicts the caches the RPC path runs
+// from, so the round trips after it cost more than on a quiet loop; this is
+// the reference for "one round trip per RPC" in the conditions the lifecycle
+// runs in. Run interleaved with the lifecycles, so that the machine's drift
+// (large on a shared VM) reaches both alike. Returns the round trips' time
+// (without the copy), in microseconds.
 double SkeletonRoundTrips(Client& c, uint64_t bytes, const void* src,
-                          int iters) {
-  std::vector<uint8_t> dst(bytes, 0);
-  std::vector<double> rpcs;
-  for (int i = -10; i < iters; ++i) {
-    const auto t0 = Clock::now();
-    Check(c.Stats(), "stats");
-    const auto t1 = Clock::now();
-    std::memcpy(dst.data(), src, bytes);
-    const auto t2 = Clock::now();
-    Check(c.Stats(), "stats");
-    Check(c.Stats(), "stats");
-    const auto t3 = Clock::now();
-    if (i >= 0) rpcs.push_back(Us(t1 - t0) + Us(t3 - t2));
-  }
-  return Summarize(rpcs).p50;
+                          void* dst) {
+  const auto t0 = Clock::now();
+  Check(c.Stats(), "stats");
+  const auto t1 = Clock::now();
+  std::memcpy(dst, src, bytes);
+  const auto t2 = Clock::now();
+  Check(c.Stats(), "stats");
+  Check(c.Stats(), "stats");
+  const auto t3 = Clock::now();
+  return Us(t1 - t0) + Us(t3 - t2);
 }
 
 // One table of section 1: lifecycles at each size with `revocation`.
@@ -301,14 +298,18 @@ void BenchLifecycleTable(Client& c, const std::vector<uint64_t>& sizes,
     for (int i = 0; i < 10; ++i) {
       Lifecycle(c, bytes, src.data(), nullptr, revocation);
     }
-    const double skeleton = SkeletonRoundTrips(c, bytes, src.data(), n);
-    std::vector<double> total, fill, create, seal, get, rel_view, rel_ref;
-    const long faults0 = MinorFaults();
+    std::vector<uint8_t> dst(bytes, 0);  // The skeleton's, faulted in.
+    std::vector<double> total, fill, create, seal, get, rel_view, rel_ref,
+        skeleton;
+    long faults = 0;
     uint64_t protects0 = 0, protects1 = 0;
     for (int i = 0; i < n; ++i) {
+      skeleton.push_back(SkeletonRoundTrips(c, bytes, src.data(), dst.data()));
       Phases p;
+      const long faults0 = MinorFaults();
       total.push_back(Us(Lifecycle(c, bytes, src.data(), &p, revocation,
                                    i == 0 ? &protects0 : &protects1)));
+      faults += MinorFaults() - faults0;
       fill.push_back(p.fill);
       create.push_back(p.create);
       seal.push_back(p.seal);
@@ -316,7 +317,7 @@ void BenchLifecycleTable(Client& c, const std::vector<uint64_t>& sizes,
       rel_view.push_back(p.release_view);
       rel_ref.push_back(p.release_ref);
     }
-    const double faults = double(MinorFaults() - faults0) / n;
+    const double faults_per_op = double(faults) / n;
     const double protects =
         n > 1 ? double(protects1 - protects0) / (n - 1) : 0.0;
     const Summary t = Summarize(total), fl = Summarize(fill);
@@ -330,9 +331,9 @@ void BenchLifecycleTable(Client& c, const std::vector<uint64_t>& sizes,
         "%.0f %.0f %.0f %.0f %.0f\n",
         SizeName(bytes).c_str(), t.p50, t.p99, fl.p50, overhead,
         overhead / budget, (overhead - mprotect_us) / budget,
-        overhead / skeleton, faults, protects, Summarize(create).p50,
-        Summarize(seal).p50, Summarize(get).p50, Summarize(rel_view).p50,
-        Summarize(rel_ref).p50);
+        overhead / Summarize(skeleton).p50, faults_per_op, protects,
+        Summarize(create).p50, Summarize(seal).p50, Summarize(get).p50,
+        Summarize(rel_view).p50, Summarize(rel_ref).p50);
   }
 }
 
@@ -366,8 +367,9 @@ void BenchLifecycle(const Target& target, int iters) {
       "lifecycle = create, fill, seal, get, release view, release ref: "
       "%d round trips + 2 one-way messages\n"
       "vs 3 RTT+fill: overhead / (3 bare round trips with the same copy "
-      "between them, minus the copy): the budget in the lifecycle's own "
-      "cache conditions\n",
+      "between them, minus the copy, run alternately with the lifecycles): "
+      "the budget in the lifecycle's own cache conditions, drift "
+      "cancelled\n",
       kLifecycleRoundTrips);
   for (const shmtensor::WriteRevocation revocation :
        {shmtensor::WriteRevocation::kImmediate,
