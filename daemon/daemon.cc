@@ -64,19 +64,39 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
                                     StableHash(config.listen));
   }
 
-  // One daemon per address: an flock held for the daemon's lifetime. The
-  // kernel drops it when the process dies, however it dies.
-  d->lock_fd_ = open(d->lock_path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (d->lock_fd_ < 0) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "cannot open lock file %s: %s", d->lock_path_, std::strerror(errno)));
-  }
-  if (flock(d->lock_fd_, LOCK_EX | LOCK_NB) != 0) {
-    char pid[32] = {0};
-    pread(d->lock_fd_, pid, sizeof(pid) - 1, 0);
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "another shmtensord (pid %s) already serves %s (lock %s is held)",
-        absl::StripAsciiWhitespace(pid), config.listen, d->lock_path_));
+  // One daemon per address: an flock on the lock file, held for the
+  // daemon's lifetime (the kernel drops it when the process dies, however it
+  // dies). A daemon that stops cleanly unlinks the file while it still holds
+  // the lock, so the owner is whoever locks the file that is at the path:
+  // one that locked a file unlinked meanwhile (opened just before a
+  // predecessor removed it) tries again with the path's new file.
+  for (int attempt = 0;; ++attempt) {
+    if (d->lock_fd_ >= 0) close(d->lock_fd_);
+    d->lock_fd_ =
+        open(d->lock_path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (d->lock_fd_ < 0) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "cannot open lock file %s: %s", d->lock_path_, std::strerror(errno)));
+    }
+    if (flock(d->lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+      char pid[32] = {0};
+      pread(d->lock_fd_, pid, sizeof(pid) - 1, 0);
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "another shmtensord (pid %s) already serves %s (lock %s is held)",
+          absl::StripAsciiWhitespace(pid), config.listen, d->lock_path_));
+    }
+    struct stat locked, at_path;
+    if (fstat(d->lock_fd_, &locked) == 0 &&
+        stat(d->lock_path_.c_str(), &at_path) == 0 &&
+        locked.st_dev == at_path.st_dev && locked.st_ino == at_path.st_ino) {
+      break;
+    }
+    if (attempt == 100) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "lock file %s keeps being replaced; is another shmtensord "
+          "starting and stopping on %s?",
+          d->lock_path_, config.listen));
+    }
   }
   d->owns_address_ = true;
   const std::string pid = absl::StrCat(getpid(), "\n");
@@ -261,9 +281,11 @@ Daemon::~Daemon() {
   monitor_.reset();
   const bool had_pools = store_ != nullptr;
   store_.reset();  // Unlinks every segment.
-  // The lock file stays: unlinking it would let a third daemon lock a new
-  // file while a second one still waits on the old one.
-  if (owns_address_ && !socket_path_.empty()) unlink(socket_path_.c_str());
+  if (owns_address_) {
+    if (!socket_path_.empty()) unlink(socket_path_.c_str());
+    // Last, while still locked: see Start.
+    unlink(lock_path_.c_str());
+  }
   if (lock_fd_ >= 0) close(lock_fd_);
   if (had_pools) spdlog::info("stopped; every segment unlinked");
 }

@@ -6,9 +6,10 @@
 // the pools, and starts serving ObjectStore, Monitor, gRPC health and
 // reflection on the socket (and, when configured, on a TCP monitoring
 // address). Shutdown() turns health to NOT_SERVING, stops accepting, ends
-// every session and watch, and (in the destructor) unlinks every segment and
-// the socket. The
-// lock file (<socket>.lock, holding the pid) stays behind on purpose.
+// every session and watch, and (in the destructor) unlinks every segment, the
+// socket and, last, the lock file (<socket>.lock, holding the pid). A daemon
+// that dies without cleaning up leaves the lock file unlocked; the next one
+// on the address takes it over.
 //
 // Thread safety: Shutdown() may be called from any thread, once.
 #ifndef SHMTENSOR_DAEMON_DAEMON_H_
@@ -35,7 +36,7 @@ class Daemon {
   static absl::StatusOr<std::unique_ptr<Daemon>> Start(
       const DaemonConfig& config);
 
-  // Shuts down if not done yet, then unlinks segments and socket.
+  // Shuts down if not done yet, then unlinks segments, socket and lock file.
   ~Daemon();
 
   // Not copyable or movable: the gRPC server points into it.

@@ -55,6 +55,7 @@ TEST_F(DaemonTest, SigtermEndsSessionsUnlinksSegmentsAndExitsZero) {  // [P9]
   EXPECT_TRUE(daemon_->Segments().empty());
   struct stat st;
   EXPECT_NE(stat(daemon_->socket_path().c_str(), &st), 0);
+  EXPECT_NE(stat((daemon_->socket_path() + ".lock").c_str(), &st), 0);
   // This process's mapping stays valid (no SIGBUS) after the unlink.
   EXPECT_NE(view.data(), nullptr);
   volatile uint8_t b = static_cast<const uint8_t*>(view.data())[0];
@@ -87,12 +88,56 @@ TEST_F(DaemonTest, SecondDaemonOnSameAddressIsRefused) {
   EXPECT_EQ(stat(daemon_->socket_path().c_str(), &st), 0);
 }
 
+TEST_F(DaemonTest, DaemonsRacingForTheAddressOfOneStoppingEndWithOneServing) {
+  // Contenders start every 30 ms while the owner stops (SIGTERM, which
+  // unlinks its lock file last). Those that came while it held the address
+  // are refused; of the rest exactly one takes it, however their opens,
+  // locks and the owner's unlink interleave.
+  const std::string lock = daemon_->socket_path() + ".lock";
+  std::vector<std::unique_ptr<Subprocess>> contenders;
+  daemon_->process().Signal(SIGTERM);
+  for (int i = 0; i < 30; ++i) {
+    absl::StatusOr<std::unique_ptr<Subprocess>> p = Subprocess::Spawn(
+        {DaemonPath(), "--listen", daemon_->address(), "--pool-size", "4MiB"});
+    ASSERT_TRUE(p.ok()) << p.status();
+    contenders.push_back(*std::move(p));
+    absl::SleepFor(absl::Milliseconds(30));
+  }
+  ASSERT_TRUE(WIFEXITED(daemon_->process().Wait()));
+  absl::SleepFor(absl::Seconds(2));  // Every refused contender has exited.
+  std::vector<Subprocess*> serving;
+  for (const auto& c : contenders) {
+    std::ifstream stat("/proc/" + std::to_string(c->pid()) + "/stat");
+    std::string pid, comm, state;
+    stat >> pid >> comm >> state;
+    if (state != "Z") serving.push_back(c.get());  // Not exited.
+  }
+  ASSERT_EQ(serving.size(), 1u);
+  pid_t owner = 0;
+  std::ifstream(lock) >> owner;
+  EXPECT_EQ(owner, serving[0]->pid());
+  {
+    absl::StatusOr<Client> c = Client::Connect({.address = daemon_->address()});
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->Stats()->pools[0].size_bytes, 4u << 20);
+  }
+  // Stopped cleanly, it leaves nothing of the address behind.
+  serving[0]->Signal(SIGTERM);
+  const int status = serving[0]->Wait();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  struct stat st;
+  EXPECT_NE(stat(lock.c_str(), &st), 0);
+  EXPECT_NE(stat(daemon_->socket_path().c_str(), &st), 0);
+}
+
 TEST_F(DaemonTest, RestartRemovesSegmentsOfCrashedInstance) {
   const std::vector<std::string> old = daemon_->Segments();
   ASSERT_EQ(old.size(), 1u);
   daemon_->process().Signal(SIGKILL);
   daemon_->process().Wait();
   EXPECT_EQ(daemon_->Segments(), old);  // A crash leaves it behind...
+  struct stat st;                       // ...and its lock file, unlocked now.
+  EXPECT_EQ(stat((daemon_->socket_path() + ".lock").c_str(), &st), 0);
   absl::StatusOr<std::unique_ptr<DaemonProcess>> again =
       DaemonProcess::Start({"--pool-size", "8MiB"}, daemon_->address());
   ASSERT_TRUE(again.ok()) << again.status();
