@@ -95,6 +95,8 @@ def main():
         rows = out.get(timeout=1200)
         for p in procs:
             p.join()
+        if os.path.exists(init):  # torch's FileStore rendezvous file.
+            os.unlink(init)
     print(f"broadcast from rank 0 to {WORLD} local ranks (Gloo), every rank "
           f"reads its data")
     print(f"{'size':>7} {'method':>10} {'wall s':>8} {'PSS gained':>12} "

@@ -84,7 +84,8 @@ class TwoNodes:
     def run(self, scenario):
         ctx = mp.get_context("spawn")
         self.results, self.go = ctx.Queue(), ctx.Event()
-        init = tempfile.mktemp(prefix="shmtensor-dist-")
+        # torch's FileStore rendezvous file; close() removes it.
+        self.init = init = tempfile.mktemp(prefix="shmtensor-dist-")
         self.procs = [ctx.Process(target=_rank_main,
                                   args=(r, init, [d.address for d in
                                                   self.daemons],
@@ -106,6 +107,8 @@ class TwoNodes:
                 p.kill()
         for d in self.daemons:
             d.kill()
+        if getattr(self, "init", None) and os.path.exists(self.init):
+            os.unlink(self.init)
 
 
 @pytest.fixture
