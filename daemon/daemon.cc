@@ -107,12 +107,22 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   const std::string prefix = SegmentPrefix(config.listen);
   std::set<std::string> directories;
   for (const PoolConfig& pc : config.pools) directories.insert(pc.directory);
+  // Segments of any of this user's daemons that died without cleaning up
+  // (on other addresses too: a test's or benchmark's daemon killed on an
+  // address nobody uses again).
+  const std::string any_address = absl::StrFormat("shmtensor-%d-", getuid());
   for (const std::string& dir : directories) {
     if (int n = HostSegment::RemoveLeftovers(dir, prefix); n > 0) {
       spdlog::warn(
           "removed {} shared-memory segments left in {} by an earlier "
           "instance on {}",
           n, dir, config.listen);
+    }
+    if (int n = HostSegment::RemoveOrphans(dir, any_address); n > 0) {
+      spdlog::warn(
+          "removed {} shared-memory segments left in {} by daemons on other "
+          "addresses that died without cleaning up",
+          n, dir);
     }
   }
 

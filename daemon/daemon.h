@@ -2,7 +2,9 @@
 //
 // Start() does everything that can fail, in order: takes the address lock
 // (so a second daemon on the same address is refused), removes the segments a
-// crashed earlier instance on this address left behind, creates and reserves
+// crashed earlier instance on this address left behind, and those of this
+// user's daemons on other addresses that died (host_segment.h), creates and
+// reserves
 // the pools, and starts serving ObjectStore, Monitor, gRPC health and
 // reflection on the socket (and, when configured, on a TCP monitoring
 // address). Shutdown() turns health to NOT_SERVING, stops accepting, ends

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <linux/magic.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
@@ -189,10 +190,18 @@ absl::StatusOr<std::unique_ptr<HostSegment>> HostSegment::Create(
   }
   // Undoes the creation on every failure below.
   auto fail = [&](absl::Status status) {
-    close(fd);
     unlink(path.c_str());
+    close(fd);
     return status;
   };
+  // Before the file gets a size: a size without the lock means an orphan
+  // (see RemoveOrphans). Blocks only while a RemoveOrphans looks at it.
+  while (flock(fd, LOCK_SH) != 0) {
+    if (errno != EINTR) {
+      return fail(absl::InternalError(
+          absl::StrFormat("flock(%s): %s", path, std::strerror(errno))));
+    }
+  }
   // Boost and open(2) apply the umask; make the permissions exact.
   if (options.gid >= 0 && fchown(fd, static_cast<uid_t>(-1), options.gid)) {
     return fail(absl::PermissionDeniedError(
@@ -241,9 +250,8 @@ absl::StatusOr<std::unique_ptr<HostSegment>> HostSegment::Create(
           dir, size_bytes, dir)));
     }
   }
-  close(fd);
   return std::unique_ptr<HostSegment>(
-      new HostSegment(shm_name, path, size_bytes, page, huge));
+      new HostSegment(shm_name, path, fd, size_bytes, page, huge));
 }
 
 int HostSegment::RemoveLeftovers(const std::string& directory,
@@ -261,6 +269,37 @@ int HostSegment::RemoveLeftovers(const std::string& directory,
   return removed;
 }
 
-HostSegment::~HostSegment() { unlink(path_.c_str()); }
+int HostSegment::RemoveOrphans(const std::string& directory,
+                               const std::string& name_prefix) {
+  int removed = 0;
+  DIR* dir = opendir(directory.c_str());
+  if (dir == nullptr) return 0;
+  const int dir_fd = dirfd(dir);
+  while (struct dirent* entry = readdir(dir)) {
+    if (!absl::StartsWith(entry->d_name, name_prefix)) continue;
+    const int fd = openat(dir_fd, entry->d_name,
+                          O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) continue;
+    struct stat locked, named;
+    // Exclusively lockable: no daemon holds it. With a size: its daemon had
+    // locked it, so it is not one being created right now either. Still the
+    // file at that name: not replaced meanwhile.
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0 && fstat(fd, &locked) == 0 &&
+        S_ISREG(locked.st_mode) && locked.st_size > 0 &&
+        fstatat(dir_fd, entry->d_name, &named, AT_SYMLINK_NOFOLLOW) == 0 &&
+        named.st_dev == locked.st_dev && named.st_ino == locked.st_ino &&
+        unlinkat(dir_fd, entry->d_name, 0) == 0) {
+      ++removed;
+    }
+    close(fd);
+  }
+  closedir(dir);
+  return removed;
+}
+
+HostSegment::~HostSegment() {
+  unlink(path_.c_str());
+  close(lock_fd_);  // Drops the lock, after the name is gone.
+}
 
 }  // namespace shmtensor::daemon

@@ -12,6 +12,14 @@
 // maps one huge page briefly at creation to learn whether the kernel backs the
 // file with huge pages).
 //
+// Liveness: the daemon holds a shared flock on each of its segments from
+// before the file gets its size until it unlinks it, and the kernel drops
+// the lock when the daemon dies, however it dies. So a segment with a size
+// whose lock anyone can take exclusively was left by a daemon that is gone:
+// RemoveOrphans unlinks those, whatever address (and name prefix) their
+// daemon served, and never a live daemon's, in any PID namespace that shares
+// the directory.
+//
 // Thread safety: immutable after Create.
 #ifndef SHMTENSOR_DAEMON_HOST_SEGMENT_H_
 #define SHMTENSOR_DAEMON_HOST_SEGMENT_H_
@@ -59,8 +67,14 @@ class HostSegment final : public Segment {
   static int RemoveLeftovers(const std::string& directory,
                              const std::string& name_prefix);
 
-  // Unlinks the segment. Clients that still map it keep their mapping; the
-  // memory goes back when the last mapping goes.
+  // Removes the segments in `directory` named `name_prefix`... of daemons
+  // that died without cleaning up, whatever their address: those no process
+  // holds the lock of (see the class comment). Returns how many it removed.
+  static int RemoveOrphans(const std::string& directory,
+                           const std::string& name_prefix);
+
+  // Unlinks the segment and drops its lock. Clients that still map it keep
+  // their mapping; the memory goes back when the last mapping goes.
   ~HostSegment() override;
 
   // Not copyable or movable: the object owns the name it unlinks.
@@ -76,16 +90,18 @@ class HostSegment final : public Segment {
   uint64_t huge_page_size() const override { return huge_page_size_; }
 
  private:
-  HostSegment(std::string shm_name, std::string path, uint64_t size_bytes,
-              uint64_t page_size, uint64_t huge_page_size)
+  HostSegment(std::string shm_name, std::string path, int lock_fd,
+              uint64_t size_bytes, uint64_t page_size, uint64_t huge_page_size)
       : shm_name_(std::move(shm_name)),
         path_(std::move(path)),
+        lock_fd_(lock_fd),
         size_bytes_(size_bytes),
         page_size_(page_size),
         huge_page_size_(huge_page_size) {}
 
   const std::string shm_name_;  // With the leading '/'; empty off /dev/shm.
   const std::string path_;      // Absolute.
+  const int lock_fd_;           // Open on the file, holding LOCK_SH.
   const uint64_t size_bytes_;
   const uint64_t page_size_;
   const uint64_t huge_page_size_;  // 0: base pages only.

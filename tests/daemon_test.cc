@@ -149,6 +149,38 @@ TEST_F(DaemonTest, RestartRemovesSegmentsOfCrashedInstance) {
   EXPECT_EQ(c->Stats()->pools[0].size_bytes, 8u << 20);
 }
 
+TEST_F(DaemonTest, StartRemovesSegmentsOfDaemonsKilledOnOtherAddresses) {
+  // A daemon on another address, killed: nobody will start there again.
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> killed =
+      DaemonProcess::Start({"--pool-size", "8MiB"}, testing::FreshAddress());
+  ASSERT_TRUE(killed.ok()) << killed.status();
+  const std::vector<std::string> orphans = (*killed)->Segments();
+  ASSERT_EQ(orphans.size(), 1u);
+  (*killed)->process().Signal(SIGKILL);
+  (*killed)->process().Wait();
+  EXPECT_EQ((*killed)->Segments(), orphans);
+  const std::vector<std::string> live = daemon_->Segments();
+  ASSERT_EQ(live.size(), 1u);
+
+  // A third daemon, on a third address, removes the dead one's segment and
+  // leaves the live one's.
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> third =
+      DaemonProcess::Start({"--pool-size", "8MiB"}, testing::FreshAddress());
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_TRUE((*killed)->Segments().empty());
+  EXPECT_EQ(daemon_->Segments(), live);
+  absl::StatusOr<Buffer> b = client_->Create({.size_bytes = 1 << 20});
+  ASSERT_TRUE(b.ok()) << b.status();
+  std::memset(b->data(), 7, 1 << 20);
+  SealedRef ref = *b->Seal();
+  absl::StatusOr<Client> other =
+      Client::Connect({.address = daemon_->address()});
+  ASSERT_TRUE(other.ok()) << other.status();  // Maps the live segment anew.
+  absl::StatusOr<View> v = other->Get(ref.ref());
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(static_cast<const uint8_t*>(v->data())[(1 << 20) - 1], 7);
+}
+
 TEST_F(DaemonTest, PoolLargerThanDevShmFailsAtStartWithClearMessage) {
   auto [code, out] =
       RunFailing({"--listen", testing::FreshAddress(), "--pool-size", "64TiB"});
