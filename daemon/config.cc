@@ -190,6 +190,13 @@ absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path,
         }
         base.socket_mode = *mode;
       }
+    } else if (k == "nice") {
+      const std::optional<int64_t> v = node.value<int64_t>();
+      if (!node.is_integer() || !v.has_value() || *v < -20 || *v > 19) {
+        return SourceError(path, node,
+                           "'nice' must be an integer from -20 to 19");
+      }
+      base.nice = static_cast<int>(*v);
     } else if (k == "limits") {
       if (absl::Status s = ParseLimits(path, node, &base.limits); !s.ok()) {
         return s;
@@ -309,6 +316,10 @@ absl::Status ValidateConfig(const DaemonConfig& config) {
           absl::StrCat("pool '", p.name, "' has huge_pages '", p.huge_pages,
                        "'; use \"auto\", \"require\" or \"off\""));
     }
+  }
+  if (config.nice.has_value() && (*config.nice < -20 || *config.nice > 19)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("nice %d is not within -20 to 19", *config.nice));
   }
   if (config.socket_mode > 0777) {
     return absl::InvalidArgumentError(absl::StrFormat(

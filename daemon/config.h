@@ -25,6 +25,7 @@
 #define SHMTENSOR_DAEMON_CONFIG_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -58,6 +59,12 @@ struct DaemonConfig {
   std::string socket_group;  // Empty: the daemon's own group.
   std::vector<PoolConfig> pools;
   std::string log_level = "info";
+  // Scheduling priority (nice, -20..19) of every daemon thread; unset keeps
+  // the one the daemon was started with. The daemon serves short requests
+  // that clients block on, so a negative value lets it run as soon as a
+  // request comes even when workers keep every CPU busy (negative values
+  // need CAP_SYS_NICE; systemd's Nice= does the same from outside).
+  std::optional<int> nice;
   StoreLimits limits;
 };
 

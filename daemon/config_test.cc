@@ -76,6 +76,10 @@ TEST(ValidateConfigTest, RejectsDuplicatePoolsAndLevels) {
   c = DefaultConfig();
   c.log_level = "loud";
   EXPECT_NE(ValidateConfig(c).message().find("loud"), std::string::npos);
+  c = DefaultConfig();
+  c.nice = -21;
+  EXPECT_NE(ValidateConfig(c).message().find("nice -21"), std::string::npos);
+  EXPECT_FALSE(DefaultConfig().nice.has_value());  // Unchanged by default.
 }
 
 TEST(LoadConfigFileTest, ReadsEveryKey) {
@@ -84,6 +88,7 @@ TEST(LoadConfigFileTest, ReadsEveryKey) {
       "monitor_listen = \"9464\"\n"
       "socket_mode = \"0600\"\n"
       "socket_group = \"shmtensor\"\n"
+      "nice = -5\n"
       "[limits]\n"
       "max_objects = 1000\n"
       "max_leases_per_client = 64\n"
@@ -96,6 +101,7 @@ TEST(LoadConfigFileTest, ReadsEveryKey) {
   EXPECT_EQ(MonitorAddress("0.0.0.0:9464"), "0.0.0.0:9464");
   EXPECT_EQ(c->socket_mode, 0600u);
   EXPECT_EQ(c->socket_group, "shmtensor");
+  EXPECT_EQ(c->nice, -5);
   EXPECT_EQ(c->limits.max_objects, 1000u);
   EXPECT_EQ(c->limits.max_leases_per_client, 64u);
   EXPECT_EQ(c->limits.max_bytes_per_client, uint64_t{2} << 30);
@@ -113,6 +119,8 @@ TEST(LoadConfigFileTest, BadValuesNameLineAndKey) {
   const Case cases[] = {
       {"log_level = \"info\"\nlisten = 5\n", ":2", "'listen' must be a string"},
       {"\nsocket_mode = \"0999\"\n", ":2", "'socket_mode' is '0999'"},
+      {"nice = 20\n", ":1", "'nice' must be an integer from -20 to 19"},
+      {"\nnice = \"-5\"\n", ":2", "'nice' must be an integer from -20 to 19"},
       {"[limits]\nmax_objects = -1\n", ":2", "'limits.max_objects'"},
       {"[limits]\n\nmax_bytes_per_client = \"lots\"\n", ":3", "'lots'"},
       {"[limits]\nmax_lease = 3\n", ":2", "unknown key 'limits.max_lease'"},

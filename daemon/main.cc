@@ -1,8 +1,12 @@
 // shmtensord: parse flags and config, start the daemon, wait for a signal.
 #include <signal.h>
+#include <sys/resource.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
+#include <optional>
 
 #include "CLI/CLI.hpp"
 #include "absl/synchronization/mutex.h"
@@ -33,6 +37,10 @@ int main(int argc, char** argv) {
   app.add_option("--monitor-listen", monitor_listen,
                  "also serve monitoring (not the data plane) on TCP: PORT "
                  "(loopback) or HOST:PORT (default: off)");
+  std::optional<int> nice;
+  app.add_option("--nice", nice,
+                 "scheduling priority of the daemon's threads, -20..19 "
+                 "(negative values need CAP_SYS_NICE; default: unchanged)");
   app.add_option("--config", config_file, "TOML config file")
       ->check(CLI::ExistingFile);
   app.add_option("--log-level", log_level,
@@ -53,6 +61,7 @@ int main(int argc, char** argv) {
   if (!listen.empty()) config.listen = listen;
   if (!log_level.empty()) config.log_level = log_level;
   if (!monitor_listen.empty()) config.monitor_listen = monitor_listen;
+  if (nice.has_value()) config.nice = nice;
   if (!pool_size.empty()) {
     absl::StatusOr<uint64_t> size = shmtensor::daemon::ParseByteSize(pool_size);
     if (!size.ok()) {
@@ -67,6 +76,16 @@ int main(int argc, char** argv) {
     return 2;
   }
   spdlog::set_level(spdlog::level::from_str(config.log_level));
+
+  // Before any thread exists: Linux keeps the nice value per thread, and
+  // threads inherit it from the one that creates them.
+  if (config.nice.has_value() &&
+      setpriority(PRIO_PROCESS, 0, *config.nice) != 0) {
+    spdlog::warn(
+        "cannot set nice {} ({}; a negative value needs CAP_SYS_NICE); "
+        "running at nice {}",
+        *config.nice, std::strerror(errno), getpriority(PRIO_PROCESS, 0));
+  }
 
   // Block the stop signals in every thread (gRPC's included) and take them
   // synchronously below.

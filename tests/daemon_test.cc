@@ -13,8 +13,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "shmtensor/client.h"
@@ -179,6 +181,31 @@ TEST_F(DaemonTest, StartRemovesSegmentsOfDaemonsKilledOnOtherAddresses) {
   absl::StatusOr<View> v = other->Get(ref.ref());
   ASSERT_TRUE(v.ok()) << v.status();
   EXPECT_EQ(static_cast<const uint8_t*>(v->data())[(1 << 20) - 1], 7);
+}
+
+TEST(DaemonPriorityTest, NiceAppliesToEveryThreadOfTheDaemon) {
+  // A positive value needs no privilege.
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> d = DaemonProcess::Start(
+      {"--pool-size", "4MiB", "--nice", "7"}, testing::FreshAddress());
+  ASSERT_TRUE(d.ok()) << d.status();
+  Client c = *Client::Connect({.address = (*d)->address()});
+  ASSERT_TRUE(c.Stats().ok());  // gRPC's threads are up and serving.
+  const std::string tasks =
+      absl::StrCat("/proc/", (*d)->process().pid(), "/task");
+  int threads = 0;
+  for (const auto& t : std::filesystem::directory_iterator(tasks)) {
+    std::ifstream in(t.path() / "stat");
+    std::string line;
+    std::getline(in, line);
+    // Fields after the command's closing parenthesis: state is 3rd, nice
+    // the 19th.
+    std::istringstream rest(line.substr(line.rfind(')') + 2));
+    std::string field;
+    for (int i = 3; i <= 19; ++i) rest >> field;
+    EXPECT_EQ(field, "7") << t.path();
+    ++threads;
+  }
+  EXPECT_GT(threads, 1);
 }
 
 TEST_F(DaemonTest, PoolLargerThanDevShmFailsAtStartWithClearMessage) {
