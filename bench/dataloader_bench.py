@@ -6,8 +6,7 @@
              a fresh shared-memory segment, faulted in page by page (P8)
   shmtensor  shmtensor.torch.DataLoader: collated into a recycled pool
              buffer, handed over by exclusive reference; the training side
-             gets writable tensors. Pool in /dev/shm (4 KiB pages). The
-             daemon runs at nice -10 as deploy/systemd runs it (when root)
+             gets writable tensors. Pool in /dev/shm (4 KiB pages)
   shmtensor-huge  the same with the pool in a tmpfs mounted huge=always
              (2 MiB pages; mounted for the run when root, or the directory
              in $SHMTENSOR_HUGE_DIR; left out, saying why, otherwise)
@@ -241,15 +240,10 @@ def main():
     if quick:
         sizes = [(64 << 10, 100), (1 << 20, 40), (16 << 20, 10), (128 << 20, 4)]
     results = []
-    # The daemon as deploy/systemd runs it (Nice=-10), when this may (root).
-    nice = -10 if os.geteuid() == 0 else None
-    with HugeTmpfs("2200m") as huge, Daemon("2GiB", nice=nice) as d, \
-            Daemon("2GiB", huge.path, nice=nice) if huge.path \
-            else _Nothing() as dh:
+    with HugeTmpfs("2200m") as huge, Daemon("2GiB") as d, \
+            Daemon("2GiB", huge.path) if huge.path else _Nothing() as dh:
         if not huge.path:
             print(f"no huge-page pool in this run: {huge.why}")
-        print("shmtensord at " + ("nice -10, as the systemd unit runs it"
-                                  if nice else "the default nice (not root)"))
         print(f"DataLoader throughput, {WORKERS} workers, {SAMPLES} samples a "
               f"batch, every page touched (GB/s)")
         head = f"{'batch':>8} {'torch':>8} {'shmtensor':>10} "

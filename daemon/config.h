@@ -60,10 +60,10 @@ struct DaemonConfig {
   std::vector<PoolConfig> pools;
   std::string log_level = "info";
   // Scheduling priority (nice, -20..19) of every daemon thread; unset keeps
-  // the one the daemon was started with. The daemon serves short requests
-  // that clients block on, so a negative value lets it run as soon as a
-  // request comes even when workers keep every CPU busy (negative values
-  // need CAP_SYS_NICE; systemd's Nice= does the same from outside).
+  // the one the daemon was started with. Clients block on its short
+  // requests, so where busy workers share its CPUs a negative value can
+  // shorten them (needs CAP_SYS_NICE; systemd's Nice= does the same from
+  // outside).
   std::optional<int> nice;
   StoreLimits limits;
 };
