@@ -57,14 +57,11 @@ class HugeTmpfs:
 class Daemon:
     _count = 0
 
-    def __init__(self, pool_size, pool_dir=None, config=None, nice=None):
-        """nice: the daemon's --nice (None: unchanged)."""
+    def __init__(self, pool_size, pool_dir=None, config=None):
         Daemon._count += 1
         self.path = f"/tmp/shmtensor-pybench-{os.getpid()}-{Daemon._count}.sock"
         self.address = "unix:" + self.path
         args = [DAEMON, "--listen", self.address, "--log-level", "warn"]
-        if nice is not None:
-            args += ["--nice", str(nice)]
         args += ["--config", config] if config else ["--pool-size", pool_size]
         if pool_dir:
             args += ["--pool-dir", pool_dir]
