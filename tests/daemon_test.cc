@@ -96,23 +96,29 @@ TEST_F(DaemonTest, DaemonsRacingForTheAddressOfOneStoppingEndWithOneServing) {
   // are refused; of the rest exactly one takes it, however their opens,
   // locks and the owner's unlink interleave.
   const std::string lock = daemon_->socket_path() + ".lock";
+  // True once the child `pid` has exited (a zombie: not reaped yet).
+  auto exited = [](pid_t pid) {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string id, comm, state;
+    stat >> id >> comm >> state;
+    return state == "Z";
+  };
   std::vector<std::unique_ptr<Subprocess>> contenders;
   daemon_->process().Signal(SIGTERM);
-  for (int i = 0; i < 30; ++i) {
+  // Until the owner is gone, however long its stop takes, and 5 more.
+  for (int after = 0; after < 5 && contenders.size() < 300;) {
     absl::StatusOr<std::unique_ptr<Subprocess>> p = Subprocess::Spawn(
         {DaemonPath(), "--listen", daemon_->address(), "--pool-size", "4MiB"});
     ASSERT_TRUE(p.ok()) << p.status();
     contenders.push_back(*std::move(p));
     absl::SleepFor(absl::Milliseconds(30));
+    if (exited(daemon_->process().pid())) ++after;
   }
   ASSERT_TRUE(WIFEXITED(daemon_->process().Wait()));
   absl::SleepFor(absl::Seconds(2));  // Every refused contender has exited.
   std::vector<Subprocess*> serving;
   for (const auto& c : contenders) {
-    std::ifstream stat("/proc/" + std::to_string(c->pid()) + "/stat");
-    std::string pid, comm, state;
-    stat >> pid >> comm >> state;
-    if (state != "Z") serving.push_back(c.get());  // Not exited.
+    if (!exited(c->pid())) serving.push_back(c.get());
   }
   ASSERT_EQ(serving.size(), 1u);
   pid_t owner = 0;
@@ -137,8 +143,10 @@ TEST_F(DaemonTest, RestartRemovesSegmentsOfCrashedInstance) {
   ASSERT_EQ(old.size(), 1u);
   daemon_->process().Signal(SIGKILL);
   daemon_->process().Wait();
-  EXPECT_EQ(daemon_->Segments(), old);  // A crash leaves it behind...
-  struct stat st;                       // ...and its lock file, unlocked now.
+  // A crash leaves the segment behind (which any daemon of this user that
+  // starts now may remove, e.g. another test's: see the test below) and
+  // the lock file, unlocked.
+  struct stat st;
   EXPECT_EQ(stat((daemon_->socket_path() + ".lock").c_str(), &st), 0);
   absl::StatusOr<std::unique_ptr<DaemonProcess>> again =
       DaemonProcess::Start({"--pool-size", "8MiB"}, daemon_->address());
@@ -160,7 +168,8 @@ TEST_F(DaemonTest, StartRemovesSegmentsOfDaemonsKilledOnOtherAddresses) {
   ASSERT_EQ(orphans.size(), 1u);
   (*killed)->process().Signal(SIGKILL);
   (*killed)->process().Wait();
-  EXPECT_EQ((*killed)->Segments(), orphans);
+  // Left behind (unless a daemon of a test running beside this one has
+  // started since: that one removes it as the third one below would).
   const std::vector<std::string> live = daemon_->Segments();
   ASSERT_EQ(live.size(), 1u);
 
