@@ -14,6 +14,8 @@
 #include <mutex>
 #include <set>
 
+#include "absl/synchronization/mutex.h"
+
 namespace shmtensor::internal {
 namespace {
 
@@ -72,6 +74,14 @@ void EnableForkSupport() {
     // keeps no kernel state; for a client's one or two connections it costs
     // nothing measurable.
     setenv("GRPC_POLL_STRATEGY", "poll", /*overwrite=*/0);
+    // Debian builds Abseil without NDEBUG, so every absl::Mutex operation
+    // (gRPC's included) takes one process-wide spin lock guarding the
+    // debug lock-order graph, and no fork handler can hold it across fork():
+    // a child forked while another thread held it hung in its first
+    // absl::Mutex (seen in ForkTest: grpc_init in the child's Connect, about
+    // one run in ten). Off, the graph and its lock are never touched. It is
+    // a debugging aid that release builds of Abseil leave off anyway.
+    absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
     pthread_atfork(grpc_prefork, grpc_postfork_parent, grpc_postfork_child);
     // Registered after gRPC's: runs before it in the prepare phase and after
     // it in the child.

@@ -3,11 +3,12 @@
 // gRPC is not fork-safe by itself. EnableForkSupport() (called before the
 // first channel of the process) turns on gRPC's own fork support
 // (GRPC_ENABLE_FORK_SUPPORT and the grpc_prefork/postfork handlers), selects
-// the poll() poller (an epoll instance is shared across fork), and adds one
-// step gRPC lacks: in the child, every inherited connection to a daemon
-// socket is closed. Otherwise a child that outlives its parent would keep the
-// parent's connections open, and the daemon could not see the parent die and
-// reclaim its leases.
+// the poll() poller (an epoll instance is shared across fork), turns off
+// Abseil's debug lock-order graph (its process-wide lock cannot be held
+// across fork; see the .cc), and adds one step gRPC lacks: in the child, every
+// inherited connection to a daemon socket is closed. Otherwise a child that
+// outlives its parent would keep the parent's connections open, and the daemon
+// could not see the parent die and reclaim its leases.
 //
 // Thread safety: thread-safe.
 #ifndef SHMTENSOR_CLIENT_FORK_GUARD_H_

@@ -21,7 +21,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "client/python/exports.h"
 #include "shmtensor/client.h"
 #include "shmtensor/defaults.h"
@@ -320,10 +319,6 @@ using namespace shmtensor::python;  // NOLINT
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "shmtensor C++ client binding (use the shmtensor package).";
-  // Debian's Abseil (built without NDEBUG) checks the lock order of every
-  // absl::Mutex, gRPC's included, in a global graph: a few microseconds per
-  // RPC. In a Python process this module is their only user.
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 
   // StatusError -> shmtensor.errors.from_status(code, reason, message).
   py::register_exception_translator([](std::exception_ptr p) {
