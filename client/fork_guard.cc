@@ -78,8 +78,8 @@ void EnableForkSupport() {
     // (gRPC's included) takes one process-wide spin lock guarding the
     // debug lock-order graph, and no fork handler can hold it across fork():
     // a child forked while another thread held it hung in its first
-    // absl::Mutex (seen in ForkTest: grpc_init in the child's Connect, about
-    // one run in ten). Off, the graph and its lock are never touched. It is
+    // absl::Mutex (seen in ForkTest: grpc_init in the child's Connect, 2 of
+    // 31 runs). Off, the graph and its lock are never touched. It is
     // a debugging aid that release builds of Abseil leave off anyway.
     absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
     pthread_atfork(grpc_prefork, grpc_postfork_parent, grpc_postfork_child);

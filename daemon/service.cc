@@ -31,6 +31,27 @@ grpc::Status RemoteRefused(const std::string& peer) {
                    "serves local clients only; use the Unix socket"));
 }
 
+namespace {
+
+// Applies one ReleaseLeases of `session_id` (from its stream, or a copy a
+// unary request carried). Leases the session does not hold are skipped and
+// only logged (no reply can tell the client); returns OK then.
+// INVALID_ARGUMENT: the seq is past the next one due. Other errors: the
+// session's (not open).
+absl::Status ApplyReleaseMessage(ObjectStore& store, uint64_t session_id,
+                                 const v1::ReleaseLeases& release) {
+  const std::vector<uint64_t> ids(release.lease_ids().begin(),
+                                  release.lease_ids().end());
+  absl::Status s = store.ReleaseBatch(session_id, release.seq(), ids);
+  if (absl::IsNotFound(s)) {
+    spdlog::warn("session {:016x}: {}", session_id, s.ToString());
+    return absl::OkStatus();
+  }
+  return s;
+}
+
+}  // namespace
+
 // One session stream. Owned by gRPC: deletes itself in OnDone.
 class SessionReactor final
     : public grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionEvent> {
@@ -83,10 +104,7 @@ class SessionReactor final
   // is only logged (the client cannot be told without a reply); a seq out of
   // order breaks the ordering contract, so it ends the session.
   void OnRelease(const v1::ReleaseLeases& release) {
-    const std::vector<uint64_t> ids(release.lease_ids().begin(),
-                                    release.lease_ids().end());
-    absl::Status s =
-        service_.store_.ReleaseBatch(session_id_, release.seq(), ids);
+    absl::Status s = ApplyReleaseMessage(service_.store_, session_id_, release);
     if (absl::IsInvalidArgument(s)) {
       spdlog::warn("session {:016x}: {}; ending it", session_id_, s.ToString());
       FinishOnce(ToGrpcStatus(nullptr, s));
@@ -196,15 +214,9 @@ absl::Status ApplyReleases(ObjectStore& store, grpc::ServerContext* ctx,
                         req.releases_size(), kMaxCarriedReleases));
   }
   for (const v1::ReleaseLeases& r : req.releases()) {
-    const std::vector<uint64_t> ids(r.lease_ids().begin(), r.lease_ids().end());
-    absl::Status s = store.ReleaseBatch(req.session_id(), r.seq(), ids);
+    absl::Status s = ApplyReleaseMessage(store, req.session_id(), r);
     if (absl::IsInvalidArgument(s)) break;  // A gap: the stream has the rest.
-    if (absl::IsNotFound(s)) {
-      // Leases the session does not hold, skipped as on the stream.
-      spdlog::warn("session {:016x}: {}", req.session_id(), s.ToString());
-    } else if (!s.ok()) {
-      return s;
-    }
+    if (!s.ok()) return s;
   }
   if (req.releases_through() == 0) return absl::OkStatus();
   return store.AwaitReleases(req.session_id(), req.releases_through(),
