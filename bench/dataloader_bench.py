@@ -21,7 +21,8 @@
 Every batch is 4 samples (torch.stack of 4 tensors: the same collation work
 for all three); the training side touches every page of every batch (one
 element per 4 KiB). Throughput = batch bytes / wall time after a warm-up.
-Prints a table with ratios and writes a plot (matplotlib) to
+Prints a table with ratios, the page faults a batch of each loader's timed
+part (to show the shmtensor runs are in steady state), and writes a plot (matplotlib) to
 docs/dataloader_bench.png, or to the path given with --plot.
 
 Usage: PYTHONPATH=build/python /usr/bin/python3 bench/dataloader_bench.py
@@ -46,10 +47,25 @@ from _daemon import Daemon, HugeTmpfs  # noqa: E402
 
 WORKERS = 2
 SAMPLES = 4
-# Untimed batches first: enough for every buffer in flight (2 workers x
-# prefetch 2, plus those held) to have been mapped and used in every
-# process, so what is timed is the steady state of a long training run.
-WARM = 12
+# Untimed batches first, so that what is timed is the steady state of a long
+# training run: every buffer in flight (2 workers x prefetch 2, plus those
+# held) mapped and touched in every process that uses it. WARM batches for
+# every loader; the shmtensor loaders then go on until SETTLE batches in a
+# row took no page fault in any of their processes (at most MAX_WARM). A
+# fresh worker takes a fault on its first touch of each pool page (with
+# 4 KiB pages 15-20 us each on the VM this is developed on: 0.65 s for a
+# 128 MiB buffer) and which buffers it gets depends on timing, so a fixed
+# count left some first touches in the timed part of some runs. (The ideal
+# bound's workers touch their whole ring before they start; torch's loader
+# faults in every new segment by design.)
+WARM = 24
+SETTLE = 8
+MAX_WARM = 200
+# Every timed part runs at least this long (20 batches of 128 MiB take 0.1 s
+# at 20 GB/s, too short a window on a shared VM).
+MIN_SECONDS = 1.0
+# Samples a dataset has: more than any run takes (runs stop on time).
+ENDLESS = 10 ** 9
 PAGE_FLOATS = 1024  # float32 elements per 4 KiB page
 
 
@@ -75,19 +91,45 @@ def touch(batch):
     return float(batch.reshape(-1)[::PAGE_FLOATS].sum())
 
 
-def run_loader(loader, batches):
+def _minor_faults(pid):
+    """Minor page faults of process `pid` so far (/proc/PID/stat field 10)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[7])
+
+
+def run_loader(loader, batches, settle=False):
+    """Times `batches` batches (and at least MIN_SECONDS) after the warm-up (see WARM; `settle`: until
+    the loader's processes stop faulting). Returns GB/s, the page faults a
+    timed batch of the training process and the workers together, and the
+    warm-up batches taken."""
     it = iter(loader)
+    # torch's iterator keeps its worker processes in _workers.
+    pids = [os.getpid()] + [w.pid for w in getattr(it, "_workers", [])]
+
+    def faults():
+        return sum(_minor_faults(p) for p in pids)
+
     for _ in range(WARM):
         touch(next(it))
+    warm, quiet = WARM, 0
+    while settle and quiet < SETTLE and warm < MAX_WARM:
+        before = faults()
+        touch(next(it))
+        warm += 1
+        quiet = quiet + 1 if faults() == before else 0
+    before = faults()
     t0 = time.perf_counter()
-    n = 0
-    for batch in it:
+    n = k = 0
+    while k < batches or time.perf_counter() - t0 < MIN_SECONDS:
+        batch = next(it)
         touch(batch)
         n += batch.numel() * 4
+        k += 1
         del batch
     dt = time.perf_counter() - t0
+    timed_faults = faults() - before
     del it
-    return n / dt / 1e9
+    return n / dt / 1e9, timed_faults / k, warm
 
 
 # -- the ideal bound -----------------------------------------------------------
@@ -134,19 +176,25 @@ def run_ideal(nbytes, batches):
         p.start()
     for _ in procs:
         assert done.get() == "ready"
-    total = WARM + batches
-    for _ in range(total):
+    for _ in range(ring):  # A task per slot, topped up as slots return.
         tasks.put(1)
-    n = 0
-    for k in range(total):
-        if k == WARM:
-            t0 = time.perf_counter()
+
+    def consume():
         slot = done.get()
         touch(views[slot])
-        if k >= WARM:
-            n += nbytes
         free.put(slot)
+        tasks.put(1)
+
+    for _ in range(WARM):
+        consume()
+    t0 = time.perf_counter()
+    k = 0
+    while k < batches or time.perf_counter() - t0 < MIN_SECONDS:
+        consume()
+        k += 1
     dt = time.perf_counter() - t0
+    for _ in range(ring):  # The tasks still out.
+        free.put(done.get())
     for _ in procs:
         tasks.put(None)
     for p in procs:
@@ -155,7 +203,7 @@ def run_ideal(nbytes, batches):
     for s in segs:
         s.close()
         s.unlink()
-    return n / dt / 1e9
+    return k * nbytes / dt / 1e9
 
 
 # -- the ideal bound inside torch's DataLoader ---------------------------------
@@ -206,12 +254,16 @@ def run_ideal_loader(ds, nbytes, batches):
         touch(views[slot])
         free.put(slot)
     t0 = time.perf_counter()
-    n = 0
-    for slot in it:
+    k = 0
+    while k < batches or time.perf_counter() - t0 < MIN_SECONDS:
+        slot = next(it)
         touch(views[slot])
         free.put(slot)
-        n += nbytes
+        k += 1
+    n = k * nbytes
     dt = time.perf_counter() - t0
+    for _ in range(WORKERS):  # No worker stays blocked waiting for a slot
+        free.put(0)           # while torch shuts them down.
     del it, views
     for s in segs:
         s.close()
@@ -239,7 +291,7 @@ def main():
     sizes = [(64 << 10, 400), (1 << 20, 200), (16 << 20, 60), (128 << 20, 20)]
     if quick:
         sizes = [(64 << 10, 100), (1 << 20, 40), (16 << 20, 10), (128 << 20, 4)]
-    results = []
+    results, faults = [], []
     with HugeTmpfs("2200m") as huge, Daemon("2GiB") as d, \
             Daemon("2GiB", huge.path) if huge.path else _Nothing() as dh:
         if not huge.path:
@@ -256,17 +308,18 @@ def main():
                      f"{'huge/ideal-DL':>14}")
         print(head)
         for nbytes, batches in sizes:
-            ds = Samples((WARM + batches) * SAMPLES, nbytes // SAMPLES)
-            torch_gbps = run_loader(
+            ds = Samples(ENDLESS, nbytes // SAMPLES)
+            torch_gbps, torch_faults, _ = run_loader(
                 TorchLoader(ds, batch_size=SAMPLES, num_workers=WORKERS),
                 batches)
-            ours_gbps = run_loader(
+            ours_gbps, ours_faults, ours_warm = run_loader(
                 st.DataLoader(ds, batch_size=SAMPLES, num_workers=WORKERS,
-                              shmtensor_address=d.address), batches)
-            huge_gbps = run_loader(
+                              shmtensor_address=d.address), batches,
+                settle=True)
+            huge_gbps, huge_faults, huge_warm = run_loader(
                 st.DataLoader(ds, batch_size=SAMPLES, num_workers=WORKERS,
                               shmtensor_address=dh.address),
-                batches) if dh else float("nan")
+                batches, settle=True) if dh else (float("nan"), 0, 0)
             ideal_gbps = run_ideal(nbytes, batches)
             ideal_dl_gbps = run_ideal_loader(ds, nbytes, batches)
             label = (f"{nbytes >> 20}MiB" if nbytes >= 1 << 20
@@ -284,6 +337,14 @@ def main():
                          f" {100 * huge_gbps / ideal_gbps:10.0f}%"
                          f" {100 * huge_gbps / ideal_dl_gbps:13.0f}%")
             print(line, flush=True)
+            faults.append((label, torch_faults, ours_faults, ours_warm,
+                           huge_faults, huge_warm))
+        print("page faults a timed batch, training process and workers "
+              "together (warm-up batches):")
+        for label, *f in faults:
+            print(f"{label:>8} torch {f[0]:8.0f}  shmtensor {f[1]:6.0f} "
+                  f"({f[2]})" +
+                  (f"  shmt-huge {f[3]:6.0f} ({f[4]})" if dh else ""))
     try:
         import matplotlib
         matplotlib.use("Agg")

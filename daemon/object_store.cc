@@ -186,7 +186,7 @@ absl::StatusOr<Handout> ObjectStore::Create(const CreateArgs& args) {
     }
     if (capacity == 0) break;
     if (std::optional<uint64_t> got =
-            pool.allocator().Allocate(capacity, alignment, end)) {
+            Allocate(**session, pool_id, capacity, alignment, end)) {
       offset = *got;
       break;
     }
@@ -194,7 +194,7 @@ absl::StatusOr<Handout> ObjectStore::Create(const CreateArgs& args) {
         absl::Now() >= deadline) {
       // Timed out; one more try below the loop's checks.
       if (std::optional<uint64_t> got =
-              pool.allocator().Allocate(capacity, alignment, end)) {
+              Allocate(**session, pool_id, capacity, alignment, end)) {
         offset = *got;
         break;
       }
@@ -537,7 +537,41 @@ uint64_t ObjectStore::AddLease(uint64_t session_id, Session& session,
   ++obj.leases;
   ++pools_[obj.pool]->leases;
   if (session.held_slots[slot]++ == 0) session.bytes_held += obj.capacity;
+  if (write && obj.capacity > 0) {
+    std::vector<WrittenRange>& w = session.written;
+    auto same = std::find_if(w.begin(), w.end(), [&](const WrittenRange& r) {
+      return r.pool == obj.pool && r.offset == obj.offset &&
+             r.capacity == obj.capacity;
+    });
+    if (same == w.end()) {
+      if (w.size() < kWrittenRanges) w.emplace_back();
+      same = w.end() - 1;
+    }
+    std::rotate(w.begin(), same, same + 1);  // Most recent first.
+    w.front() = WrittenRange{obj.pool, obj.offset, obj.capacity};
+  }
   return id;
+}
+
+std::optional<uint64_t> ObjectStore::Allocate(const Session& session,
+                                              uint32_t pool, uint64_t capacity,
+                                              uint64_t alignment,
+                                              RangeAllocator::End end) {
+  // A process's first touch of a page costs a page fault (tens of
+  // microseconds on a VM that shadows page tables), once per page and
+  // process, however warm the pool is. A client that keeps creating objects
+  // of one size (a DataLoader worker's batches) is therefore best served by
+  // the ranges it wrote before: after its first few objects it faults no
+  // more, instead of touching every range the pool cycles through. Only a
+  // range of exactly this capacity that starts or ends its free range is
+  // taken: like best fit, this never splits a free range in two.
+  RangeAllocator& allocator = pools_[pool]->allocator();
+  for (const WrittenRange& r : session.written) {
+    if (r.pool != pool || r.capacity != capacity) continue;
+    if (alignment != 0 && r.offset % alignment != 0) continue;
+    if (allocator.AllocateAt(r.offset, capacity)) return r.offset;
+  }
+  return allocator.Allocate(capacity, alignment, end);
 }
 
 bool ObjectStore::DropLease(uint64_t lease_id) {

@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -168,6 +169,12 @@ class ObjectStore {
     uint32_t slot = 0;
     bool write = false;
   };
+  struct WrittenRange {
+    uint32_t pool = 0;
+    uint64_t offset = 0;
+    uint64_t capacity = 0;
+  };
+  static constexpr size_t kWrittenRanges = 16;
   struct Session {
     std::string client_name;
     int pid = 0;
@@ -181,6 +188,11 @@ class ObjectStore {
     // its untaken transfers: what max_bytes_per_client limits.
     absl::flat_hash_map<uint32_t, uint32_t> held_slots;
     uint64_t bytes_held = 0;
+    // Ranges this client was given writable (created, or taken from an
+    // exclusive hand-off), most recent first, at most kWrittenRanges: their
+    // pages are in its page tables. Create places a new object of the same
+    // size on one of them when it is free (see Allocate).
+    std::vector<WrittenRange> written;
   };
 
   absl::StatusOr<Session*> FindSession(uint64_t id)
@@ -201,6 +213,13 @@ class ObjectStore {
   // Drops a lease; discards the object if it was the unsealed writer's.
   // Returns true when the object was freed.
   bool DropLease(uint64_t lease_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reserves `capacity` bytes of `pool` for a Create by `session`: on a
+  // range the session was given writable before when one of that capacity is
+  // free, else where the pool's placement puts it. nullopt when nothing fits.
+  std::optional<uint64_t> Allocate(const Session& session, uint32_t pool,
+                                   uint64_t capacity, uint64_t alignment,
+                                   RangeAllocator::End end)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees the object's memory if nothing refers to it any more.
   bool MaybeFree(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Handout MakeHandout(uint32_t slot, uint64_t lease_id, bool writable) const

@@ -169,6 +169,51 @@ TEST_F(ObjectStoreTest, ExclusiveTransferHasExactlyOneTaker) {
   EXPECT_EQ(Used(), 0u);
 }
 
+// The DataLoader pattern: two producers hand batches of one size to one
+// consumer. A producer's next batch lands on a range it wrote before (its
+// pages are mapped in its process already) whenever one is free, even where
+// best fit would have given it another producer's; never by splitting a free
+// range in two.
+TEST_F(ObjectStoreTest, CreateReusesTheRangesTheClientWroteBefore) {
+  const uint64_t consumer = *store_->OpenSession("c", 3);
+  auto hand_off = [&](uint64_t producer) {
+    Handout h = *Create(producer, 2 * kPage);
+    SealResult s = *store_->Seal(producer, h.lease_id, true);
+    Handout taken = *store_->Get(consumer, s.ref);
+    EXPECT_TRUE(taken.writable);
+    return std::make_pair(h.placement.offset(), taken.lease_id);
+  };
+  const auto [a1, a1_lease] = hand_off(a_);  // Pages [0, 2).
+  const auto [b1, b1_lease] = hand_off(b_);  // [2, 4)
+  const auto [a2, a2_lease] = hand_off(a_);  // [4, 6)
+  const auto [b2, b2_lease] = hand_off(b_);  // [6, 8); [8, 16) free.
+  ASSERT_EQ(b1, a1 + 2 * kPage);
+  ASSERT_EQ(a2, b1 + 2 * kPage);
+  EXPECT_TRUE(*store_->Release(consumer, a1_lease));
+  EXPECT_TRUE(*store_->Release(consumer, b1_lease));  // [0, 4) free.
+  // Best fit alone would give b [0, 2), a's; b gets its own [2, 4) back.
+  const auto [b3, b3_lease] = hand_off(b_);
+  EXPECT_EQ(b3, b1);
+  const auto [a3, a3_lease] = hand_off(a_);
+  EXPECT_EQ(a3, a1);
+  // A size the client never wrote goes where best fit puts it.
+  Handout other = *Create(a_, 3 * kPage);
+  EXPECT_EQ(other.placement.offset(), 8 * kPage);
+  ASSERT_TRUE(store_->Release(a_, other.lease_id).ok());
+  // Everything is free again, one range [0, 16): taking b's [2, 4) or
+  // [6, 8) would split it in two, so b gets best fit's [0, 2).
+  for (uint64_t lease : {a2_lease, b2_lease, a3_lease, b3_lease}) {
+    ASSERT_TRUE(store_->Release(consumer, lease).ok());
+  }
+  Handout b4 = *Create(b_, 2 * kPage);
+  EXPECT_EQ(b4.placement.offset(), 0u);
+  EXPECT_EQ(store_->Stats().pools(0).largest_free_bytes(), 14 * kPage);
+  // The consumer was given every range writable, so its own Create of that
+  // size lands on the most recent of them that is free: [2, 4).
+  Handout c1 = *Create(consumer, 2 * kPage);
+  EXPECT_EQ(c1.placement.offset(), b3);
+}
+
 TEST_F(ObjectStoreTest, NamedObjectCannotBeExclusive) {
   Handout h = *Create(a_, kPage, "named");
   EXPECT_EQ(store_->Seal(a_, h.lease_id, true).status().code(),

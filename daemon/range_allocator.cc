@@ -42,6 +42,24 @@ std::optional<uint64_t> RangeAllocator::Allocate(uint64_t capacity,
   return std::nullopt;
 }
 
+bool RangeAllocator::AllocateAt(uint64_t offset, uint64_t capacity) {
+  assert(capacity > 0 && capacity % granule_ == 0 && offset % granule_ == 0);
+  if (offset > size_ || capacity > size_ - offset) return false;
+  auto it = by_offset_.upper_bound(offset);
+  if (it == by_offset_.begin()) return false;
+  --it;  // The free range starting at or below `offset`.
+  const uint64_t start = it->first;
+  const uint64_t limit = start + it->second;
+  if (offset + capacity > limit) return false;  // Not (wholly) free.
+  if (offset != start && offset + capacity != limit) return false;
+  Erase(it);
+  if (offset > start) Insert(start, offset - start);
+  if (limit > offset + capacity) {
+    Insert(offset + capacity, limit - offset - capacity);
+  }
+  return true;
+}
+
 void RangeAllocator::Free(uint64_t offset, uint64_t capacity) {
   assert(capacity > 0 && offset % granule_ == 0 && capacity % granule_ == 0);
   assert(offset + capacity <= size_);

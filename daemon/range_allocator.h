@@ -50,6 +50,14 @@ class RangeAllocator {
   std::optional<uint64_t> Allocate(uint64_t capacity, uint64_t alignment = 0,
                                    End end = End::kLow);
 
+  // Reserves exactly [offset, offset + capacity) if it is free and touches
+  // an end of the free range that holds it, so carving it leaves at most one
+  // piece of that free range (as Allocate does) and never splits it in two.
+  // Returns false, changing nothing, otherwise. `offset` and `capacity` are
+  // multiples of the granule. For placing an object where one of the same
+  // size lay before (see ObjectStore::Create).
+  bool AllocateAt(uint64_t offset, uint64_t capacity);
+
   // Returns a range from Allocate. Invariant: [offset, offset+capacity) is
   // allocated; freeing anything else is a bug and asserts.
   void Free(uint64_t offset, uint64_t capacity);

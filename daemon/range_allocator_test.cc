@@ -99,6 +99,34 @@ TEST(RangeAllocatorTest, HighEndAllocationsPackDownFromTheTop) {
   EXPECT_EQ(a.free_ranges(), 2u);  // [kHuge, 2 kHuge) and below the top.
 }
 
+TEST(RangeAllocatorTest, AllocateAtTakesAFreeRangeFromEitherEndOnly) {
+  RangeAllocator a(16 * kPage, kPage);
+  const uint64_t x = *a.Allocate(2 * kPage);       // [0, 2)
+  const uint64_t y = *a.Allocate(2 * kPage);       // [2, 4)
+  const uint64_t z = *a.Allocate(2 * kPage);       // [4, 6)
+  ASSERT_TRUE(a.Allocate(2 * kPage).has_value());  // [6, 8); [8, 16) free.
+  EXPECT_FALSE(a.AllocateAt(y, 2 * kPage));        // Not free.
+  a.Free(x, 2 * kPage);
+  a.Free(y, 2 * kPage);
+  a.Free(z, 2 * kPage);  // [0, 6) free, one range.
+  // Its middle would split it in two: refused, nothing changes.
+  EXPECT_FALSE(a.AllocateAt(y, 2 * kPage));
+  EXPECT_EQ(a.free_bytes(), 14 * kPage);
+  // Running past its end (into w) is refused too.
+  EXPECT_FALSE(a.AllocateAt(z, 3 * kPage));
+  // Its high end, then its low end: the same places as before.
+  EXPECT_TRUE(a.AllocateAt(z, 2 * kPage));
+  EXPECT_TRUE(a.AllocateAt(x, 2 * kPage));
+  EXPECT_EQ(a.free_ranges(), 2u);  // [2, 4) and [8, 16).
+  EXPECT_EQ(a.free_bytes(), 10 * kPage);
+  EXPECT_TRUE(a.AllocateAt(y, 2 * kPage));  // Exactly a whole free range.
+  EXPECT_FALSE(a.AllocateAt(15 * kPage, 2 * kPage));  // Past the pool.
+  EXPECT_FALSE(a.AllocateAt(UINT64_MAX & ~(kPage - 1), kPage));
+  EXPECT_EQ(a.free_ranges(), 1u);
+  EXPECT_EQ(*a.Allocate(8 * kPage), 8 * kPage);
+  EXPECT_EQ(a.free_bytes(), 0u);
+}
+
 TEST(RangeAllocatorTest, RoundUpToGranuleAndOverflow) {
   RangeAllocator a(1 << 20, kPage);
   EXPECT_EQ(*a.RoundUp(1), kPage);
@@ -112,7 +140,15 @@ TEST(RangeAllocatorTest, RandomWorkloadKeepsAccounting) {
   std::mt19937 rng(7);
   std::vector<std::pair<uint64_t, uint64_t>> live;
   for (int i = 0; i < 5000; ++i) {
-    if (live.empty() || rng() % 2) {
+    if (!live.empty() && rng() % 4 == 0) {
+      // Free one and ask for the same place back, as a session's next
+      // Create of the same size does.
+      const size_t k = rng() % live.size();
+      const auto [o, l] = live[k];
+      a.Free(o, l);
+      live.erase(live.begin() + k);
+      if (rng() % 2 && a.AllocateAt(o, l)) live.emplace_back(o, l);
+    } else if (live.empty() || rng() % 2) {
       const uint64_t len = (1 + rng() % 8) * kPage;
       const uint64_t align = kPage << (rng() % 4);
       const auto end =
