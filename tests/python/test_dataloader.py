@@ -1,6 +1,6 @@
 """shmtensor.torch.DataLoader against torch's own, with real worker
 processes (fork and spawn), a real daemon, SIGKILLed workers and loops that
-stop early."""
+stop early; PITFALLS P2 and P8."""
 
 import collections
 import gc
@@ -196,7 +196,15 @@ def test_killed_worker_raises_like_torch_and_leaks_nothing(daemon):
     theirs = _error_of(TorchLoader(KillsAWorker(), batch_size=4, num_workers=2))
     ours = _error_of(st.DataLoader(KillsAWorker(), batch_size=4, num_workers=2,
                                    shmtensor_address=daemon.address))
-    assert theirs[0] is RuntimeError and "DataLoader worker" in theirs[1]
+    # torch's own loader raises RuntimeError naming the worker, or now and
+    # then a ConnectionError (reset, refused): a batch of the dead worker
+    # still queued is unpickled by fetching its file descriptor from that
+    # worker's process. Ours hands over refs, not descriptors, and always
+    # raises the RuntimeError.
+    assert theirs[0] is RuntimeError or issubclass(theirs[0],
+                                                   ConnectionError), theirs
+    if theirs[0] is RuntimeError:
+        assert "DataLoader worker" in theirs[1], theirs
     assert ours[0] is RuntimeError and "DataLoader worker" in ours[1], ours
     gc.collect()
     c = shmtensor.connect(daemon.address)
@@ -290,6 +298,80 @@ def test_a_kept_batch_survives_100_later_batches_of_recycled_memory():  # P2
         del it, loader
     finally:
         d.kill()
+
+
+class Cached(Dataset):
+    """n samples of `elems` float32s, one tensor made once per process: a
+    sample costs no new memory, so every page fault counted below is the
+    batches' own."""
+
+    def __init__(self, n, elems):
+        self.n, self.elems, self._t = n, elems, None
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self._t is None:
+            self._t = torch.zeros(self.elems)
+        return self._t
+
+
+def _minor_faults(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[7])
+
+
+def _faults_over(loader, batches, settle):
+    """Minor page faults the training process and the workers took while
+    `batches` batches came in and every page of each was read, after a
+    warm-up of 4 batches (settle: until 8 in a row took none, at most 200)."""
+    it = iter(loader)
+    pids = [os.getpid()] + [w.pid for w in it._workers]
+
+    def faults():
+        return sum(_minor_faults(p) for p in pids)
+
+    def touch(batch):
+        return float(batch.reshape(-1)[::1024].sum())  # A float per page.
+
+    warm = quiet = 0
+    while warm < 4 or (settle and quiet < 8 and warm < 200):
+        before = faults()
+        touch(next(it))
+        warm += 1
+        quiet = quiet + 1 if faults() == before else 0
+    before = faults()
+    for _ in range(batches):
+        touch(next(it))
+    took = faults() - before
+    del it
+    return took
+
+
+# [P8] 1 MiB batches: 256 pages each.
+P8_BATCHES, P8_PAGES = 20, 256
+
+
+def test_p8_trap_torch_batches_fault_in_a_fresh_segment_each():
+    loader = TorchLoader(Cached(1000, 128 * 1024), batch_size=2,
+                         num_workers=2)
+    took = _faults_over(loader, P8_BATCHES, settle=False)
+    # Every batch is a new segment, faulted in page by page: a worker's
+    # writes fault on each page (the training process's reads fewer, the
+    # kernel maps up to 16 cached pages a read fault). Measured: ~5,400.
+    assert took >= P8_BATCHES * P8_PAGES // 2, took
+
+
+def test_p8_pool_batches_take_no_page_faults_once_warm(daemon):
+    loader = st.DataLoader(Cached(1000, 128 * 1024), batch_size=2,
+                           num_workers=2, shmtensor_address=daemon.address)
+    took = _faults_over(loader, P8_BATCHES, settle=True)
+    # Recycled buffers, mapped and touched already in every process (measured:
+    # 3-7, the processes' own small allocations). Slack for one buffer a
+    # worker may still touch for the first time: which buffers a worker gets
+    # depends on timing (docs/shm_layout.md, placement).
+    assert took < P8_PAGES + 64, took
 
 
 def _producer(address, q):
