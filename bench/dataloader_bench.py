@@ -22,8 +22,8 @@ Every batch is 4 samples (torch.stack of 4 tensors: the same collation work
 for all three); the training side touches every page of every batch (one
 element per 4 KiB). Throughput = batch bytes / wall time after a warm-up.
 Prints a table with ratios, the page faults a batch of each loader's timed
-part (to show the shmtensor runs are in steady state), and writes a plot (matplotlib) to
-docs/dataloader_bench.png, or to the path given with --plot.
+part (to show the shmtensor runs are in steady state), and writes a plot
+(matplotlib) to docs/dataloader_bench.png, or to the path given with --plot.
 
 Usage: PYTHONPATH=build/python /usr/bin/python3 bench/dataloader_bench.py
        [--quick] [--plot PATH]
@@ -98,10 +98,10 @@ def _minor_faults(pid):
 
 
 def run_loader(loader, batches, settle=False):
-    """Times `batches` batches (and at least MIN_SECONDS) after the warm-up (see WARM; `settle`: until
-    the loader's processes stop faulting). Returns GB/s, the page faults a
-    timed batch of the training process and the workers together, and the
-    warm-up batches taken."""
+    """Times `batches` batches, and at least MIN_SECONDS, after the warm-up
+    (see WARM; `settle`: until the loader's processes stop faulting).
+    Returns GB/s, the page faults a timed batch of the training process and
+    the workers together, and the warm-up batches taken."""
     it = iter(loader)
     # torch's iterator keeps its worker processes in _workers.
     pids = [os.getpid()] + [w.pid for w in getattr(it, "_workers", [])]
