@@ -1,11 +1,13 @@
 // Object lifecycle through a real daemon: processes, refs, names, transfers.
 #include <sys/wait.h>
 
+#include <atomic>
 #include <cstring>
 #include <thread>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "shmtensor/client.h"
 #include "shmtensor/errors.h"
@@ -101,6 +103,42 @@ TEST_F(LifecycleTest, NamedGetWaitsForSealInAnotherProcess) {
   ASSERT_TRUE(buf->Seal().ok());
   EXPECT_EQ(*child->ReadLine(), "ok 65536");
   EXPECT_EQ(WEXITSTATUS(child->Wait()), 0);
+}
+
+TEST_F(LifecycleTest, CallsWaitingForNamesHoldUpNoOtherCall) {
+  // Many calls waiting at once (each holds a daemon thread while it waits)
+  // must not stop the daemon serving everyone else. Were the waiters to hold
+  // up other calls, the lifecycles below would stall until the waits timed
+  // out, and the waiters would be seen to have returned.
+  constexpr int kWaiters = 48;
+  std::atomic<int> returned{0};
+  std::vector<absl::Status> results(kWaiters);
+  std::vector<std::thread> waiters;
+  for (int i = 0; i < kWaiters; ++i) {
+    waiters.emplace_back([&, i] {
+      absl::StatusOr<View> v =
+          client_->Get(absl::StrCat("later-", i), absl::Seconds(30));
+      if (!v.ok()) {
+        results[i] = v.status();
+      } else if (static_cast<const uint8_t*>(v->data())[100] != i) {
+        results[i] = absl::DataLossError("wrong bytes");
+      }
+      ++returned;
+    });
+  }
+  absl::SleepFor(absl::Milliseconds(300));  // They are waiting by now.
+  for (int k = 0; k < 40; ++k) {
+    SealedRef ref = Put(65536, static_cast<uint8_t>(k));
+    absl::StatusOr<View> v = client_->Get(ref.ref());
+    ASSERT_TRUE(v.ok()) << v.status();
+    EXPECT_EQ(static_cast<const uint8_t*>(v->data())[7], k);
+  }
+  EXPECT_EQ(returned.load(), 0);
+  for (int i = 0; i < kWaiters; ++i) {
+    Put(65536, static_cast<uint8_t>(i), absl::StrCat("later-", i));
+  }
+  for (std::thread& t : waiters) t.join();
+  for (int i = 0; i < kWaiters; ++i) EXPECT_TRUE(results[i].ok()) << results[i];
 }
 
 TEST_F(LifecycleTest, NamedGetTimesOutWithDeadlineExceeded) {
