@@ -100,6 +100,8 @@ absl::StatusOr<View> ViewFromResponse(
   absl::StatusOr<std::shared_ptr<internal::Lease>> lease =
       MakeLease(core, resp.lease_id(), resp.placement(), writable);
   if (!lease.ok()) return lease.status();
+  // Writable and not an exclusive take: a shared-writable object.
+  if (writable && !resp.ref().exclusive()) (*lease)->MarkSharedWritable();
   return View(MakeInfo(*core, resp.ref(), resp.placement(), resp.layout()),
               *std::move(lease), writable);
 }
@@ -113,6 +115,7 @@ v1::CreateRequest MakeCreateRequest(const internal::ClientCore& core,
   req.set_size_bytes(options.size_bytes);
   req.set_name(options.name);
   req.set_timeout_ms(ToMillis(options.timeout));
+  req.set_shared_writable(options.shared_writable);
   v1::Layout* layout = req.mutable_layout();
   layout->set_dtype(static_cast<v1::DType>(options.dtype));
   for (int64_t d : options.shape) layout->add_shape(d);
@@ -171,6 +174,7 @@ absl::StatusOr<Created> CreateObject(
       MakeLease(core, c.resp.lease_id(), c.resp.placement(), writable);
   if (!lease.ok()) return lease.status();
   c.lease = *std::move(lease);
+  if (options.shared_writable) c.lease->MarkSharedWritable();
   return c;
 }
 
@@ -187,6 +191,11 @@ absl::StatusOr<Buffer> Client::Create(const CreateOptions& options) {
 absl::StatusOr<SealedRef> Client::Put(const void* data,
                                       const CreateOptions& options,
                                       bool exclusive, CudaStream stream) {
+  if (options.shared_writable) {
+    return absl::InvalidArgumentError(
+        "Put seals the object, and a shared-writable one is never sealed: "
+        "use Create");
+  }
   // Read-only here: until sealed nobody else sees the object, and if anything
   // below fails the lease's release discards it.
   absl::StatusOr<Created> c = CreateObject(core_, options, false);

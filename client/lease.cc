@@ -96,6 +96,17 @@ void Lease::BecomeReadLease() {
     data_ = const_cast<uint8_t*>((*m)->read_base()) + placement_.offset();
 }
 
+void Lease::MarkSharedWritable() {
+  std::lock_guard<std::mutex> lock(mu_);
+  revocation_ = WriteRevocation::kDeferred;
+  shared_writable_ = true;
+}
+
+bool Lease::shared_writable() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return shared_writable_;
+}
+
 void Lease::Forget() {
   std::lock_guard<std::mutex> lock(mu_);
   held_ = false;

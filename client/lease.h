@@ -72,6 +72,12 @@ class Lease {
       WriteRevocation revocation = WriteRevocation::kImmediate);
   // After a shared seal: the lease now is the ref's read lease.
   void BecomeReadLease();
+  // A write lease of a shared-writable object: other leases of this process
+  // may write through the same range, so its release leaves the range open
+  // (as WriteRevocation::kDeferred does). A pointer kept past the lease is a
+  // use-after-free, as with any object. Such an object is never sealed.
+  void MarkSharedWritable();
+  bool shared_writable() const;
   // After an exclusive seal: the daemon consumed the lease.
   void Forget();
   // Releases the lease now and waits for the daemon to drop it (a unary
@@ -99,8 +105,9 @@ class Lease {
   uint8_t* data_;
   // This lease opened its range in the writable mapping; it closes it again.
   const bool opened_rw_range_;
-  WriteRevocation revocation_;  // Guarded by mu_ after construction.
-  bool held_ = true;            // Guarded by mu_.
+  WriteRevocation revocation_;    // Guarded by mu_ after construction.
+  bool held_ = true;              // Guarded by mu_.
+  bool shared_writable_ = false;  // Guarded by mu_.
 };
 
 }  // namespace shmtensor::internal

@@ -51,6 +51,11 @@ absl::StatusOr<SealedRef> Buffer::Seal(
     return absl::FailedPreconditionError(
         "buffer is no longer writable: it was sealed or discarded");
   }
+  if (lease_->shared_writable()) {  // Before anything changes: it stays.
+    return absl::FailedPreconditionError(
+        "a shared-writable object is never sealed (CreateOptions::"
+        "shared_writable); release it when done");
+  }
   // Close the writable range (host) or wait for the GPU's writes (CUDA)
   // before the daemon publishes the object, so no write of this process can
   // land after a reader could see it.
@@ -76,6 +81,10 @@ absl::StatusOr<SealedRef> Buffer::Seal(
   }
   lease->BecomeReadLease();
   return SealedRef(ref, std::move(lease));
+}
+
+bool Buffer::shared_writable() const {
+  return lease_ != nullptr && lease_->shared_writable();
 }
 
 absl::Status Buffer::Discard() {

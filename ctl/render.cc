@@ -72,6 +72,8 @@ std::string StateName(v1::ObjectState s) {
       return "pending-transfer";
     case v1::OBJECT_STATE_TAKEN:
       return "taken";
+    case v1::OBJECT_STATE_SHARED_WRITABLE:
+      return "shared-writable";
     default:
       return "?";
   }

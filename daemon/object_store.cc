@@ -133,6 +133,11 @@ absl::StatusOr<Handout> ObjectStore::Create(const CreateArgs& args) {
   if (!bytes.ok()) return bytes.status();
   if (!args.name.empty()) {
     if (absl::Status s = ValidateName(args.name); !s.ok()) return s;
+    if (args.shared_writable) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a shared-writable object cannot have a name (got '", args.name,
+          "'): pass its ref to the processes that share it"));
+    }
   }
   absl::MutexLock lock(&mu_);
   uint32_t pool_id = 0;
@@ -220,6 +225,7 @@ absl::StatusOr<Handout> ObjectStore::Create(const CreateArgs& args) {
   obj.layout = args.layout;
   obj.creator = args.session_id;
   obj.created = absl::Now();
+  if (args.shared_writable) obj.state = State::kSharedWritable;
   obj.serial = next_serial_++;
   pool.high_water_bytes =
       std::max(pool.high_water_bytes, pool.allocator().used_bytes());
@@ -243,6 +249,10 @@ absl::StatusOr<SealResult> ObjectStore::Seal(uint64_t session_id,
   if (!lease.ok()) return lease.status();
   const uint32_t slot = (*lease)->slot;
   Object& obj = slots_[slot].object;
+  if (obj.state == State::kSharedWritable) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s is shared-writable: it is never sealed", RefString(MakeRef(slot))));
+  }
   if (!(*lease)->write || obj.state != State::kWriting) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "lease %d is not the write lease of an unsealed object: %s is "
@@ -305,13 +315,15 @@ absl::StatusOr<Handout> ObjectStore::Get(uint64_t session_id,
       const uint64_t lease = AddLease(session_id, **session, *slot, true);
       return MakeHandout(*slot, lease, true);
     }
-    case State::kSealed: {
+    case State::kSealed:
+    case State::kSharedWritable: {
       if (absl::Status s = CheckClientLimits(**session, *slot, obj.capacity);
           !s.ok()) {
         return s;
       }
-      const uint64_t lease = AddLease(session_id, **session, *slot, false);
-      return MakeHandout(*slot, lease, false);
+      const bool write = obj.state == State::kSharedWritable;
+      const uint64_t lease = AddLease(session_id, **session, *slot, write);
+      return MakeHandout(*slot, lease, write);
     }
   }
   return absl::InternalError("unreachable object state");
@@ -731,6 +743,9 @@ v1::ListObjectsResponse ObjectStore::ListObjects(uint32_t limit) const {
         break;
       case State::kTaken:
         o->set_state(v1::OBJECT_STATE_TAKEN);
+        break;
+      case State::kSharedWritable:
+        o->set_state(v1::OBJECT_STATE_SHARED_WRITABLE);
         break;
     }
     o->set_leases(obj.leases);

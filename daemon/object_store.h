@@ -64,6 +64,8 @@ struct CreateArgs {
   v1::Layout layout;
   std::string name;  // Empty: unnamed.
   absl::Duration timeout = absl::ZeroDuration();
+  // Never sealed; every Get of it is writable (CreateRequest.shared_writable).
+  bool shared_writable = false;
 };
 
 // What Create and Get hand out: where the bytes are and the lease on them.
@@ -144,7 +146,13 @@ class ObjectStore {
   void Shutdown();
 
  private:
-  enum class State { kWriting, kSealed, kPendingTransfer, kTaken };
+  enum class State {
+    kWriting,
+    kSealed,
+    kPendingTransfer,
+    kTaken,
+    kSharedWritable
+  };
 
   struct Object {
     uint32_t pool = 0;

@@ -2,6 +2,7 @@
 
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 #include "shmtensor/errors.h"
@@ -167,6 +168,44 @@ TEST_F(ObjectStoreTest, ExclusiveTransferHasExactlyOneTaker) {
   EXPECT_TRUE(IsAlreadyTaken(second.status())) << second.status();
   EXPECT_TRUE(*store_->Release(b_, taken.lease_id));
   EXPECT_EQ(Used(), 0u);
+}
+
+TEST_F(ObjectStoreTest, SharedWritableObjectIsWritableByEveryHolder) {
+  CreateArgs args;
+  args.session_id = a_;
+  args.size_bytes = 2 * kPage;
+  args.shared_writable = true;
+  Handout h = *store_->Create(args);
+  EXPECT_TRUE(h.writable);
+  EXPECT_FALSE(h.ref.exclusive());
+  // Every Get, from any session, is writable and holds a lease of its own.
+  Handout b1 = *store_->Get(b_, h.ref);
+  Handout b2 = *store_->Get(b_, h.ref);
+  EXPECT_TRUE(b1.writable && b2.writable);
+  EXPECT_EQ(b1.placement.offset(), h.placement.offset());
+  EXPECT_NE(b1.lease_id, b2.lease_id);
+  // Never sealed; the failed seal leaves the creator's lease as it was.
+  absl::StatusOr<SealResult> sealed = store_->Seal(a_, h.lease_id, false);
+  EXPECT_EQ(sealed.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(sealed.status().message(), "shared-writable"))
+      << sealed.status();
+  EXPECT_EQ(store_->Seal(a_, h.lease_id, true).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store_->ListObjects(0).objects(0).state(),
+            v1::OBJECT_STATE_SHARED_WRITABLE);
+  // It lives while any session holds it, the creator's ending included.
+  EXPECT_FALSE(*store_->Release(b_, b1.lease_id));
+  store_->EndSession(a_);
+  EXPECT_EQ(Used(), 2 * kPage);
+  EXPECT_TRUE(*store_->Release(b_, b2.lease_id));
+  EXPECT_EQ(Used(), 0u);
+  EXPECT_TRUE(IsStaleReference(store_->Get(b_, h.ref).status()));
+  // No name: a name would publish what nobody sealed.
+  args.session_id = b_;
+  args.name = "ring";
+  absl::StatusOr<Handout> named = store_->Create(args);
+  EXPECT_EQ(named.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(named.status().message(), "'ring'"));
 }
 
 // The DataLoader pattern: two producers hand batches of one size to one

@@ -248,6 +248,7 @@ grpc::Status ObjectStoreService::Create(grpc::ServerContext* ctx,
   args.layout = req->layout();
   args.name = req->name();
   args.timeout = BoundedWait(ctx, req->timeout_ms());
+  args.shared_writable = req->shared_writable();
   absl::StatusOr<Handout> h = store_.Create(args);
   if (!h.ok()) return ToGrpcStatus(ctx, h.status());
   FillHandout(*std::move(h), resp);

@@ -253,6 +253,39 @@ TEST_F(LifecycleTest, ExclusiveTakeCanBeReadOnly) {
   EXPECT_TRUE(IsAlreadyTaken(client_->Get(xfer.ref()).status()));
 }
 
+TEST_F(LifecycleTest, SharedWritableObjectIsWrittenByAnotherProcess) {
+  absl::StatusOr<Buffer> buf =
+      client_->Create({.size_bytes = 1 << 20, .shared_writable = true});
+  ASSERT_TRUE(buf.ok()) << buf.status();
+  std::memset(buf->data(), 1, 1 << 20);
+  std::unique_ptr<Subprocess> child =
+      Child({"share-write", absl::BytesToHexString(buf->info().ref.Serialize()),
+             "9"});
+  ASSERT_EQ(*child->ReadLine(), "wrote");
+  // The child's writes are in this process's buffer: the same memory.
+  const auto* p = static_cast<const uint8_t*>(buf->data());
+  EXPECT_EQ(p[0], 9);
+  EXPECT_EQ(p[(1 << 20) - 1], 9);
+  // Never sealed; the buffer stays as it was, writable.
+  absl::StatusOr<SealedRef> sealed = buf->Seal();
+  EXPECT_EQ(sealed.status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(buf->valid());
+  std::memset(buf->data(), 3, 4096);
+  // The child dies holding its view: its lease goes, the object stays.
+  child->Signal(SIGKILL);
+  child->Wait();
+  absl::Time deadline = absl::Now() + absl::Seconds(1);
+  while (client_->Stats()->leases > 1 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(client_->Stats()->leases, 1u);
+  EXPECT_EQ(Used(), 1u << 20);
+  EXPECT_EQ(p[4095], 3);
+  EXPECT_EQ(p[4096], 9);
+  *buf = Buffer();
+  EXPECT_EQ(Used(), 0u);
+}
+
 TEST_F(LifecycleTest, TypedLayoutsRoundTrip) {  // [P3] [P7]
   absl::StatusOr<Buffer> strided = client_->Create(
       {.dtype = DType::kFloat64, .shape = {3, 4}, .strides_bytes = {8, 24}});

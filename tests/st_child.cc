@@ -126,6 +126,21 @@ int Run(int argc, char** argv) {
     Say("took");
     return 0;
   }
+  if (cmd == "share-write") {  // argv[3]: ref hex, argv[4]: byte to write
+    absl::StatusOr<ObjectRef> ref = RefFromHex(argv[3]);
+    if (!ref.ok()) return Fail(ref.status());
+    int byte = 0;
+    if (!absl::SimpleAtoi(argv[4], &byte)) return 2;
+    absl::StatusOr<shmtensor::View> view = client->Get(*ref);
+    if (!view.ok()) return Fail(view.status());
+    if (!view->writable()) {
+      Say("not-writable");
+      return 5;
+    }
+    std::memset(view->mutable_data(), byte, view->size_bytes());
+    Say("wrote");
+    while (true) pause();  // Holds the view until killed.
+  }
   if (cmd == "get-name") {  // argv[3]: name, [4]: timeout ms, [5]: byte
     int timeout_ms = 0, expected = 0;
     if (!absl::SimpleAtoi(argv[4], &timeout_ms) ||

@@ -101,11 +101,13 @@ struct DLContext {
   std::vector<int64_t> strides;  // Elements.
   std::shared_ptr<internal::Lease>* lease;
   std::shared_ptr<std::atomic<int>> counter;
+  std::function<void()> on_release;
 };
 
 void DeleteDLContext(DLManagedTensor* self) {
   auto* ctx = static_cast<DLContext*>(self->manager_ctx);
   if (ctx->counter) --*ctx->counter;
+  if (ctx->on_release) ctx->on_release();
   DropWithoutGil(ctx->lease);
   delete ctx;
 }
@@ -170,6 +172,7 @@ py::capsule MakeDLPack(const ExportSource& src) {
   }
   ctx->lease = new std::shared_ptr<internal::Lease>(src.lease);
   ctx->counter = src.dlpack_exports;
+  ctx->on_release = src.on_release;
   if (ctx->counter) ++*ctx->counter;
   DLTensor& t = ctx->managed.dl_tensor;
   t.data = src.data;

@@ -13,6 +13,7 @@
 #include <pybind11/pybind11.h>
 
 #include <atomic>
+#include <functional>
 #include <memory>
 
 #include "shmtensor/view.h"
@@ -30,6 +31,9 @@ struct ExportSource {
   bool writable;
   // Counts live DLPack exports (may be null).
   std::shared_ptr<std::atomic<int>> dlpack_exports;
+  // DLPack only: called once the consumer is done with the tensor, before
+  // its lease share goes (may be empty; must not need the GIL).
+  std::function<void()> on_release;
 };
 
 // An ndarray over the bytes, with the dtype, shape and byte strides of the

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "client/python/batch_ring.h"
 #include "client/python/exports.h"
 #include "shmtensor/client.h"
 #include "shmtensor/defaults.h"
@@ -174,6 +175,11 @@ class PyBuffer {
   }
   PySealedRef Seal(bool exclusive, CudaStream stream) {
     get();
+    if (buffer_.shared_writable()) {  // Before anything changes.
+      throw StatusError{absl::FailedPreconditionError(
+          "a shared-writable object is never sealed; drop or discard the "
+          "buffer when done")};
+    }
     std::vector<py::object> live;
     for (const py::weakref& w : arrays_) {
       py::object a = w();
@@ -211,6 +217,10 @@ class PyBuffer {
     Check(buffer_.Discard());
   }
   bool valid() const { return buffer_.valid(); }
+  ExportSource Source() const {
+    const Buffer& b = get();
+    return {&b.info(), b.data(), b.lease(), true, dlpack_};
+  }
 
  private:
   Buffer buffer_;
@@ -494,6 +504,64 @@ PYBIND11_MODULE(_core, m) {
            "process's work on the device).")
       .def("discard", &PyBuffer::Discard, "Discards the unsealed object.");
 
+  py::class_<BatchRing>(
+      m, "BatchRing",
+      "Slots for batches in one shared-writable object, handed from a "
+      "producer process to a consumer with no daemon call per batch (see "
+      "client/python/batch_ring.h).")
+      .def_static(
+          "bytes",
+          [](int slots, uint64_t slot_bytes, uint64_t align) {
+            return Check(BatchRing::Bytes(slots, slot_bytes, align));
+          },
+          py::arg("slots"), py::arg("slot_bytes"), py::arg("align"),
+          "Bytes a ring's object needs.")
+      .def_static(
+          "create",
+          [](PyBuffer& b, int slots, uint64_t slot_bytes, uint64_t align) {
+            return Check(
+                BatchRing::Open(b.Source(), slots, slot_bytes, align, true));
+          },
+          py::arg("buffer"), py::arg("slots"), py::arg("slot_bytes"),
+          py::arg("align"),
+          "The producer's ring over a shared-writable buffer it just made "
+          "(every slot free).")
+      .def_static(
+          "join",
+          [](PyView& v, int slots, uint64_t slot_bytes, uint64_t align) {
+            return Check(
+                BatchRing::Open(v.Source(), slots, slot_bytes, align, false));
+          },
+          py::arg("view"), py::arg("slots"), py::arg("slot_bytes"),
+          py::arg("align"),
+          "The consumer's ring over a writable view of the producer's object.")
+      .def_property_readonly("slots", &BatchRing::slots)
+      .def_property_readonly("slot_bytes", &BatchRing::slot_bytes)
+      .def_property_readonly("align", &BatchRing::align)
+      .def("claim", &BatchRing::Claim,
+           "A free slot, now being filled, or -1 when all are in use.")
+      .def("generation", &BatchRing::Generation, py::arg("slot"))
+      .def("target", &BatchRing::Target, py::arg("slot"), py::arg("nbytes"),
+           "A DLPack capsule (uint8) over a claimed slot, to fill.")
+      .def(
+          "hand", [](BatchRing& r, int slot) { Check(r.Hand(slot)); },
+          py::arg("slot"), "The claimed slot's batch is complete.")
+      .def(
+          "unclaim", [](BatchRing& r, int slot) { Check(r.Unclaim(slot)); },
+          py::arg("slot"), "The claimed slot was not filled after all.")
+      .def(
+          "adopt",
+          [](BatchRing& r, int slot, uint32_t generation, uint64_t nbytes) {
+            return Check(r.Adopt(slot, generation, nbytes));
+          },
+          py::arg("slot"), py::arg("generation"), py::arg("nbytes"),
+          "A DLPack capsule (uint8) over a handed slot; the slot is free "
+          "again when the last tensor over it dies. Raises for a stale "
+          "handle.")
+      .def("abandon", &BatchRing::Abandon, py::arg("slot"),
+           py::arg("generation"))
+      .def("reclaim_handed", &BatchRing::ReclaimHanded);
+
   py::class_<Client>(m, "Client", "A session with shmtensord.")
       .def_static(
           "connect",
@@ -527,13 +595,14 @@ PYBIND11_MODULE(_core, m) {
           "create",
           [](Client& c, std::vector<int64_t> shape, int dtype, uint64_t size,
              const std::string& name, std::optional<double> timeout,
-             const std::string& device) {
+             const std::string& device, bool shared_writable) {
             CreateOptions o;
             o.device = Check(ParseDevice(device));
             o.shape = std::move(shape);
             o.dtype = static_cast<DType>(dtype);
             o.size_bytes = size;
             o.name = name;
+            o.shared_writable = shared_writable;
             return std::make_unique<PyBuffer>(WaitInSlices<Buffer>(
                 ToDuration(timeout), absl::StatusCode::kResourceExhausted,
                 [&](absl::Duration slice) {
@@ -542,7 +611,8 @@ PYBIND11_MODULE(_core, m) {
                 }));
           },
           py::arg("shape"), py::arg("dtype"), py::arg("size_bytes"),
-          py::arg("name"), py::arg("timeout"), py::arg("device") = "cpu")
+          py::arg("name"), py::arg("timeout"), py::arg("device") = "cpu",
+          py::arg("shared_writable") = false)
       .def(
           "put",
           [](Client& c, uintptr_t src, std::vector<int64_t> shape, int dtype,

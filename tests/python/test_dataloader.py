@@ -86,6 +86,19 @@ def both(dataset, daemon, **kwargs):
 # the training process keeps for taking batches ("sessions == 2" below).
 
 
+def in_pool(ptr):
+    """True when address `ptr` lies in this process's mapping of a
+    shmtensord pool segment: zero-copy from the pool, not a private copy."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split()
+            lo, hi = (int(x, 16) for x in fields[0].split("-"))
+            if lo <= ptr < hi:
+                return (len(fields) >= 6 and
+                        os.path.basename(fields[5]).startswith("shmtensor-"))
+    return False
+
+
 def pooled_ptrs(batch):
     """Data pointers of a batch's tensors."""
     out = []
@@ -110,11 +123,11 @@ def test_same_batches_as_torch_for_every_kind_of_sample(daemon, context):
     assert len(theirs) == len(ours) == 10
     for i, (a, b) in enumerate(zip(theirs, ours)):
         assert_same(a, b, f"batch {i}")
-    # Ordinary writable tensors, all in one pool object per batch.
+    # Ordinary writable tensors, every one in pool memory.
     image = ours[0]["image"]
-    image += 1  # Writable: the consumer's exclusive take.
+    image += 1  # Writable: the batch is the training process's.
+    assert all(in_pool(p) for b in ours for p in pooled_ptrs(b))
     c = shmtensor.connect(daemon.address)
-    assert c.stats()["objects"] == len(ours)
     del ours, image, a, b
     assert wait_until(lambda: used(c) == 0, 2.0), c.stats()
 
@@ -168,8 +181,7 @@ def test_custom_collate_output_moves_into_the_pool(daemon):
         assert torch.equal(a["stacked"], b["stacked"])
         np.testing.assert_array_equal(a["raw"], b["raw"])  # Passed through.
         assert b["count"] == 6
-    c = shmtensor.connect(daemon.address)
-    assert c.stats()["objects"] == len(ours)  # The tensors are in the pool.
+    assert all(in_pool(b["stacked"].data_ptr()) for b in ours)
 
 
 class KillsAWorker(Dataset):
@@ -409,8 +421,87 @@ def test_huge_page_pool_gives_the_same_batches_aligned(huge_daemon):
     for i, (a, b) in enumerate(zip(theirs, ours)):
         assert_same(a, b, f"batch {i}")
         assert b.data_ptr() % (2 << 20) == 0, f"batch {i} is not aligned"
-    # The batches are still alive here: whole huge pages each.
-    assert used(c) == len(ours) * (2 << 20)
+        assert in_pool(b.data_ptr()), f"batch {i} is not in the pool"
     del ours, a, b
     gc.collect()
     assert wait_until(lambda: used(c) == 0, timeout=10), used(c)
+
+
+class Growing(Dataset):
+    """Samples that grow after the first eight: later batches outgrow the
+    slots of the ring each worker made for its first batch."""
+
+    def __len__(self):
+        return 24
+
+    def __getitem__(self, i):
+        return torch.arange(1024 * (1 if i < 8 else 3), dtype=torch.float32) + i
+
+
+def test_batches_come_through_each_workers_ring_with_no_object_each(daemon):
+    loader = st.DataLoader(Big(n=80, elems=16 * 1024), batch_size=2,
+                           num_workers=2, shmtensor_address=daemon.address)
+    c = shmtensor.connect(daemon.address)
+    for i, b in enumerate(loader):
+        assert torch.equal(b[:, 0], torch.tensor([2.0 * i, 2.0 * i + 1])), i
+        assert in_pool(b.data_ptr()), i
+        if i >= 2:  # Both workers have made their ring by now.
+            assert c.stats()["objects"] == 2, (i, c.stats())
+    del b, loader
+    assert wait_until(lambda: used(c) == 0, 5.0), c.stats()
+
+
+def test_batches_that_outgrow_the_ring_go_through_the_pool(daemon):
+    theirs, ours = both(Growing(), daemon, batch_size=4, num_workers=2)
+    assert len(ours) == 6
+    for i, (a, b) in enumerate(zip(theirs, ours)):
+        assert_same(a, b, f"batch {i}")
+        assert in_pool(b.data_ptr()), i
+    c = shmtensor.connect(daemon.address)
+    del ours, a, b
+    assert wait_until(lambda: used(c) == 0, 5.0), c.stats()
+
+
+def test_ring_slot_is_reused_only_after_its_last_tensor_dies(daemon):
+    """The ring protocol in one process: a handed slot is adopted once (a
+    second adoption is a stale handle), stays taken while any tensor over it
+    lives, in this process only (a forked child's copies free nothing), and
+    then is the producer's to fill again."""
+    from shmtensor import _core
+    c = shmtensor.connect(daemon.address)
+    size = _core.BatchRing.bytes(1, 4096, 4096)
+    buf = c.create_bytes(size, shared_writable=True)
+    with pytest.raises(shmtensor.Error, match="never sealed"):
+        buf.seal()
+    producer = _core.BatchRing.create(buf, 1, 4096, 4096)
+    view = c.get(shmtensor.ObjectRef(buf.ref_bytes))
+    assert view.writable
+    consumer = _core.BatchRing.join(view, 1, 4096, 4096)
+    slot = producer.claim()
+    assert slot == 0 and producer.claim() == -1
+    torch.from_dlpack(producer.target(slot, 4096)).fill_(7)
+    gen = producer.generation(slot)
+    producer.hand(slot)
+    batch = torch.from_dlpack(consumer.adopt(slot, gen, 4096))
+    assert int(batch.sum()) == 7 * 4096
+    with pytest.raises(shmtensor.Error, match="stale batch handle"):
+        consumer.adopt(slot, gen, 4096)
+    part = batch[100:200]
+    del batch
+    assert producer.claim() == -1  # `part` still views the slot.
+    pid = os.fork()
+    if pid == 0:  # The child drops its copy of the tensor, then exits.
+        del part
+        gc.collect()
+        os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert producer.claim() == -1  # Not freed by the child.
+    assert int(part.sum()) == 700
+    del part
+    assert producer.claim() == 0  # Free again, for the next batch.
+    assert producer.generation(0) == gen + 1
+    with pytest.raises(shmtensor.Error, match="stale batch handle"):
+        consumer.adopt(0, gen, 4096)  # The old handle.
+    producer.unclaim(0)
+    del producer, consumer, view, buf
+    assert wait_until(lambda: used(c) == 0, 2.0), c.stats()

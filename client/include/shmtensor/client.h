@@ -78,6 +78,11 @@ struct CreateOptions {
   // How long to wait for memory when the pool is full (then
   // RESOURCE_EXHAUSTED).
   absl::Duration timeout = absl::ZeroDuration();
+  // A shared-writable object: never sealed (Buffer::Seal fails); every
+  // Get(ref) of it, in any process, gives a writable View, and it lives
+  // while any of them (or this Buffer) holds it. For processes that order
+  // their writes to it themselves; no name. See docs/shm_layout.md.
+  bool shared_writable = false;
 };
 
 struct PoolUsage {

@@ -115,6 +115,8 @@ class Buffer {
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
 
+  // Made with CreateOptions::shared_writable: never sealed.
+  bool shared_writable() const;
   bool valid() const { return lease_ != nullptr; }
   const ObjectInfo& info() const { return info_; }
   // The bytes to fill; nullptr once sealed or discarded.

@@ -185,7 +185,8 @@ class Client:
         share its pools (the same node)."""
         return self._c.daemon_epoch
 
-    def create(self, shape, dtype, name=None, timeout=None, device=None):
+    def create(self, shape, dtype, name=None, timeout=None, device=None,
+               shared_writable=False):
         """A writable buffer of `shape` and `dtype` (NumPy dtype or type,
         torch dtype, or a name). Fill it through numpy.asarray(buf) or
         buf.tensor(), then seal() it. `name` binds a name visible once
@@ -196,19 +197,28 @@ class Client:
         torch.device, or N) for a CUDA pool of that device, whose buffers
         give CUDA tensors (buf.tensor(), torch.from_dlpack) and no NumPy
         arrays. NotFoundError listing the daemon's pools if it has none
-        there."""
-        return self._c.create(_shape_tuple(shape), _dtypes.dtype_code(dtype),
-                              0, name or "", timeout, _device_name(device))
+        there.
 
-    def create_bytes(self, size, name=None, timeout=None):
-        """An untyped writable buffer of `size` bytes (viewed as uint8)."""
-        return self._c.create([], 0, int(size), name or "", timeout)
+        shared_writable=True makes an object for processes that order their
+        writes to it themselves: it is never sealed (seal() raises), every
+        get() of its ref, in any process, gives a writable view, and it
+        lives while any of them (or this buffer) holds it. No name."""
+        return self._c.create(_shape_tuple(shape), _dtypes.dtype_code(dtype),
+                              0, name or "", timeout, _device_name(device),
+                              bool(shared_writable))
+
+    def create_bytes(self, size, name=None, timeout=None,
+                     shared_writable=False):
+        """An untyped writable buffer of `size` bytes (viewed as uint8);
+        shared_writable as for create()."""
+        return self._c.create([], 0, int(size), name or "", timeout, "cpu",
+                              bool(shared_writable))
 
     def get(self, ref_or_name, timeout=None, writable=True):
         """A view of a sealed object, by ObjectRef or by name.
 
         Read-only for a shared object; writable for the one consumer of an
-        exclusive hand-off (a second get raises AlreadyTakenError). Pass
+        exclusive hand-off, and for every holder of a shared-writable object (a second get raises AlreadyTakenError). Pass
         writable=False to take an exclusive hand-off read-only: still yours
         alone, but no writable range is opened, which is cheaper when you only
         read it. For a name, waits up to `timeout` seconds for an object of

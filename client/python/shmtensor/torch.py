@@ -7,12 +7,16 @@ One-line change for a training job:
     for batch in loader:                          # same batches, same order
         ...
 
-Each worker collates its batch straight into one pool buffer (torch.stack
-into the buffer: no extra copy), seals it for exclusive hand-off and sends
-only a small handle through torch's worker queue. The training process takes
-it and gets ordinary writable tensors over the pool memory; the memory goes
-back to the pool when the last of those tensors (and of any tensor viewing
-them) dies, never earlier.
+Each worker collates its batch straight into pool memory (torch.stack into
+it: no extra copy) and sends only a small handle through torch's worker
+queue; the training process gets ordinary writable torch tensors over that
+memory, which is reused when the last of those tensors (and of any tensor
+viewing them) dies, never earlier. The memory is a slot of the worker's
+batch ring: one shared-writable pool object per worker, joined once by the
+training process, so a batch costs no call to the daemon at all
+(docs/shm_layout.md, "Batch rings"). A batch that does not fit its worker's
+slots (or finds them all in use) goes into a pool buffer of its own, sealed
+for exclusive hand-off and taken by the training process.
 
 Without the wrapper, for your own loader loops: `PoolCollate` is a collate_fn
 for the producing side, `to_tensors` turns what it produced back into tensors
@@ -23,6 +27,10 @@ on the consuming side:
     queue.put(handle)
     ...
     batch = to_tensors(queue.get())                # in the consumer process
+
+(PoolCollate on its own hands each batch over as a pool object of its own;
+batch rings need the DataLoader, which knows when no handle of a ring can
+still arrive.)
 
 What goes into the pool: every tensor that default_collate would produce
 (stacked tensors and NumPy arrays, batched numbers, NumPy scalars). Strings
@@ -40,8 +48,9 @@ import sys
 import torch
 import torch.utils.data
 
+from . import _core
 from ._local import local_client
-from .errors import InvalidArgumentError, PoolExhaustedError
+from .errors import Error, InvalidArgumentError, PoolExhaustedError
 
 __all__ = ["DataLoader", "PoolCollate", "to_tensors"]
 
@@ -235,6 +244,60 @@ def _received(ref_bytes, skeleton, address):
     return b
 
 
+class RingBatch:
+    """What a DataLoader worker sends for a batch it collated into a slot of
+    its batch ring (see PoolCollate): the ring's ref and shape, the slot and
+    its generation, and the batch's structure. No daemon call on either side
+    per batch: the training process joins each worker's ring once, and a slot
+    is free for the worker again when the last tensor over it dies.
+
+    A handle that is dropped unused leaves its slot to be reclaimed when no
+    handle can still arrive (the next epoch of persistent workers, or the
+    ring's end)."""
+
+    __slots__ = ("_ring", "_slots", "_slot_bytes", "_align", "_slot", "_gen",
+                 "_nbytes", "_skeleton", "_address", "_used")
+
+    def __init__(self, ring, slots, slot_bytes, align, slot, gen, nbytes,
+                 skeleton, address):
+        self._ring, self._slots, self._slot_bytes = ring, slots, slot_bytes
+        self._align = align
+        self._slot, self._gen, self._nbytes = slot, gen, nbytes
+        self._skeleton, self._address = skeleton, address
+        self._used = False
+
+    def __reduce__(self):
+        return (RingBatch, (self._ring, self._slots, self._slot_bytes,
+                            self._align, self._slot, self._gen, self._nbytes,
+                            self._skeleton, self._address))
+
+    def pin_memory(self):  # torch's pin thread: nothing to pin yet.
+        return self
+
+    def _adopt(self, rings, client):
+        """The batch's tensors, over its slot; `rings` caches this process's
+        joined rings by ref."""
+        if self._used:
+            raise RuntimeError("this RingBatch was already turned into tensors")
+        self._used = True
+        ring = rings.get(self._ring)
+        if ring is None:
+            from . import ObjectRef
+            c = client if client is not None else _client(self._address)
+            view = c.get(ObjectRef(self._ring))  # Writable: shared-writable.
+            ring = _core.BatchRing.join(view, self._slots, self._slot_bytes,
+                                        self._align)
+            view.close()  # The ring, and each tensor from it, holds the lease.
+            rings[self._ring] = ring
+        flat = torch.from_dlpack(ring.adopt(self._slot, self._gen,
+                                            max(self._nbytes, 1)))
+        return _rebuild(self._skeleton, flat)
+
+
+# Rings joined by to_tensors calls given none (the DataLoader keeps its own).
+_process_rings = {}
+
+
 class PoolCollate:
     """A collate_fn that collates into a shmtensord pool buffer and returns
     a small, picklable PooledBatch; `to_tensors` turns it into tensors in
@@ -255,6 +318,67 @@ class PoolCollate:
         self.collate_fn = collate_fn
         self.pool_timeout = pool_timeout
         self.in_flight = in_flight
+        # Batch ring of this worker process (the DataLoader turns it on):
+        # slots in it, and the ring, made on the first batch.
+        self._ring_slots = 0
+        self._ring = None  # (BatchRing, ref bytes), or False: none to be had.
+        self._ring_pid = None
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_ring"], state["_ring_pid"] = None, None  # Per process.
+        return state
+
+    def _ring_for(self, client, nbytes):
+        """This process's batch ring, made on first use with slots of
+        `nbytes`; None when rings are off or none can be had. A ring is made
+        only when every worker's ring together takes at most half the pool,
+        and without waiting for memory: batches that do not fit one go
+        through the pool one by one."""
+        if self._ring_slots == 0 or nbytes == 0:
+            return None
+        if self._ring_pid != os.getpid():
+            self._ring, self._ring_pid = None, os.getpid()
+        if self._ring is None:
+            self._ring = False
+            info = torch.utils.data.get_worker_info()
+            workers = info.num_workers if info is not None else 1
+            try:
+                pool = client.stats()["pools"][0]
+                align = max(pool["huge_page_size"], 4096)
+                size = _core.BatchRing.bytes(self._ring_slots, nbytes, align)
+                if size * workers <= pool["size_bytes"] // 2:
+                    buf = client.create_bytes(size, timeout=0,
+                                              shared_writable=True)
+                    ring = _core.BatchRing.create(buf, self._ring_slots,
+                                                  nbytes, align)
+                    self._ring = (ring, bytes(buf.ref_bytes))
+            except Error:
+                pass  # Pool too full now: batch by batch.
+        return self._ring or None
+
+    def _into_ring(self, client, plan, skeleton):
+        """The batch collated into a free slot of this worker's ring, as a
+        RingBatch; None when it has no ring, the batch does not fit a slot
+        or every slot is in use."""
+        got = self._ring_for(client, plan.size)
+        if got is None:
+            return None
+        ring, ref = got
+        if plan.size > ring.slot_bytes:
+            return None
+        slot = ring.claim()
+        if slot < 0:
+            return None
+        try:
+            _fill(plan, torch.from_dlpack(ring.target(slot, plan.size)))
+        except BaseException:
+            ring.unclaim(slot)
+            raise
+        gen = ring.generation(slot)
+        ring.hand(slot)
+        return RingBatch(ref, ring.slots, ring.slot_bytes, ring.align, slot,
+                         gen, plan.size, skeleton, self.address)
 
     def __call__(self, samples):
         plan = _Plan()
@@ -265,6 +389,9 @@ class PoolCollate:
         if not plan.fills:
             return skeleton  # Nothing for the pool (strings only, ...).
         client = _client(self.address)
+        ringed = self._into_ring(client, plan, skeleton)
+        if ringed is not None:
+            return ringed
         try:
             buf = client.create_bytes(max(plan.size, 1),
                                       timeout=self.pool_timeout)
@@ -274,16 +401,7 @@ class PoolCollate:
             if "exceeds pool" not in str(e):
                 raise
             raise PoolExhaustedError(self._advice(plan.size, str(e))) from None
-        flat = buf.tensor()
-        for leaf, fill in plan.fills:
-            n = leaf.nbytes
-            out = flat[leaf.offset:leaf.offset + n]
-            if n:
-                out = out.view(leaf.dtype)
-            else:
-                out = torch.empty(0, dtype=leaf.dtype)
-            fill(out.view(leaf.shape))
-        del flat, out
+        _fill(plan, buf.tensor())
         ref = buf.seal(exclusive=True)
         return PooledBatch(bytes(ref), skeleton, self.address)
 
@@ -298,6 +416,19 @@ class PoolCollate:
                 f"should hold at least {need} bytes: start shmtensord "
                 f"with --pool-size {_pool_size_arg(need)} (or lower "
                 f"batch_size, num_workers or prefetch_factor)")
+
+
+def _fill(plan, flat):
+    """Runs the plan's fills into `flat` (uint8, at least plan.size long);
+    keeps no reference to it."""
+    for leaf, fill in plan.fills:
+        n = leaf.nbytes
+        out = flat[leaf.offset:leaf.offset + n]
+        if n:
+            out = out.view(leaf.dtype)
+        else:
+            out = torch.empty(0, dtype=leaf.dtype)
+        fill(out.view(leaf.shape))
 
 
 def _pool_size_arg(nbytes):
@@ -320,11 +451,15 @@ def _rebuild(obj, flat):
     return _map_leaves(obj, tensor)
 
 
-def to_tensors(batch, client=None):
-    """The tensors of a PooledBatch (anything else is returned as is):
-    ordinary writable CPU tensors over the pool memory, in the structure the
-    collate function produced. The memory returns to the pool when the last
-    of them (or of tensors viewing them) dies. Works once per batch."""
+def to_tensors(batch, client=None, rings=None):
+    """The tensors of a PooledBatch or RingBatch (anything else is returned
+    as is): ordinary writable CPU tensors over the pool memory, in the
+    structure the collate function produced. The memory returns to the pool
+    (a ring slot: to its worker) when the last of them (or of tensors viewing
+    them) dies. Works once per batch. `rings`: a dict caching the batch rings
+    this process joined (default: one for the process)."""
+    if isinstance(batch, RingBatch):
+        return batch._adopt(_process_rings if rings is None else rings, client)
     if not isinstance(batch, PooledBatch):
         return batch
     from . import ObjectRef
@@ -343,8 +478,8 @@ def to_tensors(batch, client=None):
 class _Iter:
     """Wraps torch's iterator: turns each PooledBatch into tensors."""
 
-    def __init__(self, inner, pin):
-        self._inner, self._pin = inner, pin
+    def __init__(self, inner, pin, rings):
+        self._inner, self._pin, self._rings = inner, pin, rings
 
     def __iter__(self):
         return self
@@ -353,7 +488,7 @@ class _Iter:
         return len(self._inner)
 
     def __next__(self):
-        batch = to_tensors(next(self._inner))
+        batch = to_tensors(next(self._inner), rings=self._rings)
         if self._pin:
             from torch.utils.data._utils.pin_memory import pin_memory
             batch = pin_memory(batch)
@@ -390,10 +525,16 @@ class DataLoader(torch.utils.data.DataLoader):
                  shmtensor_address=None, pool_timeout=30.0):
         self._pool = num_workers > 0
         self._pin = bool(pin_memory) and torch.cuda.is_available()
+        # Batch rings joined, for persistent workers (whose rings outlive an
+        # epoch); else each epoch's iterator has its own.
+        self._rings = {}
         if self._pool:
             collate_fn = PoolCollate(shmtensor_address, collate_fn,
                                      pool_timeout,
                                      in_flight=num_workers * prefetch_factor)
+            # Each worker's ring: its prefetched batches, and up to three
+            # held by the training loop or on their way back.
+            collate_fn._ring_slots = prefetch_factor + 3
         super().__init__(
             dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler,
             batch_sampler=batch_sampler, num_workers=num_workers,
@@ -410,5 +551,13 @@ class DataLoader(torch.utils.data.DataLoader):
                           "nothing is pinned")
 
     def __iter__(self):
-        inner = super().__iter__()
-        return _Iter(inner, self._pin) if self._pool else inner
+        if not self._pool:
+            return super().__iter__()
+        if not self.persistent_workers:
+            return _Iter(super().__iter__(), self._pin, {})
+        # Persistent workers: a new epoch drops whatever the last one left
+        # handed and unread (torch discards it while resetting its
+        # iterator), so those slots are free again.
+        for ring in self._rings.values():
+            ring.reclaim_handed()
+        return _Iter(super().__iter__(), self._pin, self._rings)
