@@ -6,11 +6,10 @@
              a fresh shared-memory segment, faulted in page by page (P8)
   shmtensor  shmtensor.torch.DataLoader: collated into a slot of the
              worker's batch ring (one shared-writable pool object per
-             worker; no daemon call per batch), or into a pool buffer of its
-             own handed over by exclusive reference when the rings would
-             take more than half the pool (128 MiB batches here); the
-             training side gets writable tensors. Pool in /dev/shm (4 KiB
-             pages)
+             worker; no daemon call per batch; a buffer of its own, handed
+             over by exclusive reference, when the rings would take more
+             than half the pool); the training side gets writable tensors.
+             Pool in /dev/shm (4 KiB pages)
   shmtensor-huge  the same with the pool in a tmpfs mounted huge=always
              (2 MiB pages; mounted for the run when root, or the directory
              in $SHMTENSOR_HUGE_DIR; left out, saying why, otherwise)

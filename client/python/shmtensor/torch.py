@@ -332,7 +332,8 @@ class PoolCollate:
     def _ring_for(self, client, nbytes):
         """This process's batch ring, made on first use with slots of
         `nbytes`; None when rings are off or none can be had. A ring is made
-        only when every worker's ring together takes at most half the pool,
+        only when the slots of every worker's ring take at most half the pool
+        together,
         and without waiting for memory: batches that do not fit one go
         through the pool one by one."""
         if self._ring_slots == 0 or nbytes == 0:
@@ -347,7 +348,8 @@ class PoolCollate:
                 pool = client.stats()["pools"][0]
                 align = max(pool["huge_page_size"], 4096)
                 size = _core.BatchRing.bytes(self._ring_slots, nbytes, align)
-                if size * workers <= pool["size_bytes"] // 2:
+                slots = self._ring_slots * -(-nbytes // align) * align
+                if slots * workers <= pool["size_bytes"] // 2:
                     buf = client.create_bytes(size, timeout=0,
                                               shared_writable=True)
                     ring = _core.BatchRing.create(buf, self._ring_slots,
@@ -532,9 +534,11 @@ class DataLoader(torch.utils.data.DataLoader):
             collate_fn = PoolCollate(shmtensor_address, collate_fn,
                                      pool_timeout,
                                      in_flight=num_workers * prefetch_factor)
-            # Each worker's ring: its prefetched batches, and up to three
-            # held by the training loop or on their way back.
-            collate_fn._ring_slots = prefetch_factor + 3
+            # Each worker's ring: its prefetched batches, and two more for
+            # its batches the training loop holds (the one in hand, and the
+            # last one until the loop variable moves on). A batch that finds
+            # every slot taken goes through the pool instead.
+            collate_fn._ring_slots = prefetch_factor + 2
         super().__init__(
             dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler,
             batch_sampler=batch_sampler, num_workers=num_workers,
