@@ -516,6 +516,12 @@ class DataLoader(torch.utils.data.DataLoader):
     nothing is pinned. A worker that dies, or a loop that stops early, leaves
     nothing behind in the pool (the daemon reclaims what the worker held;
     batches received but never used are given back).
+
+    Pool memory: each worker keeps a batch ring of prefetch_factor + 2 slots
+    the size of its first batch (when all the rings' slots take at most half
+    the pool), for the life of the worker; the training process holds the
+    rings while the iterator (persistent workers: the loader) lives, and each
+    slot while a tensor over it does.
     """
 
     def __init__(self, dataset, batch_size=1, shuffle=None, sampler=None,
