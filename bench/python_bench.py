@@ -11,6 +11,12 @@ other core's noise do not reach; and the whole lifecycle's wall time.
 Python fills and reads through numpy.asarray (an array made and dropped per
 step), C++ through the buffer's pointer.
 
+Alternating lifecycle by lifecycle makes each path run with the other's code
+in the caches, and the per-step timers cost a system call each; so the same
+lifecycles are also run back to back, as a program that uses only one of
+the two runs them: blocks of BLOCK lifecycles, Python and C++ alternating
+block by block (drift still cancels), timed per block.
+
 Usage: PYTHONPATH=build/python /usr/bin/python3 bench/python_bench.py
 Starts its own shmtensord from build/bin.
 """
@@ -28,6 +34,7 @@ from shmtensor import _core  # noqa: E402
 from _daemon import Daemon  # noqa: E402
 
 NBYTES = 64 << 10
+BLOCK = 200
 
 
 STEPS = ("(timer)", "create", "fill", "seal", "get", "read", "release view",
@@ -66,6 +73,23 @@ def py_lifecycle(c):
     return (time.perf_counter() - t0) * 1e6, steps
 
 
+def py_block(c, n):
+    """n Python lifecycles back to back (the steps of py_lifecycle, untimed);
+    returns the thread CPU time in us."""
+    clock = time.thread_time_ns
+    t = clock()
+    for _ in range(n):
+        buf = c.create(NBYTES // 4, "float32")
+        np.asarray(buf)[0] = 1.0
+        ref = buf.seal()
+        del buf
+        view = c.get(ref)
+        assert np.asarray(view)[0] == 1.0
+        del view
+        del ref
+    return (clock() - t) / 1e3
+
+
 def cpp_lifecycle(c):
     """One C++ lifecycle (timed inside C++), same return value."""
     return _core._cpp_lifecycle(c._c, NBYTES)
@@ -82,6 +106,14 @@ def main():
             if i >= 100:  # Warm-up done.
                 py.append(p)
                 cpp.append(q)
+        rounds = 10 if "--quick" in sys.argv else 40
+        blocks_py, blocks_cpp = [], []
+        for r in range(rounds + 2):
+            p = py_block(c, BLOCK) / BLOCK
+            q = _core._cpp_lifecycles(c._c, NBYTES, BLOCK) / BLOCK
+            if r >= 2:  # Warm-up done.
+                blocks_py.append(p)
+                blocks_cpp.append(q)
     med = statistics.median
     print(f"64 KiB lifecycle, {iters} pairs (C++ and Python alternate); "
           f"thread CPU p50 per step, us")
@@ -106,6 +138,11 @@ def main():
     print(f"binding overhead: {med(b - a for a, b in zip(*total)):+.1f} us of "
           f"CPU per lifecycle ({med(total[1]) / med(total[0]):.3f}x), of "
           f"which {per_call:+.1f} us per RPC call (create, seal, get)")
+    print(f"back to back, {rounds} pairs of blocks of {BLOCK}: thread CPU "
+          f"per lifecycle C++ {med(blocks_cpp):.1f} us, Python "
+          f"{med(blocks_py):.1f} us, paired diff "
+          f"{med(b - a for a, b in zip(blocks_cpp, blocks_py)):+.1f} us "
+          f"({med(blocks_py) / med(blocks_cpp):.3f}x)")
 
 
 if __name__ == "__main__":
