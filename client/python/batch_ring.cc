@@ -135,18 +135,13 @@ py::capsule BatchRing::Target(int slot, uint64_t nbytes) {
   return MakeDLPack({&info, SlotData(slot), lease_, true, nullptr, {}});
 }
 
-absl::Status BatchRing::Hand(int slot) {
-  if (absl::Status s = CheckSlot(slot, 0); !s.ok()) return s;
-  if (!Cas(StateWord(slot), kFilling, kHanded)) {
-    return absl::FailedPreconditionError(
-        absl::StrFormat("slot %d is not being filled", slot));
-  }
-  return absl::OkStatus();
-}
+absl::Status BatchRing::Hand(int slot) { return EndFilling(slot, kHanded); }
 
-absl::Status BatchRing::Unclaim(int slot) {
+absl::Status BatchRing::Unclaim(int slot) { return EndFilling(slot, kFree); }
+
+absl::Status BatchRing::EndFilling(int slot, SlotState to) {
   if (absl::Status s = CheckSlot(slot, 0); !s.ok()) return s;
-  if (!Cas(StateWord(slot), kFilling, kFree)) {
+  if (!Cas(StateWord(slot), kFilling, to)) {
     return absl::FailedPreconditionError(
         absl::StrFormat("slot %d is not being filled", slot));
   }

@@ -106,6 +106,8 @@ class BatchRing {
   uint32_t* GenerationWord(int slot) const;
   uint8_t* SlotData(int slot) const;
   absl::Status CheckSlot(int slot, uint64_t nbytes) const;
+  // kFilling -> `to`.
+  absl::Status EndFilling(int slot, SlotState to);
 
   std::shared_ptr<internal::Lease> lease_;
   uint8_t* const base_;

@@ -505,3 +505,25 @@ def test_ring_slot_is_reused_only_after_its_last_tensor_dies(daemon):
     producer.unclaim(0)
     del producer, consumer, view, buf
     assert wait_until(lambda: used(c) == 0, 2.0), c.stats()
+
+
+def test_persistent_workers_get_back_the_slots_an_abandoned_epoch_left(daemon):
+    """Breaking out of an epoch leaves batches handed and never read; with
+    persistent workers (whose rings outlive the epoch) the next epoch frees
+    their slots, so the rings keep carrying every batch instead of filling
+    up with orphans and sending batches through the pool one by one."""
+    loader = st.DataLoader(Big(n=60, elems=16 * 1024), batch_size=2,
+                           num_workers=2, prefetch_factor=2,
+                           persistent_workers=True,
+                           shmtensor_address=daemon.address)
+    c = shmtensor.connect(daemon.address)
+    for _epoch in range(4):
+        for i, b in enumerate(loader):
+            if i == 3:
+                break
+        del b
+    for i, b in enumerate(loader):
+        assert torch.equal(b[:, 0], torch.tensor([2.0 * i, 2.0 * i + 1])), i
+        assert c.stats()["objects"] == 2, (i, c.stats())  # The two rings.
+    del b, loader
+    assert wait_until(lambda: used(c) == 0, 5.0), c.stats()

@@ -44,6 +44,7 @@ objects) is passed through the worker queue as torch would pass it.
 import collections.abc
 import os
 import sys
+import weakref
 
 import torch
 import torch.utils.data
@@ -251,12 +252,14 @@ class RingBatch:
     per batch: the training process joins each worker's ring once, and a slot
     is free for the worker again when the last tensor over it dies.
 
-    A handle that is dropped unused leaves its slot to be reclaimed when no
+    A handle dropped unused where it was received (a loop that broke early,
+    torch discarding an abandoned epoch's batches) frees its slot at once if
+    this process has joined the ring; else the slot is reclaimed when no
     handle can still arrive (the next epoch of persistent workers, or the
     ring's end)."""
 
     __slots__ = ("_ring", "_slots", "_slot_bytes", "_align", "_slot", "_gen",
-                 "_nbytes", "_skeleton", "_address", "_used")
+                 "_nbytes", "_skeleton", "_address", "_used", "_owner_pid")
 
     def __init__(self, ring, slots, slot_bytes, align, slot, gen, nbytes,
                  skeleton, address):
@@ -265,11 +268,19 @@ class RingBatch:
         self._slot, self._gen, self._nbytes = slot, gen, nbytes
         self._skeleton, self._address = skeleton, address
         self._used = False
+        self._owner_pid = None  # Set where it is received (unpickled).
 
     def __reduce__(self):
-        return (RingBatch, (self._ring, self._slots, self._slot_bytes,
-                            self._align, self._slot, self._gen, self._nbytes,
-                            self._skeleton, self._address))
+        return (_ring_received, (self._ring, self._slots, self._slot_bytes,
+                                 self._align, self._slot, self._gen,
+                                 self._nbytes, self._skeleton, self._address))
+
+    def __del__(self):
+        if self._used or self._owner_pid != os.getpid():
+            return
+        ring = _joined_rings.get(self._ring)
+        if ring is not None:
+            ring.abandon(self._slot, self._gen)  # No-op if it moved on.
 
     def pin_memory(self):  # torch's pin thread: nothing to pin yet.
         return self
@@ -289,13 +300,21 @@ class RingBatch:
                                         self._align)
             view.close()  # The ring, and each tensor from it, holds the lease.
             rings[self._ring] = ring
+            _joined_rings[self._ring] = ring
         flat = torch.from_dlpack(ring.adopt(self._slot, self._gen,
                                             max(self._nbytes, 1)))
         return _rebuild(self._skeleton, flat)
 
 
-# Rings joined by to_tensors calls given none (the DataLoader keeps its own).
-_process_rings = {}
+def _ring_received(*args):
+    b = RingBatch(*args)
+    b._owner_pid = os.getpid()
+    return b
+
+
+# The rings this process joined and still holds (by ref), for handles dropped
+# unused: weak, the DataLoader iterators' own dicts keep them.
+_joined_rings = weakref.WeakValueDictionary()
 
 
 class PoolCollate:
@@ -458,10 +477,11 @@ def to_tensors(batch, client=None, rings=None):
     as is): ordinary writable CPU tensors over the pool memory, in the
     structure the collate function produced. The memory returns to the pool
     (a ring slot: to its worker) when the last of them (or of tensors viewing
-    them) dies. Works once per batch. `rings`: a dict caching the batch rings
-    this process joined (default: one for the process)."""
+    them) dies. Works once per batch. `rings`: a dict in which the batch rings
+    this process joined are kept (the DataLoader's iterator passes its own;
+    without one, each RingBatch joins its ring anew, a daemon call)."""
     if isinstance(batch, RingBatch):
-        return batch._adopt(_process_rings if rings is None else rings, client)
+        return batch._adopt({} if rings is None else rings, client)
     if not isinstance(batch, PooledBatch):
         return batch
     from . import ObjectRef
