@@ -106,13 +106,15 @@ TEST(RenderTest, ObjectsTableNamesDTypesShapesAndStates) {
   o->mutable_layout()->add_shape(8);
   o->set_state(v1::OBJECT_STATE_PENDING_TRANSFER);
   r.add_objects()->set_state(v1::OBJECT_STATE_WRITING);  // Untyped bytes.
+  r.add_objects()->set_state(v1::OBJECT_STATE_SHARED_WRITABLE);
   r.set_total(5);
   const std::string t = RenderObjects(r);
   EXPECT_NE(t.find("bfloat16"), std::string::npos) << t;
   EXPECT_NE(t.find("[64, 8]"), std::string::npos) << t;
   EXPECT_NE(t.find("pending-transfer"), std::string::npos) << t;
+  EXPECT_NE(t.find("shared-writable"), std::string::npos) << t;
   EXPECT_NE(t.find("bytes"), std::string::npos) << t;
-  EXPECT_NE(t.find("(2 of 5 objects shown)"), std::string::npos) << t;
+  EXPECT_NE(t.find("(3 of 5 objects shown)"), std::string::npos) << t;
 }
 
 }  // namespace
