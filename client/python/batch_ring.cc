@@ -152,8 +152,8 @@ absl::StatusOr<py::capsule> BatchRing::Adopt(int slot, uint32_t generation,
                                              uint64_t nbytes) {
   if (absl::Status s = CheckSlot(slot, nbytes); !s.ok()) return s;
   // The generation is checked while the slot is handed: the producer
-  // changes it only in kFilling, which a handed slot leaves only through
-  // this consumer.
+  // changes it only in kFilling, which a handed slot reaches only after this
+  // process freed it (checked again after the swap).
   if (__atomic_load_n(GenerationWord(slot), __ATOMIC_ACQUIRE) != generation ||
       !Cas(StateWord(slot), kHanded, kAdopted)) {
     return absl::FailedPreconditionError(absl::StrFormat(
@@ -162,7 +162,9 @@ absl::StatusOr<py::capsule> BatchRing::Adopt(int slot, uint32_t generation,
         slot, generation));
   }
   if (__atomic_load_n(GenerationWord(slot), __ATOMIC_ACQUIRE) != generation) {
-    // Unreachable while the producer keeps to the protocol.
+    // Between the check and the swap another thread of this process freed
+    // the slot (Abandon) and the producer filled and handed it again: that
+    // newer batch stays handed for its own handle.
     __atomic_store_n(StateWord(slot), kHanded, __ATOMIC_RELEASE);
     return absl::FailedPreconditionError(
         absl::StrFormat("slot %d changed generation while handed", slot));

@@ -246,10 +246,11 @@ def test_breaking_out_early_leaks_nothing(daemon, persistent):
             if i == 2:
                 break
         del batch
-        # At most the batches prefetched for the abandoned epoch are out
-        # (persistent workers hand them over and they come back at the next
-        # epoch's start); nothing accumulates from epoch to epoch. (Polled:
-        # the dropped batch's release reaches the daemon a moment later.)
+        # The two workers' rings, and at most the batches that went through
+        # the pool on their own for the abandoned epoch; nothing accumulates
+        # from epoch to epoch. (Polled: the dropped batch's release reaches
+        # the daemon a moment later. That ring slots are not lost either is
+        # test_persistent_workers_get_back_the_slots_an_abandoned_epoch_left.)
         assert wait_until(lambda: c.stats()["objects"] <= 2 * 4, 2.0), (
             epoch, c.stats())
     del loader
@@ -509,9 +510,10 @@ def test_ring_slot_is_reused_only_after_its_last_tensor_dies(daemon):
 
 def test_persistent_workers_get_back_the_slots_an_abandoned_epoch_left(daemon):
     """Breaking out of an epoch leaves batches handed and never read; with
-    persistent workers (whose rings outlive the epoch) the next epoch frees
-    their slots, so the rings keep carrying every batch instead of filling
-    up with orphans and sending batches through the pool one by one."""
+    persistent workers (whose rings outlive the epoch) their slots come back
+    (a dropped handle frees its slot, a new epoch whatever is left), so the
+    rings keep carrying every batch instead of filling up with orphans and
+    sending batches through the pool one by one."""
     loader = st.DataLoader(Big(n=60, elems=16 * 1024), batch_size=2,
                            num_workers=2, prefetch_factor=2,
                            persistent_workers=True,

@@ -352,9 +352,8 @@ class PoolCollate:
         """This process's batch ring, made on first use with slots of
         `nbytes`; None when rings are off or none can be had. A ring is made
         only when the slots of every worker's ring take at most half the pool
-        together,
-        and without waiting for memory: batches that do not fit one go
-        through the pool one by one."""
+        together, and without waiting for memory: batches that do not fit
+        one go through the pool one by one."""
         if self._ring_slots == 0 or nbytes == 0:
             return None
         if self._ring_pid != os.getpid():
