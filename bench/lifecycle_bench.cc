@@ -3,8 +3,10 @@
 //  1. Lifecycle (create, fill, seal, get, release) at 64 KiB, 1 MiB and
 //     16 MiB against a bare unary gRPC round trip on the same socket, and the
 //     minor page faults and mprotect calls per lifecycle in steady state
-//     (getrusage; the pool mapping's count), with both WriteRevocation modes
-//     (view.h) and through Client::Put.
+//     (getrusage; the pool mapping's count): with the client's defaults,
+//     filled with Buffer::CopyFrom, and through Client::Put. Section 5 runs
+//     the same lifecycle filled through Buffer::data(), the raw pointer whose
+//     seal closes the range at once (two page-table changes a lifecycle).
 //  2. Copy-in bandwidth: memcpy into a pool buffer vs into private memory, and
 //     vs a fresh shared-memory segment per object (what a DataLoader batch
 //     pays today).
@@ -15,6 +17,9 @@
 //     100 ms plus status, clients and objects listings 4 times a second, with
 //     1,000 live objects to list); the clients' throughput with against
 //     without.
+//  5. Section 1's lifecycle filled through data(). Last: a range data() ever
+//     pointed into closes at every later seal in this process (view.h,
+//     WriteRevocation::kWhenExposed), which would change what 1-4 measure.
 //
 // Sections 1 and 2 run twice, side by side: with the pool in /dev/shm (4 KiB
 // pages) and in a tmpfs mounted huge=always (2 MiB pages; mounted for the run
@@ -95,6 +100,10 @@ T Check(absl::StatusOr<T> v, const char* what) {
   return *std::move(v);
 }
 
+void Check(const absl::Status& s, const char* what) {
+  if (!s.ok()) Die(what, s);
+}
+
 // The daemon under test, on a private socket.
 class Daemon {
  public:
@@ -154,17 +163,25 @@ struct Phases {
   double create, fill, seal, get, release_view, release_ref;
 };
 
-// One lifecycle; returns its duration and (out) the time of each phase and
-// the mprotect count of the pool's mapping in this process after it.
+// How a lifecycle fills its buffer: Buffer::CopyFrom (no pointer handed
+// out), or memcpy through Buffer::data() (a raw pointer that may outlive the
+// seal, so the default revocation closes the range at once).
+enum class Fill { kCopyFrom, kDataPointer };
+
+// One lifecycle with the client's default revocation; returns its duration
+// and (out) the time of each phase and the mprotect count of the pool's
+// mapping in this process after it.
 Clock::duration Lifecycle(Client& c, uint64_t bytes, const void* src,
-                          Phases* phases,
-                          shmtensor::WriteRevocation revocation =
-                              shmtensor::WriteRevocation::kImmediate,
+                          Phases* phases, Fill fill = Fill::kCopyFrom,
                           uint64_t* protect_calls = nullptr) {
   const auto t0 = Clock::now();
   shmtensor::Buffer buf = Check(c.Create({.size_bytes = bytes}), "create");
   const auto t1 = Clock::now();
-  std::memcpy(buf.data(), src, bytes);
+  if (fill == Fill::kCopyFrom) {
+    Check(buf.CopyFrom(src, bytes), "copy");
+  } else {
+    std::memcpy(buf.data(), src, bytes);
+  }
   const auto t2 = Clock::now();
   if (protect_calls != nullptr) {
     const std::shared_ptr<shmtensor::internal::Lease>& lease = buf.lease();
@@ -172,8 +189,7 @@ Clock::duration Lifecycle(Client& c, uint64_t bytes, const void* src,
         Check(lease->core().Mapping(lease->placement().pool_id()), "mapping")
             ->protect_calls();
   }
-  shmtensor::SealedRef ref = Check(
-      buf.Seal(false, shmtensor::kLegacyDefaultStream, revocation), "seal");
+  shmtensor::SealedRef ref = Check(buf.Seal(), "seal");
   const auto t3 = Clock::now();
   std::optional<shmtensor::View> v = Check(c.Get(ref.ref()), "get");
   const auto t4 = Clock::now();
@@ -281,11 +297,10 @@ double SkeletonRoundTrips(Client& c, uint64_t bytes, const void* src,
   return Us(t1 - t0) + Us(t3 - t2);
 }
 
-// One table of section 1: lifecycles at each size with `revocation`.
+// One table of lifecycles at each size, filled as `fill` says.
 void BenchLifecycleTable(Client& c, const std::vector<uint64_t>& sizes,
-                         const std::vector<ProtectCost>& protect,
-                         shmtensor::WriteRevocation revocation, double rtt,
-                         int iters) {
+                         const std::vector<ProtectCost>& protect, Fill how,
+                         double rtt, int iters) {
   std::printf("%-8s %9s %9s %9s %12s %14s %20s %16s %10s %10s   %s\n", "size",
               "p50 us", "p99 us", "fill us", "overhead us", "overhead/3 RTT",
               "(minus mprotect)/3RTT", "vs 3 RTT+fill", "minflt/op",
@@ -296,7 +311,7 @@ void BenchLifecycleTable(Client& c, const std::vector<uint64_t>& sizes,
     std::vector<uint8_t> src(bytes, 0xab);
     const int n = bytes >= (16u << 20) ? std::max(iters / 8, 20) : iters;
     for (int i = 0; i < 10; ++i) {
-      Lifecycle(c, bytes, src.data(), nullptr, revocation);
+      Lifecycle(c, bytes, src.data(), nullptr, how);
     }
     std::vector<uint8_t> dst(bytes, 0);  // The skeleton's, faulted in.
     std::vector<double> total, fill, create, seal, get, rel_view, rel_ref,
@@ -307,7 +322,7 @@ void BenchLifecycleTable(Client& c, const std::vector<uint64_t>& sizes,
       skeleton.push_back(SkeletonRoundTrips(c, bytes, src.data(), dst.data()));
       Phases p;
       const long faults0 = MinorFaults();
-      total.push_back(Us(Lifecycle(c, bytes, src.data(), &p, revocation,
+      total.push_back(Us(Lifecycle(c, bytes, src.data(), &p, how,
                                    i == 0 ? &protects0 : &protects1)));
       faults += MinorFaults() - faults0;
       fill.push_back(p.fill);
@@ -337,8 +352,8 @@ void BenchLifecycleTable(Client& c, const std::vector<uint64_t>& sizes,
   }
 }
 
-void BenchLifecycle(const Target& target, int iters) {
-  Client& c = *target.client;
+// The bare unary round trip (Stats) on `c`'s socket: p50 and mean, printed.
+double MeasureRtt(Client& c, int iters) {
   std::vector<double> rtt;
   for (int i = 0; i < iters * 4; ++i) {
     const auto t0 = Clock::now();
@@ -346,23 +361,18 @@ void BenchLifecycle(const Target& target, int iters) {
     rtt.push_back(Us(Clock::now() - t0));
   }
   const Summary r = Summarize(rtt);
-  std::printf(
-      "\n== 1. Lifecycle vs bare unary RPC (same socket), pool in %s ==\n",
-      target.label.c_str());
   std::printf("bare unary RPC (Stats) round trip: p50 %.1f us, mean %.1f us\n",
               r.p50, r.mean);
-  const std::vector<uint64_t> sizes = {uint64_t{64} << 10, uint64_t{1} << 20,
-                                       uint64_t{16} << 20};
-  std::vector<ProtectCost> protect;
-  std::printf("page-table cost of the seal guarantee here (mprotect p50):\n");
-  for (uint64_t bytes : sizes) {
-    protect.push_back(CalibrateMprotect(target.dir, bytes));
-    std::printf(
-        "  %-6s read-only->writable %8.0f us, writable->read-only "
-        "%6.0f us\n",
-        SizeName(bytes).c_str(), protect.back().open_us,
-        protect.back().close_us);
-  }
+  return r.p50;
+}
+
+const std::vector<uint64_t>& LifecycleSizes() {
+  static const std::vector<uint64_t> sizes = {
+      uint64_t{64} << 10, uint64_t{1} << 20, uint64_t{16} << 20};
+  return sizes;
+}
+
+void PrintLifecycleLegend() {
   std::printf(
       "lifecycle = create, fill, seal, get, release view, release ref: "
       "%d round trips + 2 one-way messages\n"
@@ -371,18 +381,22 @@ void BenchLifecycle(const Target& target, int iters) {
       "the budget in the lifecycle's own cache conditions, drift "
       "cancelled\n",
       kLifecycleRoundTrips);
-  for (const shmtensor::WriteRevocation revocation :
-       {shmtensor::WriteRevocation::kImmediate,
-        shmtensor::WriteRevocation::kDeferred}) {
-    const bool immediate = revocation == shmtensor::WriteRevocation::kImmediate;
-    std::printf(
-        immediate
-            ? "WriteRevocation::kImmediate (the C++ default: seal closes the "
-              "range, a write through the old pointer faults):\n"
-            : "WriteRevocation::kDeferred (the Python package's mode: no "
-              "pointer survives the seal, the range stays open for reuse):\n");
-    BenchLifecycleTable(c, sizes, protect, revocation, r.p50, iters);
-  }
+}
+
+void BenchLifecycle(const Target& target, int iters) {
+  Client& c = *target.client;
+  std::printf(
+      "\n== 1. Lifecycle vs bare unary RPC (same socket), pool in %s ==\n",
+      target.label.c_str());
+  const double rtt = MeasureRtt(c, iters);
+  const std::vector<uint64_t>& sizes = LifecycleSizes();
+  PrintLifecycleLegend();
+  std::printf(
+      "the client's defaults (WriteRevocation::kWhenExposed), filled with "
+      "Buffer::CopyFrom: no pointer is left, so the seal needs no page-table "
+      "change and the range stays open for its next writable use here:\n");
+  BenchLifecycleTable(c, sizes, std::vector<ProtectCost>(sizes.size()),
+                      Fill::kCopyFrom, rtt, iters);
   std::printf(
       "via Client::Put (pwrite copy-in, no writable range, no page-table "
       "change; same 3 round trips):\n");
@@ -406,14 +420,44 @@ void BenchLifecycle(const Target& target, int iters) {
     const Summary t = Summarize(total);
     std::printf("%-8s %9.1f %9.1f %12.1f %15.2f %10.2f\n",
                 SizeName(bytes).c_str(), t.p50, t.p99, copy,
-                (t.p50 - copy) / (kLifecycleRoundTrips * r.p50), faults);
+                (t.p50 - copy) / (kLifecycleRoundTrips * rtt), faults);
   }
 }
 
-double CopyGBps(void* dst, const void* src, uint64_t bytes, int reps) {
-  std::memcpy(dst, src, bytes);  // Warm.
+// Section 5: section 1's lifecycle filled through Buffer::data(), whose
+// pointer may outlive the seal: the seal closes the range (mprotect) and the
+// next buffer opens it again. Run last (see the file comment).
+void BenchPointerLifecycle(const Target& target, int iters) {
+  Client& c = *target.client;
+  std::printf(
+      "\n== 5. Lifecycle filled through Buffer::data(), pool in %s ==\n",
+      target.label.c_str());
+  const double rtt = MeasureRtt(c, iters);
+  const std::vector<uint64_t>& sizes = LifecycleSizes();
+  std::vector<ProtectCost> protect;
+  std::printf("page-table cost of the seal guarantee here (mprotect p50):\n");
+  for (uint64_t bytes : sizes) {
+    protect.push_back(CalibrateMprotect(target.dir, bytes));
+    std::printf(
+        "  %-6s read-only->writable %8.0f us, writable->read-only "
+        "%6.0f us\n",
+        SizeName(bytes).c_str(), protect.back().open_us,
+        protect.back().close_us);
+  }
+  PrintLifecycleLegend();
+  std::printf(
+      "the client's defaults, filled with memcpy through Buffer::data(): the "
+      "pointer may outlive the seal, so the seal closes the range (a write "
+      "through it faults) and the next buffer there opens it again:\n");
+  BenchLifecycleTable(c, sizes, protect, Fill::kDataPointer, rtt, iters);
+}
+
+// GB/s of `reps` copies of `bytes` made by `copy`, after one to warm up.
+template <typename Copy>
+double CopyGBps(uint64_t bytes, int reps, Copy copy) {
+  copy();
   const auto t0 = Clock::now();
-  for (int i = 0; i < reps; ++i) std::memcpy(dst, src, bytes);
+  for (int i = 0; i < reps; ++i) copy();
   const double s = std::chrono::duration<double>(Clock::now() - t0).count();
   return double(bytes) * reps / s / 1e9;
 }
@@ -430,8 +474,11 @@ void BenchCopyIn(const Target& target, int reps) {
   double pool = 0, priv_bw = 0;
   // Interleave to share the machine's noise evenly.
   for (int round = 0; round < 3; ++round) {
-    priv_bw += CopyGBps(priv.data(), src.data(), bytes, reps);
-    pool += CopyGBps(buf.data(), src.data(), bytes, reps);
+    priv_bw += CopyGBps(bytes, reps,
+                        [&] { std::memcpy(priv.data(), src.data(), bytes); });
+    // The way to fill a buffer that leaves no pointer (Buffer::CopyFrom).
+    pool += CopyGBps(bytes, reps,
+                     [&] { Check(buf.CopyFrom(src.data(), bytes), "copy"); });
   }
   pool /= 3;
   priv_bw /= 3;
@@ -455,7 +502,7 @@ void BenchCopyIn(const Target& target, int reps) {
       std::chrono::duration<double>(Clock::now() - t0).count() / 1e9;
   std::printf("memcpy into private memory:      %6.2f GB/s\n", priv_bw);
   std::printf(
-      "memcpy into a pool buffer:       %6.2f GB/s  (%.0f%% of private)\n",
+      "CopyFrom into a pool buffer:     %6.2f GB/s  (%.0f%% of private)\n",
       pool, 100 * pool / priv_bw);
   std::printf(
       "fresh shm segment per object:    %6.2f GB/s  (pool is %.1fx faster)\n",
@@ -494,7 +541,10 @@ void BenchScale(const Daemon& d, Client& solo, int iters, int clients,
         for (int k = i; k < live_objects; k += clients) {
           shmtensor::Buffer b =
               Check(cs[i].Create({.size_bytes = 4096}), "create");
-          std::memset(b.data(), k, 4096);
+          Check(b.Fill([k](absl::Span<uint8_t> bytes) {
+            std::memset(bytes.data(), k, bytes.size());
+          }),
+                "fill");
           held[i].push_back(Check(b.Seal(), "seal"));
         }
       });
@@ -705,6 +755,11 @@ int main(int argc, char** argv) {
     for (const Target& t : targets) BenchLifecycle(t, quick ? 200 : 2000);
     for (const Target& t : targets) BenchCopyIn(t, quick ? 8 : 40);
     BenchScale(daemon, client, quick ? 200 : 2000, 64, 10000);
+    BenchMonitoring(daemon, quick ? 3 : 8, quick ? 1.0 : 2.0);
+    for (const Target& t : targets) {
+      BenchPointerLifecycle(t, quick ? 200 : 2000);
+    }
+    return 0;
   }
   BenchMonitoring(daemon, quick ? 3 : 8, quick ? 1.0 : 2.0);
   return 0;

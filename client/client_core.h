@@ -46,7 +46,7 @@ class ClientCore {
   static absl::StatusOr<std::shared_ptr<ClientCore>> Connect(
       const std::string& address, const std::string& client_name,
       absl::Duration connect_timeout,
-      WriteRevocation write_revocation = WriteRevocation::kImmediate);
+      WriteRevocation write_revocation = WriteRevocation::kWhenExposed);
   // Ends the session: the daemon then drops whatever leases remain.
   ~ClientCore();
 
@@ -156,7 +156,7 @@ class ClientCore {
   // ForkGeneration() there: inherited() compares it, without a system call.
   uint64_t fork_generation_ = 0;
   std::string address_;
-  WriteRevocation write_revocation_ = WriteRevocation::kImmediate;
+  WriteRevocation write_revocation_ = WriteRevocation::kWhenExposed;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::ObjectStore::Stub> stub_;
   std::unique_ptr<grpc::ClientContext> session_ctx_;

@@ -4,15 +4,40 @@
 
 namespace shmtensor::internal {
 
+bool Lease::ClosesAtOnce(WriteRevocation revocation) {
+  switch (revocation) {
+    case WriteRevocation::kImmediate:
+      return true;
+    case WriteRevocation::kDeferred:
+      return false;
+    case WriteRevocation::kWhenExposed:
+      break;
+  }
+  if (exposed_.load(std::memory_order_acquire)) return true;
+  absl::StatusOr<PoolMapping*> m = core_->Mapping(placement_.pool_id());
+  // Without the mapping there is nothing to learn: close (which fails the
+  // same way) rather than leave a range open on a guess.
+  return !m.ok() ||
+         (*m)->Exposed(placement_.offset(), placement_.capacity_bytes());
+}
+
 void Lease::CloseWritableRange() {
   if (opened_rw_range_ && access_ == Access::kReadWrite) {
     if (absl::StatusOr<PoolMapping*> m = core_->Mapping(placement_.pool_id());
-        m.ok() && revocation_ == WriteRevocation::kImmediate) {
+        m.ok() && ClosesAtOnce(revocation_)) {
       (*m)->Protect(placement_.offset(), placement_.capacity_bytes(),
                     Access::kRead)
           .IgnoreError();
     }
     access_ = Access::kRead;
+  }
+}
+
+void Lease::MarkExposed() {
+  if (!opened_rw_range_ || exposed_.exchange(true)) return;
+  if (absl::StatusOr<PoolMapping*> m = core_->Mapping(placement_.pool_id());
+      m.ok()) {
+    (*m)->MarkExposed(placement_.offset(), placement_.capacity_bytes());
   }
 }
 
@@ -74,7 +99,7 @@ absl::Status Lease::CloseForSeal(CudaStream stream,
     return cuda::WaitForStream(device_.index, stream);
   }
   revocation_ = revocation;
-  if (revocation == WriteRevocation::kDeferred) {
+  if (!ClosesAtOnce(revocation)) {
     access_ = Access::kRead;
     return absl::OkStatus();
   }

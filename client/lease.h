@@ -11,6 +11,7 @@
 #ifndef SHMTENSOR_CLIENT_LEASE_H_
 #define SHMTENSOR_CLIENT_LEASE_H_
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -58,6 +59,12 @@ class Lease {
   // How the writable range closes at release: the client's default
   // (ClientOptions::write_revocation) until a seal chooses. Host pools only.
   WriteRevocation revocation() const;
+  // A raw pointer to the writable bytes was handed out (Buffer::data(),
+  // View::mutable_data()) and may outlive the lease: under kWhenExposed its
+  // range closes at once, here and in every later writable use of any of
+  // its bytes in this process (PoolMapping::MarkExposed). No-op for a
+  // read-only lease or a CUDA pool.
+  void MarkExposed();
 
   // Before sealing. Host: closes the writable range to read-only, so that
   // from here on a write through the old pointer faults (kImmediate), or
@@ -90,6 +97,9 @@ class Lease {
   // Closes the range this lease opened for writing, if still open, as
   // revocation_ says. Called under mu_ or in the destructor.
   void CloseWritableRange();
+  // Whether giving up write access under `revocation` must close the range
+  // now (kWhenExposed resolved: a raw pointer may be left). Host pools.
+  bool ClosesAtOnce(WriteRevocation revocation);
   // CUDA: events on the streams the object was used on (or, if they cannot
   // be recorded, none after waiting for the device). Called by the last
   // holder, under mu_ or in the destructor.
@@ -105,9 +115,10 @@ class Lease {
   uint8_t* data_;
   // This lease opened its range in the writable mapping; it closes it again.
   const bool opened_rw_range_;
-  WriteRevocation revocation_;    // Guarded by mu_ after construction.
-  bool held_ = true;              // Guarded by mu_.
-  bool shared_writable_ = false;  // Guarded by mu_.
+  WriteRevocation revocation_;        // Guarded by mu_ after construction.
+  bool held_ = true;                  // Guarded by mu_.
+  bool shared_writable_ = false;      // Guarded by mu_.
+  std::atomic<bool> exposed_{false};  // MarkExposed was called.
 };
 
 }  // namespace shmtensor::internal

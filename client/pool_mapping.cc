@@ -191,6 +191,16 @@ absl::StatusOr<uint8_t*> PoolMapping::Protect(uint64_t offset,
   return rw_ + offset;
 }
 
+void PoolMapping::MarkExposed(uint64_t offset, uint64_t capacity) {
+  std::lock_guard<std::mutex> lock(mu_);
+  exposed_.Add(offset, offset + capacity);
+}
+
+bool PoolMapping::Exposed(uint64_t offset, uint64_t capacity) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return exposed_.Intersects(offset, offset + capacity);
+}
+
 absl::Status PoolMapping::EnsureWritableLocked() {
   if (!rw_tried_) {
     rw_tried_ = true;

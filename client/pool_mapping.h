@@ -10,9 +10,11 @@
 //    the transfers it took) are opened to PROT_READ|PROT_WRITE with
 //    mprotect. Sealing (shared or exclusive) and releasing close the range
 //    back to PROT_READ, so a write through an old writable pointer faults;
-//    unless the holder vouches that no such pointer exists
-//    (WriteRevocation::kDeferred, view.h): then the range stays open, and a
-//    later writable use of memory that is still open needs no mprotect. The
+//    unless no such pointer can exist (WriteRevocation::kWhenExposed: no
+//    raw pointer was ever handed out into the range, see MarkExposed; or
+//    kDeferred: the holder vouches for it, view.h): then the range stays
+//    open, and a later writable use of memory that is still open needs no
+//    mprotect. The
 //    mapping remembers which ranges are open, so in steady state a recycled
 //    buffer costs no page-table change at all. No view ever points into an
 //    open range it does not hold: readers read through the read-only
@@ -69,6 +71,15 @@ class PoolMapping {
   absl::StatusOr<uint8_t*> Protect(uint64_t offset, uint64_t capacity,
                                    Access access);
 
+  // Records that a raw pointer into [offset, offset+capacity) of the
+  // writable mapping was handed out (Buffer::data(), View::mutable_data()).
+  // Such a pointer may outlive its buffer, so under
+  // WriteRevocation::kWhenExposed every later writable use of any of these
+  // bytes in this process closes its range at once. Never forgotten.
+  void MarkExposed(uint64_t offset, uint64_t capacity);
+  // True when some byte of [offset, offset+capacity) was marked exposed.
+  bool Exposed(uint64_t offset, uint64_t capacity);
+
   // mprotect calls this mapping made, for tests and benchmarks.
   uint64_t protect_calls() const {
     return protect_calls_.load(std::memory_order_relaxed);
@@ -109,6 +120,8 @@ class PoolMapping {
   // redundant mprotect there, never a missed one, because closing does not
   // trust the set.
   RangeSet open_;
+  // Ranges a raw writable pointer was ever handed out into (MarkExposed).
+  RangeSet exposed_;
   std::atomic<uint64_t> protect_calls_{0};
 };
 

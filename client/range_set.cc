@@ -13,6 +13,14 @@ bool RangeSet::Covers(uint64_t start, uint64_t end) const {
   return it->second >= end;
 }
 
+bool RangeSet::Intersects(uint64_t start, uint64_t end) const {
+  if (start >= end) return false;
+  auto it = ranges_.lower_bound(start);  // First interval starting at or after.
+  if (it != ranges_.end() && it->first < end) return true;
+  if (it == ranges_.begin()) return false;
+  return std::prev(it)->second > start;  // The one starting before `start`.
+}
+
 void RangeSet::Add(uint64_t start, uint64_t end) {
   if (start >= end) return;
   // The first interval that could touch [start, end): the one before the

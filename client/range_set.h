@@ -20,6 +20,9 @@ class RangeSet {
   // True when every offset of [start, end) is in the set (and for an empty
   // range).
   bool Covers(uint64_t start, uint64_t end) const;
+  // True when some offset of [start, end) is in the set (never for an
+  // empty range).
+  bool Intersects(uint64_t start, uint64_t end) const;
   // Adds [start, end); no-op for an empty range.
   void Add(uint64_t start, uint64_t end);
   // Removes [start, end), splitting an interval that straddles it.

@@ -30,6 +30,21 @@ TEST(RangeSetTest, AddMergesOverlappingAndTouchingRanges) {
   EXPECT_EQ(s.bytes(), 50u);
 }
 
+TEST(RangeSetTest, IntersectsAnyOverlapButNotATouch) {
+  RangeSet s;
+  EXPECT_FALSE(s.Intersects(0, 100));
+  s.Add(10, 20);
+  s.Add(30, 40);
+  EXPECT_TRUE(s.Intersects(15, 16));   // Inside.
+  EXPECT_TRUE(s.Intersects(0, 11));    // Overlaps the start.
+  EXPECT_TRUE(s.Intersects(19, 25));   // Overlaps the end.
+  EXPECT_TRUE(s.Intersects(5, 50));    // Spans both.
+  EXPECT_FALSE(s.Intersects(20, 30));  // The gap, touching both.
+  EXPECT_FALSE(s.Intersects(0, 10));   // Ends where one starts.
+  EXPECT_FALSE(s.Intersects(40, 41));  // Starts where one ends.
+  EXPECT_FALSE(s.Intersects(15, 15));  // Empty.
+}
+
 TEST(RangeSetTest, RemoveSplitsAndTrims) {
   RangeSet s;
   s.Add(0, 100);
@@ -78,6 +93,9 @@ TEST(RangeSetTest, AgreesWithABitmapModel) {
       bool covered = true;
       for (uint64_t i = c; i < d; ++i) covered = covered && model[i];
       ASSERT_EQ(s.Covers(c, d), covered) << "[" << c << ", " << d << ")";
+      bool touched = false;
+      for (uint64_t i = c; i < d; ++i) touched = touched || model[i];
+      ASSERT_EQ(s.Intersects(c, d), touched) << "[" << c << ", " << d << ")";
 
       size_t runs = 0;
       uint64_t bytes = 0;

@@ -1,6 +1,11 @@
 #include "shmtensor/view.h"
 
+#include <cstring>
+
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/cuda_api.h"
 #include "client/lease.h"
 
 namespace shmtensor {
@@ -14,7 +19,9 @@ const void* View::data() const {
 }
 
 void* View::mutable_data() const {
-  return lease_ != nullptr && writable_ ? lease_->data() : nullptr;
+  if (lease_ == nullptr || !writable_) return nullptr;
+  lease_->MarkExposed();
+  return lease_->data();
 }
 
 void View::UseOnStream(CudaStream stream) const {
@@ -41,7 +48,48 @@ Buffer::Buffer(ObjectInfo info, std::shared_ptr<internal::Lease> lease)
     : info_(std::move(info)), lease_(std::move(lease)) {}
 
 void* Buffer::data() const {
-  return lease_ != nullptr ? lease_->data() : nullptr;
+  if (lease_ == nullptr) return nullptr;
+  lease_->MarkExposed();
+  return lease_->data();
+}
+
+absl::Status Buffer::CopyFrom(const void* src, uint64_t size, uint64_t offset) {
+  if (lease_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "buffer is no longer writable: it was sealed or discarded");
+  }
+  if (offset > info_.size_bytes || size > info_.size_bytes - offset) {
+    return absl::OutOfRangeError(absl::StrFormat(
+        "CopyFrom of %d bytes at offset %d does not fit the buffer's %d bytes",
+        size, offset, info_.size_bytes));
+  }
+  if (size == 0) return absl::OkStatus();
+  if (src == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("CopyFrom of %d bytes from a null pointer", size));
+  }
+  uint8_t* dst = lease_->data() + offset;
+  if (lease_->device().is_cuda()) {
+    return internal::cuda::CopyAndWait(lease_->device().index, dst, src, size,
+                                       kLegacyDefaultStream);
+  }
+  std::memcpy(dst, src, size);
+  return absl::OkStatus();
+}
+
+absl::Status Buffer::Fill(absl::FunctionRef<void(absl::Span<uint8_t>)> fill) {
+  if (lease_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "buffer is no longer writable: it was sealed or discarded");
+  }
+  if (lease_->device().is_cuda()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("Fill writes through the host; this buffer is in ",
+                     DeviceName(lease_->device()),
+                     " memory: use CopyFrom, or ToTensor on the sealed view"));
+  }
+  fill(absl::Span<uint8_t>(lease_->data(), info_.size_bytes));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<SealedRef> Buffer::Seal(
@@ -59,9 +107,13 @@ absl::StatusOr<SealedRef> Buffer::Seal(
   // Close the writable range (host) or wait for the GPU's writes (CUDA)
   // before the daemon publishes the object, so no write of this process can
   // land after a reader could see it.
-  if (absl::Status s = lease_->CloseForSeal(
-          stream, revocation.value_or(lease_->revocation()));
-      !s.ok()) {
+  WriteRevocation how = revocation.value_or(lease_->revocation());
+  // Another holder of the lease is an adapter's export (an array or tensor
+  // over the bytes) that outlives this seal: it may still be written through.
+  if (how == WriteRevocation::kWhenExposed && lease_.use_count() > 1) {
+    how = WriteRevocation::kImmediate;
+  }
+  if (absl::Status s = lease_->CloseForSeal(stream, how); !s.ok()) {
     return s;
   }
   v1::SealRequest req;

@@ -4,6 +4,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
@@ -209,6 +210,40 @@ TEST_F(BadInputTest, ForgedAndStaleRefs) {
   Expect(&Stub::Get, g, grpc::StatusCode::NOT_FOUND, "stale reference",
          &reason);
   EXPECT_EQ(reason, "ERROR_REASON_STALE_REFERENCE");
+}
+
+TEST_F(BadInputTest, BufferCopiesOutsideTheBufferAreRefused) {
+  absl::StatusOr<Buffer> buf = client_->Create({.size_bytes = 1000});
+  ASSERT_TRUE(buf.ok()) << buf.status();
+  const std::vector<uint8_t> src(2000, 1);
+  absl::Status s = buf->CopyFrom(src.data(), 1001);
+  EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "1001 bytes at offset 0")) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "1000 bytes")) << s;
+  // offset + size wraps around 2^64: still refused, not a wild copy.
+  s = buf->CopyFrom(src.data(), 2, ~uint64_t{0});
+  EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
+  s = buf->CopyFrom(nullptr, 10);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_TRUE(buf->CopyFrom(nullptr, 0, 1000).ok());  // Nothing to copy.
+  // What fits goes where it was asked to.
+  const std::vector<uint8_t> twos(500, 2);
+  ASSERT_TRUE(buf->CopyFrom(twos.data(), 500).ok());
+  ASSERT_TRUE(buf->CopyFrom(src.data(), 500, 500).ok());
+  absl::StatusOr<SealedRef> ref = buf->Seal();
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  absl::StatusOr<View> v = client_->Get(ref->ref());
+  ASSERT_TRUE(v.ok()) << v.status();
+  const auto* p = static_cast<const uint8_t*>(v->data());
+  EXPECT_EQ(p[0], 2);
+  EXPECT_EQ(p[499], 2);
+  EXPECT_EQ(p[500], 1);
+  EXPECT_EQ(p[999], 1);
+  // A sealed buffer takes no more bytes.
+  s = buf->CopyFrom(src.data(), 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  s = buf->Fill([](absl::Span<uint8_t>) { ADD_FAILURE() << "called"; });
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
 }
 
 TEST_F(BadInputTest, LeaseMisuse) {

@@ -247,6 +247,32 @@ TEST_F(CudaDaemonTest, PutCopiesDeviceToDevice) {
   EXPECT_EQ(GpuUsed(), 0u);
 }
 
+// Buffer::CopyFrom into device memory: from the host and from the device,
+// complete when it returns; Fill refuses (the host cannot write there).
+TEST_F(CudaDaemonTest, CopyFromFillsADeviceBuffer) {
+  const uint64_t bytes = 4 * kMiB;
+  absl::StatusOr<Buffer> buf =
+      client_->Create({.size_bytes = bytes, .device = Device::Cuda(0)});
+  ASSERT_TRUE(buf.ok()) << buf.status();
+  const std::vector<uint8_t> host(bytes / 2, 0x44);
+  ASSERT_TRUE(buf->CopyFrom(host.data(), host.size()).ok());
+  void* src = nullptr;
+  ASSERT_EQ(cudaMalloc(&src, bytes / 2), cudaSuccess);
+  ASSERT_EQ(cudaMemset(src, 0x44, bytes / 2), cudaSuccess);
+  ASSERT_TRUE(buf->CopyFrom(src, bytes / 2, bytes / 2).ok());
+  cudaFree(src);
+  absl::Status fill = buf->Fill([](absl::Span<uint8_t>) {});
+  EXPECT_EQ(fill.code(), absl::StatusCode::kFailedPrecondition) << fill;
+  absl::StatusOr<SealedRef> ref = buf->Seal();
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  std::unique_ptr<Subprocess> child = Child("check", ref->ref(), 0x44);
+  ASSERT_NE(child, nullptr);
+  EXPECT_EQ(*child->ReadLine(), "ok " + std::to_string(bytes));
+  EXPECT_EQ(child->Wait(), 0);
+  ASSERT_TRUE(ref->Release().ok());
+  EXPECT_EQ(GpuUsed(), 0u);
+}
+
 // P12: the memory of a view whose last reference died while the GPU still
 // reads it is not handed out again until that work is done.
 TEST_F(CudaDaemonTest, ReleaseWaitsForTheConsumersQueuedWork) {

@@ -86,6 +86,90 @@ TEST_F(SafetyTest, CreatorWriteAfterSealFaults) {  // [P10]
   ExpectWriteIntoSealedFaults({"write-after-seal", "sealed-obj"}, "sealed-obj");
 }
 
+// The default revocation (kWhenExposed) leaves a range open only where no
+// raw pointer points in; one kept from an earlier buffer in the same memory
+// does, so the next buffer there closes at seal although it was filled with
+// CopyFrom.
+TEST_F(SafetyTest, OldPointerIntoReusedMemoryFaultsAfterSeal) {  // [P10]
+  ExpectWriteIntoSealedFaults({"stale-pointer-write", "reused-obj"},
+                              "reused-obj");
+}
+
+// What the default revocation buys and what it keeps: buffers filled with
+// CopyFrom or Fill leave no pointer, so recycled memory takes no mprotect
+// in a lifecycle or an exclusive hand-off; a live export, data() or a
+// writable view's mutable_data() close their range at once, and memory
+// that data() ever pointed into closes at every seal from then on.
+TEST_F(SafetyTest, BuffersFilledWithoutAPointerChangeNoPageTable) {
+  constexpr uint64_t kBytes = 64 << 10;
+  const std::vector<uint8_t> src(kBytes, 3);
+  internal::PoolMapping* mapping = nullptr;
+  std::optional<uint64_t> offset;
+  enum class Fill { kCopyFrom, kFill, kData, kLiveExport };
+  // One lifecycle (exclusive: a hand-off taken by this client, written
+  // through mutable_data() if `write_taken`); returns the pool mapping's
+  // mprotect count after it.
+  auto lifecycle = [&](Fill how, bool exclusive = false,
+                       bool write_taken = false) -> uint64_t {
+    absl::StatusOr<Buffer> buf = client_->Create({.size_bytes = kBytes});
+    EXPECT_TRUE(buf.ok()) << buf.status();
+    const internal::Lease& lease = *buf->lease();
+    mapping = *lease.core().Mapping(lease.placement().pool_id());
+    // Every lifecycle reuses the same memory, or the counts mean nothing.
+    if (!offset) offset = lease.placement().offset();
+    EXPECT_EQ(lease.placement().offset(), *offset);
+    std::shared_ptr<internal::Lease> export_share;
+    switch (how) {
+      case Fill::kLiveExport:
+        export_share = buf->lease();  // What an adapter's array holds.
+        [[fallthrough]];
+      case Fill::kCopyFrom:
+        EXPECT_TRUE(buf->CopyFrom(src.data(), kBytes).ok());
+        break;
+      case Fill::kFill:
+        EXPECT_TRUE(buf->Fill([](absl::Span<uint8_t> bytes) {
+                         std::memset(bytes.data(), 3, bytes.size());
+                       })
+                        .ok());
+        break;
+      case Fill::kData:
+        std::memset(buf->data(), 3, kBytes);
+        break;
+    }
+    absl::StatusOr<SealedRef> ref = buf->Seal(exclusive);
+    EXPECT_TRUE(ref.ok()) << ref.status();
+    absl::StatusOr<View> v = client_->Get(ref->ref());
+    EXPECT_TRUE(v.ok()) << v.status();
+    EXPECT_EQ(v->writable(), exclusive);
+    EXPECT_TRUE(AllBytes(*v, 3));
+    if (write_taken) static_cast<uint8_t*>(v->mutable_data())[0] = 3;
+    // Waiting releases: the memory is free before the next Create.
+    export_share.reset();
+    EXPECT_TRUE(v->Release().ok());
+    if (!exclusive) {
+      EXPECT_TRUE(ref->Release().ok());
+    }
+    return mapping->protect_calls();
+  };
+  const uint64_t warm = lifecycle(Fill::kCopyFrom);  // Opens the range once.
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(lifecycle(Fill::kCopyFrom), warm);
+    EXPECT_EQ(lifecycle(Fill::kFill), warm);
+    EXPECT_EQ(lifecycle(Fill::kCopyFrom, /*exclusive=*/true), warm);
+  }
+  // An export alive at the seal closes the range (1); the next buffer opens
+  // it again (1).
+  EXPECT_EQ(lifecycle(Fill::kLiveExport), warm + 1);
+  EXPECT_EQ(lifecycle(Fill::kCopyFrom), warm + 2);
+  EXPECT_EQ(lifecycle(Fill::kCopyFrom), warm + 2);
+  // A taken view written through mutable_data() closes at release (1), and
+  // marks the memory: from then on every writable use opens and closes it.
+  EXPECT_EQ(lifecycle(Fill::kCopyFrom, true, /*write_taken=*/true), warm + 3);
+  EXPECT_EQ(lifecycle(Fill::kCopyFrom), warm + 5);
+  EXPECT_EQ(lifecycle(Fill::kFill), warm + 7);
+  EXPECT_EQ(lifecycle(Fill::kData), warm + 9);
+}
+
 TEST_F(SafetyTest, CreatorLosesAccessAfterExclusiveSeal) {
   std::unique_ptr<Subprocess> child =
       Child({"write-after-seal", "unused", "exclusive"});

@@ -8,10 +8,12 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/time/clock.h"
+#include "client/lease.h"
 #include "shmtensor/client.h"
 #include "shmtensor/errors.h"
 #include "shmtensor/torch.h"
@@ -70,6 +72,38 @@ int Run(int argc, char** argv) {
     auto* p = static_cast<uint8_t*>(buf->data());
     std::memset(p, 7, 8192);
     absl::StatusOr<shmtensor::SealedRef> sealed = buf->Seal(exclusive);
+    if (!sealed.ok()) return Fail(sealed.status());
+    Say("sealed " + RefToHex(sealed->ref()));
+    p[100] = 0x66;  // Must fault.
+    Say("WROTE");
+    return 0;
+  }
+  if (cmd == "stale-pointer-write") {  // argv[3]: name
+    // A raw pointer kept from an earlier buffer, whose memory the next one
+    // gets: that one is filled without exposing a pointer (CopyFrom), and
+    // the default revocation must still close it at seal, because the old
+    // pointer points in.
+    absl::StatusOr<shmtensor::Buffer> old =
+        client->Create({.size_bytes = 8192});
+    if (!old.ok()) return Fail(old.status());
+    auto* p = static_cast<uint8_t*>(old->data());
+    std::memset(p, 1, 8192);
+    absl::StatusOr<shmtensor::SealedRef> old_ref = old->Seal();
+    if (!old_ref.ok()) return Fail(old_ref.status());
+    // Waits for the daemon: the memory is free for the next Create.
+    if (absl::Status s = old_ref->Release(); !s.ok()) return Fail(s);
+    absl::StatusOr<shmtensor::Buffer> buf =
+        client->Create({.size_bytes = 8192, .name = argv[3]});
+    if (!buf.ok()) return Fail(buf.status());
+    if (buf->lease()->data() != p) {
+      Say("error: the new buffer did not reuse the old one's memory");
+      return 3;
+    }
+    const std::vector<uint8_t> sevens(8192, 7);
+    if (absl::Status s = buf->CopyFrom(sevens.data(), sevens.size()); !s.ok()) {
+      return Fail(s);
+    }
+    absl::StatusOr<shmtensor::SealedRef> sealed = buf->Seal();
     if (!sealed.ok()) return Fail(sealed.status());
     Say("sealed " + RefToHex(sealed->ref()));
     p[100] = 0x66;  // Must fault.

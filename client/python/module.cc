@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "client/lease.h"
 #include "client/python/batch_ring.h"
 #include "client/python/exports.h"
 #include "shmtensor/client.h"
@@ -144,7 +145,9 @@ class PyView {
   View view_;
 };
 
-// A writable, unsealed buffer.
+// A writable, unsealed buffer. Its arrays and DLPack tensors take the
+// address from the lease, not Buffer::data(): they are counted here, and
+// Seal chooses the revocation from them, so they mark nothing exposed.
 class PyBuffer {
  public:
   explicit PyBuffer(Buffer b)
@@ -163,15 +166,15 @@ class PyBuffer {
   }
   py::array Array() {
     const Buffer& b = get();
-    py::array arr =
-        MakeArray({&b.info(), b.data(), b.lease(), /*writable=*/true, nullptr});
+    py::array arr = MakeArray(
+        {&b.info(), b.lease()->data(), b.lease(), /*writable=*/true, nullptr});
     arrays_.push_back(py::weakref(arr));
     return arr;
   }
   py::capsule DLPack(const py::object& stream) {
     const Buffer& b = get();
     DeclareDlpackStream(stream, [&](CudaStream s) { b.UseOnStream(s); });
-    return MakeDLPack({&b.info(), b.data(), b.lease(), true, dlpack_});
+    return MakeDLPack({&b.info(), b.lease()->data(), b.lease(), true, dlpack_});
   }
   PySealedRef Seal(bool exclusive, CudaStream stream) {
     get();
@@ -219,7 +222,7 @@ class PyBuffer {
   bool valid() const { return buffer_.valid(); }
   ExportSource Source() const {
     const Buffer& b = get();
-    return {&b.info(), b.data(), b.lease(), true, dlpack_};
+    return {&b.info(), b.lease()->data(), b.lease(), true, dlpack_};
   }
 
  private:

@@ -3,7 +3,7 @@
 //   absl::StatusOr<shmtensor::Client> client = shmtensor::Client::Connect();
 //   absl::StatusOr<shmtensor::Buffer> buf = client->Create(
 //       {.dtype = shmtensor::DType::kFloat32, .shape = {64, 1024}});
-//   std::memcpy(buf->data(), src, buf->size_bytes());
+//   buf->CopyFrom(src, buf->size_bytes());  // or Fill(), or data()
 //   absl::StatusOr<shmtensor::SealedRef> ref = buf->Seal();
 //   std::string wire = ref->ref().Serialize();       // to another process
 //   ...
@@ -57,8 +57,10 @@ struct ClientOptions {
   absl::Duration connect_timeout = absl::Seconds(5);
   // How this client's writable buffers and taken views give up write access
   // when sealed, discarded or released (see WriteRevocation in view.h).
-  // kDeferred only where no raw pointer into a buffer can outlive it.
-  WriteRevocation write_revocation = WriteRevocation::kImmediate;
+  // The default closes a range at once only where a raw pointer into it
+  // was handed out; kImmediate always does; kDeferred only where no raw
+  // pointer into a buffer can outlive it.
+  WriteRevocation write_revocation = WriteRevocation::kWhenExposed;
 };
 
 struct CreateOptions {

@@ -8,7 +8,9 @@
 #include <optional>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "shmtensor/device.h"
 #include "shmtensor/dtype.h"
 #include "shmtensor/object_ref.h"
@@ -33,6 +35,16 @@ struct ObjectInfo {
 // this process's write access to host-pool memory when it is sealed or
 // released.
 enum class WriteRevocation {
+  // The default: kImmediate where a raw pointer into the range may be left,
+  // kDeferred where none can be. A pointer may be left when this buffer's
+  // data() (or this writable view's mutable_data()) was called, when an
+  // export an adapter made from its lease() is still alive at the seal, or
+  // when any byte of the range was ever handed out by data() or
+  // mutable_data() in this process before (an old pointer may still point
+  // there). A buffer filled only through CopyFrom or Fill leaves none, so
+  // recycled memory changes no page table: the lifecycle costs its round
+  // trips and nothing more.
+  kWhenExposed,
   // At once, with mprotect: a write through any pointer kept from it (say,
   // data() saved before Seal) faults instead of changing what others see.
   // Costs two page-table changes per writable use (open and close), which
@@ -77,7 +89,9 @@ class View {
 
   // The bytes; nullptr once released.
   const void* data() const;
-  // The bytes for writing; nullptr unless writable().
+  // The bytes for writing; nullptr unless writable(). A pointer that may
+  // outlive the view: with WriteRevocation::kWhenExposed the view's release
+  // closes the range at once (a write through it then faults).
   void* mutable_data() const;
 
   // Drops this copy's share of the lease. When it is the last share (no
@@ -119,15 +133,35 @@ class Buffer {
   bool shared_writable() const;
   bool valid() const { return lease_ != nullptr; }
   const ObjectInfo& info() const { return info_; }
-  // The bytes to fill; nullptr once sealed or discarded.
+  // The bytes to fill; nullptr once sealed or discarded. A raw pointer that
+  // may outlive the buffer: Seal then closes the range at once (see
+  // WriteRevocation::kWhenExposed), so a write through it faults. Prefer
+  // CopyFrom or Fill, which leave no pointer behind and cost no page-table
+  // change.
   void* data() const;
   uint64_t size_bytes() const { return info_.size_bytes; }
+
+  // Copies `size` bytes from `src` to byte `offset` of the buffer (a host
+  // copy; for a CUDA pool, host or device memory to the device, complete on
+  // return). No pointer into the buffer is handed out. FAILED_PRECONDITION
+  // if not valid; OUT_OF_RANGE if [offset, offset + size) is not inside the
+  // buffer; INVALID_ARGUMENT for a null `src` with a nonzero size.
+  absl::Status CopyFrom(const void* src, uint64_t size, uint64_t offset = 0);
+  // Calls `fill` with the buffer's bytes to write them in place (decode
+  // into them, say). The span is lent for the call only: unlike data(), a
+  // pointer kept from it is not revoked at Seal, so keeping one is a
+  // use-after-free. Host pools only (FAILED_PRECONDITION for a CUDA pool,
+  // whose bytes the host cannot write: use CopyFrom or ToTensor); also
+  // FAILED_PRECONDITION if not valid.
+  absl::Status Fill(absl::FunctionRef<void(absl::Span<uint8_t>)> fill);
 
   // Makes the object immutable and returns its ref; the Buffer becomes
   // invalid. From here on a write through the old data() pointer faults
   // (host pools; see the class comment of View for CUDA pools), unless
   // `revocation` (default: the client's ClientOptions::write_revocation) is
   // kDeferred, by which the caller vouches that no such pointer is left.
+  // With the default kWhenExposed, a buffer whose data() was never called
+  // and with no tensor left is sealed without a page-table change.
   // Shared seal: the SealedRef holds a lease that keeps the object alive.
   // Exclusive seal (hand-off to exactly one consumer): the SealedRef holds
   // nothing, this process loses write access (the taker alone may write),
