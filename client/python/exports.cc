@@ -59,6 +59,72 @@ const char* NumpyFormat(DType dtype) {
   return nullptr;
 }
 
+// PEP 3118 (struct module) formats of the little-endian bytes: native ones
+// on a little-endian host (memoryview indexes and converts only those),
+// explicit "<" ones otherwise.
+const char* BufferFormat(DType dtype) {
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define SHMTENSOR_LE(code) code
+#else
+#define SHMTENSOR_LE(code) "<" code
+#endif
+  switch (dtype) {
+    case DType::kUnspecified:
+    case DType::kUInt8:
+      return "B";
+    case DType::kBool:
+      return "?";
+    case DType::kInt8:
+      return "b";
+    case DType::kInt16:
+      return SHMTENSOR_LE("h");
+    case DType::kInt32:
+      return SHMTENSOR_LE("i");
+    case DType::kInt64:
+      return SHMTENSOR_LE("q");
+    case DType::kFloat16:
+      return SHMTENSOR_LE("e");
+    case DType::kFloat32:
+      return SHMTENSOR_LE("f");
+    case DType::kFloat64:
+      return SHMTENSOR_LE("d");
+    case DType::kComplex64:
+      return SHMTENSOR_LE("Zf");
+    case DType::kComplex128:
+      return SHMTENSOR_LE("Zd");
+    case DType::kUInt16:
+      return SHMTENSOR_LE("H");
+    case DType::kUInt32:
+      return SHMTENSOR_LE("I");
+    case DType::kUInt64:
+      return SHMTENSOR_LE("Q");
+    case DType::kBFloat16:
+      return nullptr;
+  }
+#undef SHMTENSOR_LE
+  return nullptr;
+}
+
+// What a buffer export's owner keeps alive: the lease share and the arrays
+// the Py_buffer points to.
+struct BufferExport {
+  std::shared_ptr<internal::Lease>* lease;
+  std::vector<Py_ssize_t> shape;
+  std::vector<Py_ssize_t> strides;  // Bytes.
+};
+
+void DeleteBufferExport(PyObject* capsule) {
+  auto* e = static_cast<BufferExport*>(
+      PyCapsule_GetPointer(capsule, "shmtensor.buffer_export"));
+  DropWithoutGil(e->lease);
+  delete e;
+}
+
+int BufferError(const std::string& message) {
+  PyErr_SetString(PyExc_BufferError, message.c_str());
+  return -1;
+}
+
 bool ToDLDataType(DType dtype, DLDataType* out) {
   const uint8_t bits = static_cast<uint8_t>(ItemSize(dtype) * 8);
   switch (dtype) {
@@ -195,6 +261,78 @@ py::capsule MakeDLPack(const ExportSource& src) {
       m->deleter(m);
     }
   });
+}
+
+int FillBuffer(const ExportSource& src, Py_buffer* out, int flags) {
+  out->obj = nullptr;
+  const ObjectInfo& info = *src.info;
+  if (info.device.is_cuda()) {
+    return BufferError("the object is in " + DeviceName(info.device) +
+                       " memory, which the buffer protocol cannot address");
+  }
+  const char* format = BufferFormat(info.dtype);
+  if (format == nullptr) {
+    return BufferError(std::string("dtype ") + DTypeName(info.dtype) +
+                       " has no buffer-protocol format");
+  }
+  if ((flags & PyBUF_WRITABLE) == PyBUF_WRITABLE && !src.writable) {
+    return BufferError("the view is read-only");
+  }
+  auto e = std::make_unique<BufferExport>();
+  Py_ssize_t item = 1;
+  if (info.dtype == DType::kUnspecified) {
+    e->shape = {static_cast<Py_ssize_t>(info.size_bytes)};
+    e->strides = {1};
+  } else {
+    item = static_cast<Py_ssize_t>(ItemSize(info.dtype));
+    e->shape.assign(info.shape.begin(), info.shape.end());
+    e->strides.assign(info.strides_bytes.begin(), info.strides_bytes.end());
+  }
+  const int ndim = static_cast<int>(e->shape.size());
+  Py_ssize_t len = item;
+  for (Py_ssize_t n : e->shape) len *= n;
+  // Contiguity as the buffer protocol sees it (dimensions of one element
+  // have any stride; an empty array is contiguous).
+  bool c_order = true, f_order = true;
+  Py_ssize_t c_expect = item, f_expect = item;
+  for (int i = 0; i < ndim; ++i) {
+    const int r = ndim - 1 - i;
+    if (e->shape[r] != 1 && e->strides[r] != c_expect) c_order = false;
+    c_expect *= e->shape[r];
+    if (e->shape[i] != 1 && e->strides[i] != f_expect) f_order = false;
+    f_expect *= e->shape[i];
+  }
+  if (len == 0) c_order = f_order = true;
+  if ((flags & PyBUF_STRIDES) != PyBUF_STRIDES && !c_order) {
+    return BufferError("the object is not C-contiguous: ask for strides");
+  }
+  if (((flags & PyBUF_C_CONTIGUOUS) == PyBUF_C_CONTIGUOUS && !c_order) ||
+      ((flags & PyBUF_F_CONTIGUOUS) == PyBUF_F_CONTIGUOUS && !f_order) ||
+      ((flags & PyBUF_ANY_CONTIGUOUS) == PyBUF_ANY_CONTIGUOUS && !c_order &&
+       !f_order)) {
+    return BufferError("the object is not laid out contiguously as asked");
+  }
+  e->lease = new std::shared_ptr<internal::Lease>(src.lease);
+  PyObject* owner =
+      PyCapsule_New(e.get(), "shmtensor.buffer_export", DeleteBufferExport);
+  if (owner == nullptr) {
+    DropWithoutGil(e->lease);
+    return -1;
+  }
+  BufferExport* kept = e.release();  // The capsule owns it now.
+  out->obj = owner;
+  out->buf = src.data;
+  out->len = len;
+  out->readonly = src.writable ? 0 : 1;
+  out->itemsize = item;
+  out->format = (flags & PyBUF_FORMAT) ? const_cast<char*>(format) : nullptr;
+  out->ndim = ndim;
+  out->shape = (flags & PyBUF_ND) == PyBUF_ND ? kept->shape.data() : nullptr;
+  out->strides =
+      (flags & PyBUF_STRIDES) == PyBUF_STRIDES ? kept->strides.data() : nullptr;
+  out->suboffsets = nullptr;
+  out->internal = nullptr;
+  return 0;
 }
 
 }  // namespace shmtensor::python

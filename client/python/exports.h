@@ -45,6 +45,17 @@ py::array MakeArray(const ExportSource& src);
 // TypeError for a dtype torch 1.13 lacks (uint16, uint32, uint64).
 py::capsule MakeDLPack(const ExportSource& src);
 
+// The buffer protocol (PEP 3118) over the bytes: fills `out` for a consumer
+// that asked with `flags` (numpy.asarray, memoryview), read-only unless
+// `src.writable`. `out->obj` becomes a new object that owns a share of the
+// lease and the shape, strides and format `out` points to, so the consumer
+// keeps the object alive, not the exporter; its release needs no
+// bf_releasebuffer. Returns 0, or -1 with BufferError set: a CUDA object, a
+// dtype with no PEP 3118 format (bfloat16), a writable request of read-only
+// bytes, strides the consumer cannot take. (NumPy then falls back to
+// __array__, whose error says precisely what is wrong.)
+int FillBuffer(const ExportSource& src, Py_buffer* out, int flags);
+
 }  // namespace shmtensor::python
 
 #endif  // SHMTENSOR_CLIENT_PYTHON_EXPORTS_H_

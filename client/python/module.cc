@@ -145,6 +145,26 @@ class PyView {
   View view_;
 };
 
+// bf_getbuffer of View: numpy.asarray(view) and memoryview(view) take the
+// buffer protocol first, with no attribute lookups and no call, so this is
+// the cheap way to an array (PyView::Source, FillBuffer). Errors are
+// BufferErrors; NumPy then falls back to __array__, which raises the
+// precise shmtensor error (a closed view, a CUDA object, bfloat16).
+int ViewGetBuffer(PyObject* self, Py_buffer* out, int flags) {
+  out->obj = nullptr;
+  try {
+    return FillBuffer(py::cast<const PyView&>(py::handle(self)).Source(), out,
+                      flags);
+  } catch (const StatusError& e) {
+    PyErr_SetString(PyExc_BufferError, std::string(e.status.message()).c_str());
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_BufferError, e.what());
+  }
+  return -1;
+}
+
 // A writable, unsealed buffer. Its arrays and DLPack tensors take the
 // address from the lease, not Buffer::data(): they are counted here, and
 // Seal chooses the revocation from them, so they mark nothing exposed.
@@ -451,6 +471,16 @@ PYBIND11_MODULE(_core, m) {
       });
 
   py::class_<PyView> view(m, "View", "A view of a sealed object.");
+  {
+    // The buffer protocol, with an owner of our own in Py_buffer.obj (see
+    // FillBuffer): pybind11's def_buffer would make every array keep the
+    // View itself, whose close() must not wait for them.
+    auto* heap = reinterpret_cast<PyHeapTypeObject*>(view.ptr());
+    heap->as_buffer.bf_getbuffer = ViewGetBuffer;
+    heap->as_buffer.bf_releasebuffer = nullptr;
+    heap->ht_type.tp_as_buffer = &heap->as_buffer;
+    PyType_Modified(&heap->ht_type);
+  }
   AddInfoProperties(view, [](const PyView& v) -> const ObjectInfo& {
     return v.get().info();
   });

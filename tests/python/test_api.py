@@ -1,5 +1,6 @@
 """The Python API: lifetimes, errors, refs, hand-off, GIL."""
 
+import ctypes
 import gc
 import pickle
 import threading
@@ -11,6 +12,8 @@ import torch
 
 import shmtensor
 from conftest import used
+
+ctypes_byte = ctypes.c_uint8
 
 
 def test_connect_uses_env_address(daemon, monkeypatch):
@@ -68,6 +71,48 @@ def test_view_context_manager_and_close(client):
         np.asarray(view)
     ref.release()
     assert used(client) == 0
+
+
+def test_view_exports_the_buffer_protocol(client):
+    """memoryview(view) and numpy.asarray(view) take the buffer protocol: the
+    same bytes, read-only for a shared object, writable for the taker of a
+    hand-off; the export holds the lease, not the view."""
+    src = np.arange(12, dtype=np.int16).reshape(3, 4)
+    ref = client.put(src)
+    view = client.get(ref)
+    m = memoryview(view)
+    assert (m.format, m.shape, m.strides, m.readonly) == ("h", (3, 4),
+                                                          (8, 2), True)
+    a = np.asarray(view)
+    assert a.__array_interface__["data"][0] == view.address
+    assert not a.flags.writeable and (a == src).all()
+    with pytest.raises(TypeError, match="not writable"):
+        (ctypes_byte * 24).from_buffer(view)  # Wants a writable buffer.
+    view.close()
+    ref.release()
+    assert used(client) == 4096  # The exports hold it.
+    assert m.tolist() == src.tolist()
+    del m, a
+    gc.collect()
+    assert used(client) == 0
+    with pytest.raises(BufferError, match="closed"):
+        memoryview(view)
+
+    buf = client.create(8, "uint8")
+    np.asarray(buf)[:] = 7
+    taken = client.get(buf.seal(exclusive=True))
+    w = np.asarray(taken)
+    assert w.flags.writeable and not memoryview(taken).readonly
+    w[:] = 9
+    assert bytes(memoryview(taken)) == b"\x09" * 8
+
+    # No buffer-protocol format for bfloat16: numpy falls back to __array__,
+    # which says what to do.
+    bf = client.get(client.put(torch.ones(2, dtype=torch.bfloat16)))
+    with pytest.raises(BufferError, match="bfloat16"):
+        memoryview(bf)
+    with pytest.raises(TypeError, match="bfloat16 has no NumPy equivalent"):
+        np.asarray(bf)
 
 
 def test_buffer_context_manager_discards_unsealed(client):

@@ -6,7 +6,9 @@
     np.asarray(buf)[:] = 1.0                  # zero-copy, writable
     ref = buf.seal()                          # immutable from here on
     view = client.get(ref)                    # in any process (refs pickle)
-    a = np.asarray(view)                      # zero-copy, read-only
+    a = np.asarray(view)                      # zero-copy, read-only (and
+                                              # memoryview(view): a View
+                                              # exports the buffer protocol)
     t = view.tensor()                         # zero-copy torch tensor
 
 Lifetimes follow Python's: an object stays alive while the ref returned by
