@@ -17,13 +17,23 @@ lifecycles are also run back to back, as a program that uses only one of
 the two runs them: blocks of BLOCK lifecycles, Python and C++ alternating
 block by block (drift still cancels), timed per block.
 
+Both are CPU times on a shared VM, where runs differ by tens of percent;
+--instructions counts instead (valgrind's callgrind, deterministic to about
+1%): the instructions the client process executes per lifecycle, Python
+and C++, each from two runs of N and 3N lifecycles (the difference cancels
+start-up), the daemon running outside valgrind.
+
 Usage: PYTHONPATH=build/python /usr/bin/python3 bench/python_bench.py
-Starts its own shmtensord from build/bin.
+[--quick | --instructions]. Starts its own shmtensord from build/bin.
 """
 
 import os
+import re
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -95,7 +105,56 @@ def cpp_lifecycle(c):
     return _core._cpp_lifecycle(c._c, NBYTES)
 
 
+def instructions_child(address, variant, n):
+    """In a process under callgrind: 50 lifecycles to warm up, then n."""
+    c = shmtensor.connect(address)
+    for k in (50, n):
+        if variant == "python":
+            py_block(c, k)
+        else:
+            _core._cpp_lifecycles(c._c, NBYTES, k)
+
+
+def instructions():
+    if shutil.which("valgrind") is None:
+        print("--instructions needs valgrind (apt-get install valgrind)")
+        return 1
+    n = 100
+    per = {}
+    with Daemon("512MiB") as d, tempfile.TemporaryDirectory() as tmp:
+        for variant in ("python", "cpp"):
+            total = {}
+            for k in (n, 3 * n):
+                out = os.path.join(tmp, f"{variant}.{k}")
+                r = subprocess.run(
+                    ["valgrind", "--tool=callgrind",
+                     f"--callgrind-out-file={out}", sys.executable,
+                     os.path.abspath(__file__), "--instructions-child",
+                     d.address, variant, str(k)],
+                    capture_output=True, text=True)
+                m = re.search(r"Collected : (\d+)", r.stderr)
+                if r.returncode != 0 or not m:
+                    print(f"callgrind run failed ({variant}, {k}):\n{r.stderr}")
+                    return 1
+                total[k] = int(m.group(1))
+            per[variant] = (total[3 * n] - total[n]) / (2 * n)
+    py, cpp = per["python"], per["cpp"]
+    print(f"64 KiB lifecycle (create, fill, seal, get, read, release view, "
+          f"release ref), instructions executed by the client process per "
+          f"lifecycle (callgrind, {2 * n} lifecycles of difference):")
+    print(f"  C++ {cpp:,.0f}   Python {py:,.0f}   binding adds {py - cpp:+,.0f} "
+          f"({py / cpp:.3f}x)")
+    return 0
+
+
 def main():
+    if "--instructions-child" in sys.argv:
+        i = sys.argv.index("--instructions-child")
+        address, variant, n = sys.argv[i + 1:i + 4]
+        instructions_child(address, variant, int(n))
+        return
+    if "--instructions" in sys.argv:
+        sys.exit(instructions())
     iters = 500 if "--quick" in sys.argv else 4000
     with Daemon("512MiB") as d:
         c = shmtensor.connect(d.address)

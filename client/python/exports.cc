@@ -11,8 +11,15 @@ namespace shmtensor::python {
 namespace {
 
 // Drops a lease share from a destructor that may hold the GIL: the last
-// share releases the lease with an RPC, which must not stall Python.
+// share releases the lease with an RPC, which must not stall Python. Any
+// other share just goes, GIL held (a share dropped at the same moment on
+// another thread may make this one the last after all: then the release
+// message goes out with the GIL held, which delays Python, nothing else).
 void DropWithoutGil(std::shared_ptr<internal::Lease>* lease) {
+  if (lease->use_count() > 1) {
+    delete lease;
+    return;
+  }
   if (PyGILState_Check()) {
     PyThreadState* state = PyEval_SaveThread();
     delete lease;

@@ -107,17 +107,55 @@ ObjectRef ParseRef(const std::string& bytes) {
 // The creator's ref as Python sees it (shmtensor.ObjectRef wraps it).
 struct PySealedRef {
   SealedRef ref;
+  explicit PySealedRef(SealedRef r) : ref(std::move(r)) {}
+  PySealedRef(PySealedRef&&) = default;
   ~PySealedRef() {
     py::gil_scoped_release release;
     ref.Reset();
   }
 };
 
+// shmtensor.ObjectRef, a Python class with the slots _bytes and _owner,
+// handed over by the package once defined (_set_ref_class). A strong
+// reference, never dropped.
+PyTypeObject* g_ref_type = nullptr;
+
+// The ObjectRef that seal() and put() return, made here rather than by a
+// Python classmethod: it holds the SealedRef (its lease) when there is one.
+py::object NewObjectRef(PySealedRef sealed) {
+  if (g_ref_type == nullptr) {
+    throw std::logic_error("shmtensor._core: _set_ref_class was not called");
+  }
+  static PyObject* const kBytes = PyUnicode_InternFromString("_bytes");
+  static PyObject* const kOwner = PyUnicode_InternFromString("_owner");
+  py::object ref =
+      py::reinterpret_steal<py::object>(g_ref_type->tp_alloc(g_ref_type, 0));
+  if (!ref) throw py::error_already_set();
+  py::bytes bytes = RefBytes(sealed.ref.ref());
+  py::object owner =
+      sealed.ref.holds_lease() ? py::cast(std::move(sealed)) : py::none();
+  if (PyObject_SetAttr(ref.ptr(), kBytes, bytes.ptr()) != 0 ||
+      PyObject_SetAttr(ref.ptr(), kOwner, owner.ptr()) != 0) {
+    throw py::error_already_set();
+  }
+  return ref;
+}
+
+// A CUDA stream given as None (0: all of this process's work), a handle, or
+// an object with a cuda_stream handle (torch.cuda.Stream).
+CudaStream StreamHandle(const py::object& stream) {
+  if (stream.is_none()) return 0;
+  if (py::isinstance<py::int_>(stream)) return stream.cast<CudaStream>();
+  return stream.attr("cuda_stream").cast<CudaStream>();
+}
+
 // A read-only (or taken, writable) view.
 class PyView {
  public:
   explicit PyView(View v) : view_(std::move(v)) {}
   ~PyView() {
+    // Only the last share of the lease sends a release (see DropWithoutGil).
+    if (view_.lease() != nullptr && view_.lease().use_count() > 1) return;
     py::gil_scoped_release release;
     view_ = View();
   }
@@ -174,6 +212,7 @@ class PyBuffer {
       : buffer_(std::move(b)), dlpack_(std::make_shared<std::atomic<int>>(0)) {}
   ~PyBuffer() {
     arrays_.clear();
+    if (!buffer_.valid()) return;  // Sealed or discarded: nothing to send.
     py::gil_scoped_release release;
     buffer_ = Buffer();
   }
@@ -231,7 +270,7 @@ class PyBuffer {
       py::gil_scoped_release release;
       sealed = buffer_.Seal(exclusive, stream, revocation);
     }
-    return PySealedRef{Check(*std::move(sealed))};
+    return PySealedRef(Check(*std::move(sealed)));
   }
   void Discard() {
     get();
@@ -445,6 +484,14 @@ PYBIND11_MODULE(_core, m) {
         Client::KeepAliveUntilExit();
       },
       "For atexit: see Client::KeepAliveUntilExit (shmtensor/client.h).");
+  m.def(
+      "_set_ref_class",
+      [](py::object cls) {
+        if (!PyType_Check(cls.ptr())) throw py::type_error("a class");
+        g_ref_type = reinterpret_cast<PyTypeObject*>(cls.release().ptr());
+      },
+      "For the package: the class that seal() and put() return "
+      "(shmtensor.ObjectRef).");
   m.def("default_address", &DefaultAddress,
         "The daemon address used when none is given ($SHMTENSOR_ADDRESS or "
         "unix:/tmp/shmtensord-<uid>.sock).");
@@ -554,11 +601,29 @@ PYBIND11_MODULE(_core, m) {
           py::arg("stream") = py::none(), py::arg("max_version") = py::none(),
           py::arg("dl_device") = py::none(), py::arg("copy") = py::none(),
           "A DLPack capsule (zero-copy).")
-      .def("seal", &PyBuffer::Seal, py::arg("exclusive") = false,
-           py::arg("stream") = 0,
-           "Makes the object immutable; returns the creator's SealedRef. "
-           "CUDA: first waits for the work on `stream` (0: all of this "
-           "process's work on the device).")
+      .def(
+          "seal",
+          [](PyBuffer& b, bool exclusive, const py::object& stream) {
+            return NewObjectRef(b.Seal(exclusive, StreamHandle(stream)));
+          },
+          py::arg("exclusive") = false, py::arg("stream") = py::none(),
+          "Makes the object immutable and returns its ObjectRef.\n\n"
+          "CUDA buffers: first waits until the GPU work that filled the "
+          "buffer is done: all of this process's work on the device, or only "
+          "the work on `stream` (a torch.cuda.Stream, or its handle) when "
+          "given. A consumer never sees the object before that.\n\n"
+          "A shared seal returns a ref that keeps the object alive; arrays "
+          "made from the buffer stay readable but not writable (a write "
+          "through a torch tensor made from the buffer would fault: drop "
+          "those first). With exclusive=True the object goes to exactly one "
+          "consumer: the returned ref holds nothing, this process can no "
+          "longer write it, and arrays or tensors made from the buffer must "
+          "be gone (else BufferError).\n\n"
+          "When no array or tensor of the buffer is alive at seal, its memory "
+          "is not write-protected again in this process (nothing can reach "
+          "it), which saves two page-table changes per buffer when the "
+          "memory is reused here; views always read through a read-only "
+          "mapping (docs/shm_layout.md, \"Deferred closing\").")
       .def("discard", &PyBuffer::Discard, "Discards the unsealed object.");
 
   py::class_<BatchRing>(
@@ -685,13 +750,13 @@ PYBIND11_MODULE(_core, m) {
             o.size_bytes = nbytes;
             o.name = name;
             // The caller keeps `src` alive and unchanged for this call.
-            return PySealedRef{WaitInSlices<SealedRef>(
+            return NewObjectRef(PySealedRef(WaitInSlices<SealedRef>(
                 ToDuration(timeout), absl::StatusCode::kResourceExhausted,
                 [&](absl::Duration slice) {
                   o.timeout = slice;
                   return c.Put(reinterpret_cast<const void*>(src), o, exclusive,
                                stream);
-                })};
+                })));
           },
           py::arg("src"), py::arg("shape"), py::arg("dtype"), py::arg("nbytes"),
           py::arg("name"), py::arg("exclusive"), py::arg("timeout"),

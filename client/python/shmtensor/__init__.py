@@ -72,14 +72,6 @@ class ObjectRef:
         self._bytes = bytes(ref_bytes)
         self._owner = owner
 
-    @classmethod
-    def _from_core(cls, sealed):
-        """The ref of a SealedRef the binding just made (no re-validation)."""
-        ref = cls.__new__(cls)
-        ref._bytes = sealed.ref_bytes
-        ref._owner = sealed if sealed.holds_lease else None
-        return ref
-
     def __reduce__(self):
         return (_unpickle_ref, (self._bytes,))
 
@@ -118,6 +110,9 @@ class ObjectRef:
         if self._owner is not None:
             self._owner.reset()
             self._owner = None
+
+
+_core._set_ref_class(ObjectRef)  # seal() and put() return ObjectRefs.
 
 
 def connect(address=None, client_name=None, connect_timeout=5.0):
@@ -205,9 +200,11 @@ class Client:
         writes to it themselves: it is never sealed (seal() raises), every
         get() of its ref, in any process, gives a writable view, and it
         lives while any of them (or this buffer) holds it. No name."""
-        return self._c.create(_shape_tuple(shape), _dtypes.dtype_code(dtype),
-                              0, name or "", timeout, _device_name(device),
-                              bool(shared_writable))
+        return self._c.create(
+            [shape] if type(shape) is int else _shape_tuple(shape),
+            _dtypes.dtype_code(dtype), 0, name or "", timeout,
+            "cpu" if device is None else _device_name(device),
+            bool(shared_writable))
 
     def create_bytes(self, size, name=None, timeout=None,
                      shared_writable=False):
@@ -287,11 +284,10 @@ class Client:
                 a = a.copy(order="C")
             shape, nbytes, ptr, keep = (list(a.shape), a.nbytes,
                                         a.__array_interface__["data"][0], a)
-        sealed = self._c.put(ptr, shape, code, nbytes, name or "",
-                             bool(exclusive), timeout, target or "cpu",
-                             stream)
+        ref = self._c.put(ptr, shape, code, nbytes, name or "",
+                          bool(exclusive), timeout, target or "cpu", stream)
         del keep
-        return ObjectRef._from_core(sealed)
+        return ref
 
     def delete(self, name):
         """Unbinds `name`. The memory is freed once nothing uses it
@@ -347,30 +343,6 @@ def _buffer_tensor(self):
     return _to_tensor(self, read_only=False)
 
 
-def _buffer_seal(self, exclusive=False, stream=None):
-    """Makes the object immutable and returns its ObjectRef.
-
-    CUDA buffers: first waits until the GPU work that filled the buffer is
-    done: all of this process's work on the device, or only the work on
-    `stream` (a torch.cuda.Stream) when given. A consumer never sees the
-    object before that.
-
-    A shared seal returns a ref that keeps the object alive; arrays made from
-    the buffer stay readable but not writable (a write through a torch
-    tensor made from the buffer would fault: drop those first). With
-    exclusive=True the object goes to exactly one consumer: the returned ref
-    holds nothing, this process can no longer write it, and arrays or tensors
-    made from the buffer must be gone (else BufferError).
-
-    When no array or tensor of the buffer is alive at seal, its memory is
-    not write-protected again in this process (nothing can reach it), which
-    saves two page-table changes per buffer when the memory is reused here;
-    views always read through a read-only mapping (docs/shm_layout.md,
-    "Deferred closing")."""
-    handle = 0 if stream is None else int(getattr(stream, "cuda_stream", stream))
-    return ObjectRef._from_core(self._seal(exclusive, handle))
-
-
 def _view_ref(self):
     """The object's ObjectRef (holding nothing)."""
     return ObjectRef(self.ref_bytes)
@@ -396,8 +368,6 @@ def _repr(self):
         return f"<shmtensor.{kind} (closed)>"
 
 
-Buffer._seal = Buffer.seal
-Buffer.seal = _buffer_seal
 Buffer.tensor = _buffer_tensor
 Buffer.__enter__ = lambda self: self
 Buffer.__exit__ = _buffer_exit
