@@ -105,14 +105,26 @@ def cpp_lifecycle(c):
     return _core._cpp_lifecycle(c._c, NBYTES)
 
 
+def py_block_bare(c, n):
+    """n Python lifecycles without the numpy fill and read: the calls the
+    issue names (create, seal, get, release) and nothing else."""
+    for _ in range(n):
+        buf = c.create(NBYTES // 4, "float32")
+        ref = buf.seal()
+        del buf
+        view = c.get(ref)
+        del view
+        del ref
+
+
 def instructions_child(address, variant, n):
     """In a process under callgrind: 50 lifecycles to warm up, then n."""
     c = shmtensor.connect(address)
+    run = {"python": lambda k: py_block(c, k),
+           "python, no numpy": lambda k: py_block_bare(c, k),
+           "cpp": lambda k: _core._cpp_lifecycles(c._c, NBYTES, k)}[variant]
     for k in (50, n):
-        if variant == "python":
-            py_block(c, k)
-        else:
-            _core._cpp_lifecycles(c._c, NBYTES, k)
+        run(k)
 
 
 def instructions():
@@ -122,7 +134,7 @@ def instructions():
     n = 100
     per = {}
     with Daemon("512MiB") as d, tempfile.TemporaryDirectory() as tmp:
-        for variant in ("python", "cpp"):
+        for variant in ("python", "python, no numpy", "cpp"):
             total = {}
             for k in (n, 3 * n):
                 out = os.path.join(tmp, f"{variant}.{k}")
@@ -138,12 +150,17 @@ def instructions():
                     return 1
                 total[k] = int(m.group(1))
             per[variant] = (total[3 * n] - total[n]) / (2 * n)
-    py, cpp = per["python"], per["cpp"]
-    print(f"64 KiB lifecycle (create, fill, seal, get, read, release view, "
-          f"release ref), instructions executed by the client process per "
-          f"lifecycle (callgrind, {2 * n} lifecycles of difference):")
-    print(f"  C++ {cpp:,.0f}   Python {py:,.0f}   binding adds {py - cpp:+,.0f} "
-          f"({py / cpp:.3f}x)")
+    cpp = per["cpp"]
+    print(f"64 KiB lifecycle, instructions executed by the client process per "
+          f"lifecycle (callgrind, {2 * n} lifecycles of difference); C++ "
+          f"{cpp:,.0f} (create, fill and read one element through the "
+          f"pointer, seal, get, release view, release ref)")
+    for variant, what in (
+            ("python", "the same, fill and read through numpy.asarray"),
+            ("python, no numpy", "create, seal, get, release only")):
+        py = per[variant]
+        print(f"  Python, {what}: {py:,.0f}, binding adds {py - cpp:+,.0f} "
+              f"({py / cpp:.3f}x)")
     return 0
 
 
