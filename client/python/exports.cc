@@ -29,47 +29,17 @@ void DropWithoutGil(std::shared_ptr<internal::Lease>* lease) {
   }
 }
 
-const char* NumpyFormat(DType dtype) {
-  switch (dtype) {
-    case DType::kUnspecified:
-    case DType::kUInt8:
-      return "u1";
-    case DType::kBool:
-      return "?";
-    case DType::kInt8:
-      return "i1";
-    case DType::kInt16:
-      return "<i2";
-    case DType::kInt32:
-      return "<i4";
-    case DType::kInt64:
-      return "<i8";
-    case DType::kFloat16:
-      return "<f2";
-    case DType::kFloat32:
-      return "<f4";
-    case DType::kFloat64:
-      return "<f8";
-    case DType::kComplex64:
-      return "<c8";
-    case DType::kComplex128:
-      return "<c16";
-    case DType::kUInt16:
-      return "<u2";
-    case DType::kUInt32:
-      return "<u4";
-    case DType::kUInt64:
-      return "<u8";
-    case DType::kBFloat16:
-      return nullptr;
-  }
-  return nullptr;
-}
-
-// PEP 3118 (struct module) formats of the little-endian bytes: native ones
-// on a little-endian host (memoryview indexes and converts only those),
+// How a dtype is spelt for NumPy (numpy.dtype) and for the buffer protocol
+// (PEP 3118, the struct module's codes); null where there is none
+// (bfloat16). The bytes are little-endian: buffer formats are native on a
+// little-endian host (memoryview indexes and converts only native ones),
 // explicit "<" ones otherwise.
-const char* BufferFormat(DType dtype) {
+struct Formats {
+  const char* numpy;
+  const char* buffer;
+};
+
+Formats FormatsOf(DType dtype) {
 #if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
 #define SHMTENSOR_LE(code) code
 #else
@@ -78,38 +48,38 @@ const char* BufferFormat(DType dtype) {
   switch (dtype) {
     case DType::kUnspecified:
     case DType::kUInt8:
-      return "B";
+      return {"u1", "B"};
     case DType::kBool:
-      return "?";
+      return {"?", "?"};
     case DType::kInt8:
-      return "b";
+      return {"i1", "b"};
     case DType::kInt16:
-      return SHMTENSOR_LE("h");
+      return {"<i2", SHMTENSOR_LE("h")};
     case DType::kInt32:
-      return SHMTENSOR_LE("i");
+      return {"<i4", SHMTENSOR_LE("i")};
     case DType::kInt64:
-      return SHMTENSOR_LE("q");
+      return {"<i8", SHMTENSOR_LE("q")};
     case DType::kFloat16:
-      return SHMTENSOR_LE("e");
+      return {"<f2", SHMTENSOR_LE("e")};
     case DType::kFloat32:
-      return SHMTENSOR_LE("f");
+      return {"<f4", SHMTENSOR_LE("f")};
     case DType::kFloat64:
-      return SHMTENSOR_LE("d");
+      return {"<f8", SHMTENSOR_LE("d")};
     case DType::kComplex64:
-      return SHMTENSOR_LE("Zf");
+      return {"<c8", SHMTENSOR_LE("Zf")};
     case DType::kComplex128:
-      return SHMTENSOR_LE("Zd");
+      return {"<c16", SHMTENSOR_LE("Zd")};
     case DType::kUInt16:
-      return SHMTENSOR_LE("H");
+      return {"<u2", SHMTENSOR_LE("H")};
     case DType::kUInt32:
-      return SHMTENSOR_LE("I");
+      return {"<u4", SHMTENSOR_LE("I")};
     case DType::kUInt64:
-      return SHMTENSOR_LE("Q");
+      return {"<u8", SHMTENSOR_LE("Q")};
     case DType::kBFloat16:
-      return nullptr;
+      return {nullptr, nullptr};
   }
 #undef SHMTENSOR_LE
-  return nullptr;
+  return {nullptr, nullptr};
 }
 
 // What a buffer export's owner keeps alive: the lease share and the arrays
@@ -195,7 +165,7 @@ py::array MakeArray(const ExportSource& src) {
                          "), which NumPy cannot address; use .tensor() or "
                          "torch.from_dlpack() for a CUDA tensor");
   }
-  const char* format = NumpyFormat(info.dtype);
+  const char* format = FormatsOf(info.dtype).numpy;
   if (format == nullptr) {
     throw py::type_error(std::string("dtype ") + DTypeName(info.dtype) +
                          " has no NumPy equivalent; use .tensor() or "
@@ -277,7 +247,7 @@ int FillBuffer(const ExportSource& src, Py_buffer* out, int flags) {
     return BufferError("the object is in " + DeviceName(info.device) +
                        " memory, which the buffer protocol cannot address");
   }
-  const char* format = BufferFormat(info.dtype);
+  const char* format = FormatsOf(info.dtype).buffer;
   if (format == nullptr) {
     return BufferError(std::string("dtype ") + DTypeName(info.dtype) +
                        " has no buffer-protocol format");
