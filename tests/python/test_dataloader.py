@@ -290,6 +290,27 @@ def test_pool_too_small_says_how_large_it_should_be(pool):
         d.kill()
 
 
+def test_pool_large_enough_says_the_loop_keeps_too_many_batches():
+    # 32 MiB: the two workers' rings (4 slots of 2 MiB each) take half, the
+    # other half holds 8 batches more; a loop that keeps all 40 runs out,
+    # and the message counts the rings and blames the batches kept.
+    d = Daemon("32MiB")
+    try:
+        loader = st.DataLoader(Big(n=80, elems=256 * 1024), batch_size=2,
+                               num_workers=2, shmtensor_address=d.address,
+                               pool_timeout=0.5)
+        with pytest.raises(shmtensor.PoolExhaustedError) as e:
+            list(loader)
+        msg = str(e.value)
+        assert "2 batch rings of 8388608 bytes" in msg, msg
+        assert "at least 29360128 bytes" in msg, msg  # 2 MiB x 6 + 16 MiB.
+        assert "keeps more batches than that alive" in msg, msg
+        assert "--pool-size" not in msg, msg
+        del e
+    finally:
+        d.kill()
+
+
 def test_a_kept_batch_survives_100_later_batches_of_recycled_memory():  # P2
     d = Daemon("8MiB")
     try:

@@ -430,12 +430,29 @@ class PoolCollate:
         workers = info.num_workers if info is not None else 1
         in_flight = self.in_flight or 2 * workers
         need = nbytes * (in_flight + 2)
-        return (f"{error}. A batch needs {nbytes} bytes; with about "
+        rings = ""
+        if self._ring:  # Every worker holds one like it for its life.
+            ring = self._ring[0]
+            ring_bytes = ring.slots * -(-ring.slot_bytes // ring.align) * \
+                ring.align
+            need += workers * ring_bytes
+            rings = f" and {workers} batch rings of {ring_bytes} bytes"
+        what = (f"{error}. A batch needs {nbytes} bytes; with about "
                 f"{in_flight} batches in flight ({workers} workers x "
-                f"prefetch_factor) and 2 held by the training loop, the pool "
-                f"should hold at least {need} bytes: start shmtensord "
-                f"with --pool-size {_pool_size_arg(need)} (or lower "
-                f"batch_size, num_workers or prefetch_factor)")
+                f"prefetch_factor), 2 held by the training loop{rings}, the "
+                f"pool should hold at least {need} bytes")
+        try:
+            size = _client(self.address).stats()["pools"][0]["size_bytes"]
+        except Error:
+            size = 0
+        if size >= need:
+            return (f"{what}, and it holds {size}: the training loop keeps "
+                    f"more batches than that alive (a list of batches, or "
+                    f"tensors from them); each keeps its memory until it is "
+                    f"dropped")
+        return (f"{what}: start shmtensord with --pool-size "
+                f"{_pool_size_arg(need)} (or lower batch_size, num_workers "
+                f"or prefetch_factor)")
 
 
 def _fill(plan, flat):
