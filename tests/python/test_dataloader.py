@@ -291,10 +291,11 @@ def test_pool_too_small_says_how_large_it_should_be(pool):
 
 
 def test_pool_large_enough_says_the_loop_keeps_too_many_batches():
-    # 32 MiB: the two workers' rings (4 slots of 2 MiB each) take half, the
-    # other half holds 8 batches more; a loop that keeps all 40 runs out,
-    # and the message counts the rings and blames the batches kept.
-    d = Daemon("32MiB")
+    # 40 MiB: the two workers' rings (4 slots of 2 MiB each, and the slot
+    # headers) take 16 MiB, the rest holds 12 batches more; a loop that
+    # keeps all 40 runs out, and the message counts the rings and blames the
+    # batches kept.
+    d = Daemon("40MiB")
     try:
         loader = st.DataLoader(Big(n=80, elems=256 * 1024), batch_size=2,
                                num_workers=2, shmtensor_address=d.address,
@@ -302,8 +303,9 @@ def test_pool_large_enough_says_the_loop_keeps_too_many_batches():
         with pytest.raises(shmtensor.PoolExhaustedError) as e:
             list(loader)
         msg = str(e.value)
-        assert "2 batch rings of 8388608 bytes" in msg, msg
-        assert "at least 29360128 bytes" in msg, msg  # 2 MiB x 6 + 16 MiB.
+        # 2 MiB x (4 + 2) and the rings: 4 x 2 MiB + 4 x 64 bytes each.
+        assert "2 batch rings of 8388864 bytes" in msg, msg
+        assert "at least 29360640 bytes" in msg, msg
         assert "keeps more batches than that alive" in msg, msg
         assert "--pool-size" not in msg, msg
         del e

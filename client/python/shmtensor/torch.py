@@ -433,8 +433,8 @@ class PoolCollate:
         rings = ""
         if self._ring:  # Every worker holds one like it for its life.
             ring = self._ring[0]
-            ring_bytes = ring.slots * -(-ring.slot_bytes // ring.align) * \
-                ring.align
+            ring_bytes = _core.BatchRing.bytes(ring.slots, ring.slot_bytes,
+                                               ring.align)
             need += workers * ring_bytes
             rings = f" and {workers} batch rings of {ring_bytes} bytes"
         what = (f"{error}. A batch needs {nbytes} bytes; with about "
