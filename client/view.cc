@@ -86,7 +86,8 @@ absl::Status Buffer::Fill(absl::FunctionRef<void(absl::Span<uint8_t>)> fill) {
     return absl::FailedPreconditionError(
         absl::StrCat("Fill writes through the host; this buffer is in ",
                      DeviceName(lease_->device()),
-                     " memory: use CopyFrom, or ToTensor on the sealed view"));
+                     " memory: use CopyFrom, or the device address data() "
+                     "gives in your kernels"));
   }
   fill(absl::Span<uint8_t>(lease_->data(), info_.size_bytes));
   return absl::OkStatus();

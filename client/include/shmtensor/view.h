@@ -151,8 +151,8 @@ class Buffer {
   // into them, say). The span is lent for the call only: unlike data(), a
   // pointer kept from it is not revoked at Seal, so keeping one is a
   // use-after-free. Host pools only (FAILED_PRECONDITION for a CUDA pool,
-  // whose bytes the host cannot write: use CopyFrom or ToTensor); also
-  // FAILED_PRECONDITION if not valid.
+  // whose bytes the host cannot write: use CopyFrom, or the device address
+  // data() gives in your kernels); also FAILED_PRECONDITION if not valid.
   absl::Status Fill(absl::FunctionRef<void(absl::Span<uint8_t>)> fill);
 
   // Makes the object immutable and returns its ref; the Buffer becomes
