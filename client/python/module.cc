@@ -173,9 +173,11 @@ class PyView {
   }
   // Explicit: the last holder waits for the daemon (see View::Release).
   void Close() {
-    py::gil_scoped_release release;
-    if (view_.valid()) view_.Release().IgnoreError();
+    // Taken out with the GIL held: another thread may be exporting it.
+    View v = std::move(view_);
     view_ = View();
+    py::gil_scoped_release release;
+    if (v.valid()) v.Release().IgnoreError();
   }
   bool closed() const { return !view_.valid(); }
 
@@ -265,18 +267,25 @@ class PyBuffer {
           ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
     }
     arrays_.clear();
+    // Taken out with the GIL held (another thread may be exporting it);
+    // given back if the seal did not happen.
+    Buffer b = std::move(buffer_);
+    buffer_ = Buffer();
     std::optional<absl::StatusOr<SealedRef>> sealed;
     {
       py::gil_scoped_release release;
-      sealed = buffer_.Seal(exclusive, stream, revocation);
+      sealed = b.Seal(exclusive, stream, revocation);
     }
+    if (!sealed->ok() && b.valid()) buffer_ = std::move(b);
     return PySealedRef(Check(*std::move(sealed)));
   }
   void Discard() {
     get();
     arrays_.clear();
+    Buffer b = std::move(buffer_);  // With the GIL held, as in Seal.
+    buffer_ = Buffer();
     py::gil_scoped_release release;
-    Check(buffer_.Discard());
+    Check(b.Discard());
   }
   bool valid() const { return buffer_.valid(); }
   ExportSource Source() const {
@@ -513,8 +522,10 @@ PYBIND11_MODULE(_core, m) {
           "holds_lease",
           [](const PySealedRef& r) { return r.ref.holds_lease(); })
       .def("reset", [](PySealedRef& r) {
+        SealedRef share = r.ref;  // With the GIL held; r keeps the ref.
+        r.ref.Reset();
         py::gil_scoped_release release;
-        r.ref.Release().IgnoreError();  // Explicit: waits (last holder).
+        share.Release().IgnoreError();  // Explicit: waits (last holder).
       });
 
   py::class_<PyView> view(m, "View", "A view of a sealed object.");
