@@ -271,23 +271,29 @@ def test_interrupted_loop_leaks_nothing(daemon):
                       5.0), c.stats()
 
 
+def _exhaustion_message(pool, dataset):
+    """What PoolExhaustedError says to a loop that keeps every 2-sample
+    batch of `dataset` (2 workers) from a daemon with a pool of `pool`."""
+    d = Daemon(pool)
+    try:
+        loader = st.DataLoader(dataset, batch_size=2, num_workers=2,
+                               shmtensor_address=d.address, pool_timeout=0.5)
+        with pytest.raises(shmtensor.PoolExhaustedError) as e:
+            list(loader)
+        msg = str(e.value)
+        del e  # Its frames hold the batches.
+        return msg
+    finally:
+        d.kill()
+
+
 @pytest.mark.parametrize("pool", ["1MiB", "5MiB"])
 def test_pool_too_small_says_how_large_it_should_be(pool):
     # 1 MiB: a 2 MiB batch never fits. 5 MiB: two fit, but not the batches
     # in flight while the loop holds every batch it got.
-    d = Daemon(pool)
-    try:
-        loader = st.DataLoader(Big(elems=256 * 1024), batch_size=2,
-                               num_workers=2, shmtensor_address=d.address,
-                               pool_timeout=0.5)
-        with pytest.raises(shmtensor.PoolExhaustedError) as e:
-            list(loader)
-        msg = str(e.value)
-        assert "A batch needs 2097152 bytes" in msg, msg
-        assert "--pool-size 12MiB" in msg, msg  # 2 MiB x (4 in flight + 2).
-        del e
-    finally:
-        d.kill()
+    msg = _exhaustion_message(pool, Big(elems=256 * 1024))
+    assert "A batch needs 2097152 bytes" in msg, msg
+    assert "--pool-size 12MiB" in msg, msg  # 2 MiB x (4 in flight + 2).
 
 
 def test_pool_large_enough_says_the_loop_keeps_too_many_batches():
@@ -295,22 +301,12 @@ def test_pool_large_enough_says_the_loop_keeps_too_many_batches():
     # headers) take 16 MiB, the rest holds 12 batches more; a loop that
     # keeps all 40 runs out, and the message counts the rings and blames the
     # batches kept.
-    d = Daemon("40MiB")
-    try:
-        loader = st.DataLoader(Big(n=80, elems=256 * 1024), batch_size=2,
-                               num_workers=2, shmtensor_address=d.address,
-                               pool_timeout=0.5)
-        with pytest.raises(shmtensor.PoolExhaustedError) as e:
-            list(loader)
-        msg = str(e.value)
-        # 2 MiB x (4 + 2) and the rings: 4 x 2 MiB + 4 x 64 bytes each.
-        assert "2 batch rings of 8388864 bytes" in msg, msg
-        assert "at least 29360640 bytes" in msg, msg
-        assert "keeps more batches than that alive" in msg, msg
-        assert "--pool-size" not in msg, msg
-        del e
-    finally:
-        d.kill()
+    msg = _exhaustion_message("40MiB", Big(n=80, elems=256 * 1024))
+    # 2 MiB x (4 + 2) and the rings: 4 x 2 MiB + 4 x 64 bytes each.
+    assert "2 batch rings of 8388864 bytes" in msg, msg
+    assert "at least 29360640 bytes" in msg, msg
+    assert "keeps more batches than that alive" in msg, msg
+    assert "--pool-size" not in msg, msg
 
 
 def test_a_kept_batch_survives_100_later_batches_of_recycled_memory():  # P2
