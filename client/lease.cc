@@ -4,7 +4,8 @@
 
 namespace shmtensor::internal {
 
-bool Lease::ClosesAtOnce(WriteRevocation revocation) {
+bool Lease::ClosesAtOnce(WriteRevocation revocation,
+                         const PoolMapping& mapping) {
   switch (revocation) {
     case WriteRevocation::kImmediate:
       return true;
@@ -13,18 +14,14 @@ bool Lease::ClosesAtOnce(WriteRevocation revocation) {
     case WriteRevocation::kWhenExposed:
       break;
   }
-  if (exposed_.load(std::memory_order_acquire)) return true;
-  absl::StatusOr<PoolMapping*> m = core_->Mapping(placement_.pool_id());
-  // Without the mapping there is nothing to learn: close (which fails the
-  // same way) rather than leave a range open on a guess.
-  return !m.ok() ||
-         (*m)->Exposed(placement_.offset(), placement_.capacity_bytes());
+  return exposed_.load(std::memory_order_acquire) ||
+         mapping.Exposed(placement_.offset(), placement_.capacity_bytes());
 }
 
 void Lease::CloseWritableRange() {
   if (opened_rw_range_ && access_ == Access::kReadWrite) {
     if (absl::StatusOr<PoolMapping*> m = core_->Mapping(placement_.pool_id());
-        m.ok() && ClosesAtOnce(revocation_)) {
+        m.ok() && ClosesAtOnce(revocation_, **m)) {
       (*m)->Protect(placement_.offset(), placement_.capacity_bytes(),
                     Access::kRead)
           .IgnoreError();
@@ -99,12 +96,12 @@ absl::Status Lease::CloseForSeal(CudaStream stream,
     return cuda::WaitForStream(device_.index, stream);
   }
   revocation_ = revocation;
-  if (!ClosesAtOnce(revocation)) {
+  absl::StatusOr<PoolMapping*> m = core_->Mapping(placement_.pool_id());
+  if (!m.ok()) return m.status();
+  if (!ClosesAtOnce(revocation, **m)) {
     access_ = Access::kRead;
     return absl::OkStatus();
   }
-  absl::StatusOr<PoolMapping*> m = core_->Mapping(placement_.pool_id());
-  if (!m.ok()) return m.status();
   absl::StatusOr<uint8_t*> p = (*m)->Protect(
       placement_.offset(), placement_.capacity_bytes(), Access::kRead);
   if (!p.ok()) return p.status();

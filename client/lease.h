@@ -98,8 +98,9 @@ class Lease {
   // revocation_ says. Called under mu_ or in the destructor.
   void CloseWritableRange();
   // Whether giving up write access under `revocation` must close the range
-  // now (kWhenExposed resolved: a raw pointer may be left). Host pools.
-  bool ClosesAtOnce(WriteRevocation revocation);
+  // in `mapping` now (kWhenExposed resolved: a raw pointer may be left).
+  // Host pools.
+  bool ClosesAtOnce(WriteRevocation revocation, const PoolMapping& mapping);
   // CUDA: events on the streams the object was used on (or, if they cannot
   // be recorded, none after waiting for the device). Called by the last
   // holder, under mu_ or in the destructor.

@@ -196,7 +196,7 @@ void PoolMapping::MarkExposed(uint64_t offset, uint64_t capacity) {
   exposed_.Add(offset, offset + capacity);
 }
 
-bool PoolMapping::Exposed(uint64_t offset, uint64_t capacity) {
+bool PoolMapping::Exposed(uint64_t offset, uint64_t capacity) const {
   std::lock_guard<std::mutex> lock(mu_);
   return exposed_.Intersects(offset, offset + capacity);
 }

@@ -78,7 +78,7 @@ class PoolMapping {
   // bytes in this process closes its range at once. Never forgotten.
   void MarkExposed(uint64_t offset, uint64_t capacity);
   // True when some byte of [offset, offset+capacity) was marked exposed.
-  bool Exposed(uint64_t offset, uint64_t capacity);
+  bool Exposed(uint64_t offset, uint64_t capacity) const;
 
   // mprotect calls this mapping made, for tests and benchmarks.
   uint64_t protect_calls() const {
@@ -109,7 +109,7 @@ class PoolMapping {
   // Guards what follows. A pthread mutex (std::mutex), not absl::Mutex:
   // it is held across fork() and unlocked in the child, which a pthread
   // mutex allows. Never held across a system call that can block long.
-  std::mutex mu_;
+  mutable std::mutex mu_;
   bool rw_tried_ = false;   // EnsureWritableLocked ran; rw_* are final.
   uint8_t* rw_ = nullptr;   // The writable mapping, once made.
   int rw_fd_ = -1;          // O_RDWR, for Write.
