@@ -108,7 +108,7 @@ run() {
   # shellcheck disable=SC2046
   [[ -n "$cxx" ]] && "$cxx" -O2 -fPIC -fvisibility=hidden -std=c++17 -shared \
       -I. -Iclient/include -isystem "$G"/include $pyb -isystem "$inc" \
-      client/python/module.cc client/python/exports.cc \
+      client/python/*.cc \
       -o "$G/python/shmtensor/_core$ext" $(G=$G eval echo "$(cat "$G"/link_args)") \
       2>&1 | tail -20 || true
   [[ -f "$G/python/shmtensor/_core$ext" ]] && build=1

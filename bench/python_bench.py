@@ -17,6 +17,12 @@ lifecycles are also run back to back, as a program that uses only one of
 the two runs them: blocks of BLOCK lifecycles, Python and C++ alternating
 block by block (drift still cancels), timed per block.
 
+A control runs beside them: the C++ lifecycle called once per lifecycle
+from a Python loop (one call and one GIL release per lifecycle, none of the
+binding's lifecycle code). What it adds over the C++ loop is what going back
+to Python between lifecycles costs by itself (caches, the daemon's and gRPC's
+threads finding the client later), so it bounds what CPU time can resolve.
+
 Both are CPU times on a shared VM, where runs differ by tens of percent;
 --instructions counts instead (valgrind's callgrind, deterministic to about
 1%): the instructions the client process executes per lifecycle, Python
@@ -102,12 +108,15 @@ def py_block(c, n):
 
 def cpp_lifecycle(c):
     """One C++ lifecycle (timed inside C++), same return value."""
-    return _core._cpp_lifecycle(c._c, NBYTES)
+    return _core._cpp_lifecycle(c, NBYTES)
 
 
 def py_block_bare(c, n):
     """n Python lifecycles without the numpy fill and read: the calls the
-    issue names (create, seal, get, release) and nothing else."""
+    issue names (create, seal, get, release) and nothing else; returns the
+    thread CPU time in us."""
+    clock = time.thread_time_ns
+    t = clock()
     for _ in range(n):
         buf = c.create(NBYTES // 4, "float32")
         ref = buf.seal()
@@ -115,6 +124,20 @@ def py_block_bare(c, n):
         view = c.get(ref)
         del view
         del ref
+    return (clock() - t) / 1e3
+
+
+def cpp_block_one_by_one(c, n):
+    """The control: n C++ lifecycles, one _cpp_lifecycles call each from a
+    Python loop (the loop, one call and one GIL release per lifecycle, and
+    none of the binding's lifecycle code); returns the thread CPU time in
+    us."""
+    clock = time.thread_time_ns
+    run = _core._cpp_lifecycles
+    t = clock()
+    for _ in range(n):
+        run(c, NBYTES, 1)
+    return (clock() - t) / 1e3
 
 
 def instructions_child(address, variant, n):
@@ -122,7 +145,8 @@ def instructions_child(address, variant, n):
     c = shmtensor.connect(address)
     run = {"python": lambda k: py_block(c, k),
            "python, no numpy": lambda k: py_block_bare(c, k),
-           "cpp": lambda k: _core._cpp_lifecycles(c._c, NBYTES, k)}[variant]
+           "cpp": lambda k: _core._cpp_lifecycles(c, NBYTES, k),
+           "cpp, one call each": lambda k: cpp_block_one_by_one(c, k)}[variant]
     for k in (50, n):
         run(k)
 
@@ -134,7 +158,8 @@ def instructions():
     n = 100
     per = {}
     with Daemon("512MiB") as d, tempfile.TemporaryDirectory() as tmp:
-        for variant in ("python", "python, no numpy", "cpp"):
+        for variant in ("python", "python, no numpy", "cpp",
+                        "cpp, one call each"):
             total = {}
             for k in (n, 3 * n):
                 out = os.path.join(tmp, f"{variant}.{k}")
@@ -143,7 +168,10 @@ def instructions():
                      f"--callgrind-out-file={out}", sys.executable,
                      os.path.abspath(__file__), "--instructions-child",
                      d.address, variant, str(k)],
-                    capture_output=True, text=True)
+                    capture_output=True, text=True,
+                    # Fixed string hashes: the runs' start-ups (imports)
+                    # then execute the same instructions and cancel out.
+                    env=dict(os.environ, PYTHONHASHSEED="0"))
                 m = re.search(r"Collected : (\d+)", r.stderr)
                 if r.returncode != 0 or not m:
                     print(f"callgrind run failed ({variant}, {k}):\n{r.stderr}")
@@ -156,10 +184,13 @@ def instructions():
           f"{cpp:,.0f} (create, fill and read one element through the "
           f"pointer, seal, get, release view, release ref)")
     for variant, what in (
-            ("python", "the same, fill and read through numpy.asarray"),
-            ("python, no numpy", "create, seal, get, release only")):
+            ("python, no numpy", "Python, create, seal, get, release only"),
+            ("python", "Python, the same, fill and read through "
+                       "numpy.asarray"),
+            ("cpp, one call each", "control: the C++ lifecycle called once "
+                                   "per lifecycle from a Python loop")):
         py = per[variant]
-        print(f"  Python, {what}: {py:,.0f}, binding adds {py - cpp:+,.0f} "
+        print(f"  {what}: {py:,.0f}, adds {py - cpp:+,.0f} "
               f"({py / cpp:.3f}x)")
     return 0
 
@@ -183,13 +214,17 @@ def main():
                 py.append(p)
                 cpp.append(q)
         rounds = 10 if "--quick" in sys.argv else 40
-        blocks_py, blocks_cpp = [], []
+        blocks_py, blocks_bare, blocks_cpp, blocks_ctl = [], [], [], []
         for r in range(rounds + 2):
             p = py_block(c, BLOCK) / BLOCK
-            q = _core._cpp_lifecycles(c._c, NBYTES, BLOCK) / BLOCK
+            b = py_block_bare(c, BLOCK) / BLOCK
+            q = _core._cpp_lifecycles(c, NBYTES, BLOCK) / BLOCK
+            k = cpp_block_one_by_one(c, BLOCK) / BLOCK
             if r >= 2:  # Warm-up done.
                 blocks_py.append(p)
+                blocks_bare.append(b)
                 blocks_cpp.append(q)
+                blocks_ctl.append(k)
     med = statistics.median
     print(f"64 KiB lifecycle, {iters} pairs (C++ and Python alternate); "
           f"thread CPU p50 per step, us")
@@ -214,11 +249,18 @@ def main():
     print(f"binding overhead: {med(b - a for a, b in zip(*total)):+.1f} us of "
           f"CPU per lifecycle ({med(total[1]) / med(total[0]):.3f}x), of "
           f"which {per_call:+.1f} us per RPC call (create, seal, get)")
-    print(f"back to back, {rounds} pairs of blocks of {BLOCK}: thread CPU "
-          f"per lifecycle C++ {med(blocks_cpp):.1f} us, Python "
-          f"{med(blocks_py):.1f} us, paired diff "
-          f"{med(b - a for a, b in zip(blocks_cpp, blocks_py)):+.1f} us "
-          f"({med(blocks_py) / med(blocks_cpp):.3f}x)")
+    print(f"back to back, {rounds} rounds of blocks of {BLOCK} lifecycles "
+          f"(the four in turn); thread CPU per lifecycle, p50 of the rounds:")
+    print(f"  {'C++ (fill and read through the pointer)':58} "
+          f"{med(blocks_cpp):7.1f} us")
+    for name, blocks in (
+            ("Python, create/seal/get/release only", blocks_bare),
+            ("Python, fill and read through numpy", blocks_py),
+            ("control: C++ called once per lifecycle from Python",
+             blocks_ctl)):
+        print(f"  {name:58} {med(blocks):7.1f} us, paired diff "
+              f"{med(b - a for a, b in zip(blocks_cpp, blocks)):+5.1f} us "
+              f"({med(blocks) / med(blocks_cpp):.3f}x)")
 
 
 if __name__ == "__main__":

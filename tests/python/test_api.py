@@ -3,8 +3,10 @@
 import ctypes
 import gc
 import pickle
+import sys
 import threading
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -279,6 +281,86 @@ def test_errors_name_the_value(client):
         client.get(42)
     with pytest.raises(shmtensor.InvalidArgumentError):
         shmtensor.ObjectRef(b"not a ref")
+
+
+def test_bad_arguments_name_the_value(client):
+    """The lifecycle calls convert their own arguments (no pybind11): every
+    bad one is a precise TypeError or ValueError, and the client goes on."""
+    cases = [
+        (lambda: client.create((2, 2.5), "float32"), TypeError,
+         r"shape \(2, 2.5\): dimensions must be integers"),
+        (lambda: client.create(None, "float32"), TypeError,
+         "shape must be an int or a sequence of ints, got None"),
+        (lambda: client.create((1 << 70,), "uint8"), ValueError,
+         "1180591620717411303424.*64 bits"),
+        (lambda: client.create(4), TypeError,
+         r"create\(\) missing required argument 'dtype' \(pos 2\)"),
+        (lambda: client.create(4, "uint8", bogus=1), TypeError,
+         "unexpected keyword argument 'bogus'"),
+        (lambda: client.create(4, "uint8", dtype="uint8"), TypeError,
+         "multiple values for argument 'dtype'"),
+        (lambda: client.create(4, "uint8", None, None, None, False, 7),
+         TypeError, r"at most 6 arguments \(7 given\)"),
+        (lambda: client.create(4, "uint8", name=3), TypeError,
+         "name must be a str or None, got int"),
+        (lambda: client.create(4, "uint8", timeout="soon"), TypeError,
+         "timeout must be None or a number of seconds, got 'soon'"),
+        (lambda: client.create(4, "uint8", timeout=float("nan")), ValueError,
+         "timeout must be None or >= 0 seconds, got nan"),
+        (lambda: client.create(4, "no-such-dtype"),
+         shmtensor.InvalidArgumentError, "no-such-dtype"),
+        (lambda: client.get(shmtensor.ObjectRef.__new__(shmtensor.ObjectRef)),
+         TypeError, "ObjectRef without its bytes"),
+        (lambda: client.create_bytes("4k"), TypeError,
+         "size must be an int, got '4k'"),
+        (lambda: client.create_bytes(-1), ValueError,
+         "size must be a byte count >= 0 .*got -1"),
+        (lambda: client.get(b"bytes"), TypeError,
+         "ObjectRef or a name, not bytes"),
+        (lambda: client.create(4, "uint8").seal(stream=object()), TypeError,
+         "stream must be None, a stream handle or a torch.cuda.Stream, got "
+         "object"),
+    ]
+    for call, error, message in cases:
+        with pytest.raises(error, match=message):
+            call()
+    # Nothing was left behind, and the client works on.
+    assert client.stats()["leases"] == 0
+    ref = client.put(np.arange(3, dtype=np.int16))
+    assert np.asarray(client.get(ref)).tolist() == [0, 1, 2]
+    # numpy integers and sequences of them are shapes, as ints are.
+    assert client.create(np.int64(3), np.float32).shape == (3,)
+    assert client.create([np.int32(2), 3], "torch.float32").shape == (2, 3)
+
+
+def test_native_objects_free_what_they_hold(client):
+    """Buffer, View and the ref's SealedRef are native types with their own
+    allocation: many lifecycles, exports and failures leave no reference,
+    lease or object behind, and the types are made only by the client."""
+    types = (shmtensor.Buffer, shmtensor.View, shmtensor._core.SealedRef,
+             shmtensor.ObjectRef, shmtensor.Client)
+    for cls in (shmtensor.Buffer, shmtensor.View, shmtensor._core.SealedRef):
+        with pytest.raises(TypeError, match="cannot create"):
+            cls()
+    gc.collect()
+    before = [sys.getrefcount(t) for t in types]
+    for _ in range(300):
+        buf = client.create(1024, "float32")
+        np.asarray(buf)[0] = 1.0
+        ref = buf.seal()
+        view = client.get(ref)
+        assert np.asarray(view)[0] == 1.0
+        assert memoryview(view)[0] == 1.0
+        assert weakref.ref(view)() is view
+        del buf, view, ref
+        with pytest.raises(shmtensor.InvalidArgumentError):
+            client.create((4, -3), "float32")
+        with pytest.raises(TypeError):
+            client.create(4.5, "float32")
+    gc.collect()
+    assert [sys.getrefcount(t) for t in types] == before
+    stats = client.stats()
+    assert (stats["leases"], stats["objects"]) == (0, 0)
 
 
 def test_error_hierarchy():

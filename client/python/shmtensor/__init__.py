@@ -112,9 +112,6 @@ class ObjectRef:
             self._owner = None
 
 
-_core._set_ref_class(ObjectRef)  # seal() and put() return ObjectRefs.
-
-
 def connect(address=None, client_name=None, connect_timeout=5.0):
     """Connects to shmtensord and opens a session.
 
@@ -123,15 +120,7 @@ def connect(address=None, client_name=None, connect_timeout=5.0):
     within connect_timeout seconds. After fork(), call connect() again in the
     child: a client does not cross fork (the child gets its own session).
     """
-    return Client(_core.Client.connect(address or "", client_name or "",
-                                       float(connect_timeout)))
-
-
-def _shape_tuple(shape):
-    if isinstance(shape, int) or (hasattr(shape, "__index__")
-                                  and not isinstance(shape, (tuple, list))):
-        return [int(shape)]
-    return [int(d) for d in shape]
+    return Client(address or "", client_name or "", float(connect_timeout))
 
 
 def _device_name(device):
@@ -160,79 +149,19 @@ def _current_stream(device_name):
     return torch.cuda.current_stream(torch.device(device_name)).cuda_stream
 
 
-class Client:
-    """A session with shmtensord. Thread-safe. Use shmtensor.connect()."""
+class Client(_core.Client):
+    """A session with shmtensord. Thread-safe. Use shmtensor.connect().
 
-    __slots__ = ("_c",)
+    create(), create_bytes(), get(), delete(), stats() and the properties
+    session_id, address and daemon_epoch are the native base class's (see
+    help(shmtensor.Client.create)); put() and has_pool_on() are here.
+    """
 
-    def __init__(self, core):
-        self._c = core
-
-    @property
-    def session_id(self):
-        return self._c.session_id
-
-    @property
-    def address(self):
-        return self._c.address
-
-    @property
-    def daemon_epoch(self):
-        """Random id of the daemon instance: clients with the same epoch
-        share its pools (the same node)."""
-        return self._c.daemon_epoch
-
-    def create(self, shape, dtype, name=None, timeout=None, device=None,
-               shared_writable=False):
-        """A writable buffer of `shape` and `dtype` (NumPy dtype or type,
-        torch dtype, or a name). Fill it through numpy.asarray(buf) or
-        buf.tensor(), then seal() it. `name` binds a name visible once
-        sealed. When the pool is full, waits up to `timeout` seconds for
-        memory (None: without limit), then raises PoolExhaustedError.
-
-        device: None or "cpu" for host shared memory; "cuda:N" (or a
-        torch.device, or N) for a CUDA pool of that device, whose buffers
-        give CUDA tensors (buf.tensor(), torch.from_dlpack) and no NumPy
-        arrays. NotFoundError listing the daemon's pools if it has none
-        there.
-
-        shared_writable=True makes an object for processes that order their
-        writes to it themselves: it is never sealed (seal() raises), every
-        get() of its ref, in any process, gives a writable view, and it
-        lives while any of them (or this buffer) holds it. No name."""
-        return self._c.create(
-            [shape] if type(shape) is int else _shape_tuple(shape),
-            _dtypes.dtype_code(dtype), 0, name or "", timeout,
-            "cpu" if device is None else _device_name(device),
-            bool(shared_writable))
-
-    def create_bytes(self, size, name=None, timeout=None,
-                     shared_writable=False):
-        """An untyped writable buffer of `size` bytes (viewed as uint8);
-        shared_writable as for create()."""
-        return self._c.create([], 0, int(size), name or "", timeout, "cpu",
-                              bool(shared_writable))
-
-    def get(self, ref_or_name, timeout=None, writable=True):
-        """A view of a sealed object, by ObjectRef or by name.
-
-        Read-only for a shared object; writable for the one consumer of an
-        exclusive hand-off, and for every holder of a shared-writable object (a second get raises AlreadyTakenError). Pass
-        writable=False to take an exclusive hand-off read-only: still yours
-        alone, but no writable range is opened, which is cheaper when you only
-        read it. For a name, waits up to `timeout` seconds for an object of
-        that name to be sealed (None: without limit; 0: NotFoundError at
-        once; else TimeoutError)."""
-        if isinstance(ref_or_name, ObjectRef):
-            return self._c.get_ref(ref_or_name._bytes, bool(writable))
-        if isinstance(ref_or_name, str):
-            return self._c.get_name(ref_or_name, timeout)
-        raise TypeError(f"get() takes an ObjectRef or a name, not "
-                        f"{type(ref_or_name).__name__}")
+    __slots__ = ()
 
     def has_pool_on(self, device):
         """True when the daemon has a pool on `device` ("cpu", "cuda:N")."""
-        return self._c.has_pool_on(_device_name(device))
+        return self._has_pool_on(_device_name(device))
 
     def put(self, obj, name=None, exclusive=False, timeout=None, device=None):
         """Copies an array or tensor in and seals it; returns the ref.
@@ -262,7 +191,7 @@ class Client:
             t = obj.detach()
             own = f"cuda:{t.device.index}" if t.device.type == "cuda" else None
             if own is not None and target is None:
-                target = own if self._c.has_pool_on(own) else "cpu"
+                target = own if self._has_pool_on(own) else "cpu"
             if own is not None and target == "cpu":
                 t = t.to("cpu")
             code = _dtypes.code_of_torch(t.dtype)
@@ -284,19 +213,16 @@ class Client:
                 a = a.copy(order="C")
             shape, nbytes, ptr, keep = (list(a.shape), a.nbytes,
                                         a.__array_interface__["data"][0], a)
-        ref = self._c.put(ptr, shape, code, nbytes, name or "",
-                          bool(exclusive), timeout, target or "cpu", stream)
+        ref = self._put(ptr, shape, code, nbytes, name or "",
+                        bool(exclusive), timeout, target or "cpu", stream)
         del keep
         return ref
 
-    def delete(self, name):
-        """Unbinds `name`. The memory is freed once nothing uses it
-        (deferred while views are alive). NotFoundError if unbound."""
-        self._c.delete(name)
 
-    def stats(self):
-        """Pool, session, object and lease counters, as a dict."""
-        return self._c.stats()
+# seal() and put() return ObjectRefs; create() reads dtypes and devices with
+# these helpers.
+_core._bind_package(ObjectRef, _dtypes.dtype_code, _dtypes._CACHE,
+                    _device_name)
 
 
 # -- Methods added to the C++ Buffer and View types ---------------------------
