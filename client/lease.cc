@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "client/lease_address.h"
+
 namespace shmtensor::internal {
 
 bool Lease::ClosesAtOnce(WriteRevocation revocation,
@@ -17,6 +19,8 @@ bool Lease::ClosesAtOnce(WriteRevocation revocation,
   return exposed_.load(std::memory_order_acquire) ||
          mapping.Exposed(placement_.offset(), placement_.capacity_bytes());
 }
+
+void* LeaseAddress(const Lease& lease) { return lease.data(); }
 
 void Lease::CloseWritableRange() {
   if (opened_rw_range_ && access_ == Access::kReadWrite) {

@@ -12,7 +12,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "client/lease.h"
+#include "client/lease_address.h"
 #include "client/python/py_support.h"
 
 namespace shmtensor::python {
@@ -479,8 +479,8 @@ const Buffer& PyBuffer::get() const {
 
 py::array PyBuffer::Array() {
   const Buffer& b = get();
-  py::array arr = MakeArray(
-      {&b.info(), b.lease()->data(), b.lease(), /*writable=*/true, nullptr});
+  py::array arr = MakeArray({&b.info(), internal::LeaseAddress(*b.lease()),
+                             b.lease(), /*writable=*/true, nullptr});
   arrays_.push_back(py::weakref(arr));
   return arr;
 }
@@ -489,7 +489,8 @@ py::capsule PyBuffer::DLPack(const py::object& stream) {
   const Buffer& b = get();
   DeclareDlpackStream(stream, [&](CudaStream s) { b.UseOnStream(s); });
   if (dlpack_ == nullptr) dlpack_ = std::make_shared<std::atomic<int>>(0);
-  return MakeDLPack({&b.info(), b.lease()->data(), b.lease(), true, dlpack_});
+  return MakeDLPack({&b.info(), internal::LeaseAddress(*b.lease()), b.lease(),
+                     true, dlpack_});
 }
 
 SealedRef PyBuffer::Seal(bool exclusive, CudaStream stream) {
@@ -548,7 +549,8 @@ void PyBuffer::Discard() {
 ExportSource PyBuffer::Source() {
   const Buffer& b = get();
   if (dlpack_ == nullptr) dlpack_ = std::make_shared<std::atomic<int>>(0);
-  return {&b.info(), b.lease()->data(), b.lease(), true, dlpack_};
+  return {&b.info(), internal::LeaseAddress(*b.lease()), b.lease(), true,
+          dlpack_};
 }
 
 // -- PyView -------------------------------------------------------------
