@@ -20,7 +20,8 @@ namespace shmtensor::python {
 namespace {
 
 struct ClientObject {
-  PyObject_HEAD Client* client;  // Owned; null only if construction failed.
+  PyObject ob_base;  // PyObject_HEAD
+  Client* client;    // Owned; set by ClientNew right after allocation.
 };
 
 PyTypeObject* g_client_type = nullptr;

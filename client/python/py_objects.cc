@@ -25,7 +25,8 @@ namespace {
 // layout, so that offsetof(weakrefs) is well defined.
 template <typename Value>
 struct Native {
-  PyObject_HEAD PyObject* weakrefs;
+  PyObject ob_base;  // PyObject_HEAD
+  PyObject* weakrefs;
   alignas(Value) unsigned char storage[sizeof(Value)];
 
   Value* value() { return std::launder(reinterpret_cast<Value*>(storage)); }
