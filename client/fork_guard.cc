@@ -1,6 +1,8 @@
 #include "client/fork_guard.h"
 
 #include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <grpc/fork.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -32,32 +34,85 @@ std::set<std::string>& SocketPaths() {
   return *paths;
 }
 
-void Prepare() { RegistryMutex().lock(); }
+// An inherited connection to a daemon: its descriptor number and the socket
+// it was in the parent.
+struct DaemonSocket {
+  int fd;
+  dev_t dev;
+  ino_t ino;
+};
+
+// Filled by Prepare in the parent (the registry lock held), used by Child.
+// Fixed-size: no allocation between fork's handlers.
+constexpr int kMaxDaemonSockets = 64;
+DaemonSocket daemon_sockets[kMaxDaemonSockets];
+int daemon_socket_count = 0;
+
+// The process's sockets connected to a registered daemon path.
+void FindDaemonSockets() {
+  daemon_socket_count = 0;
+  const std::set<std::string>& paths = SocketPaths();
+  if (paths.empty()) return;
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return;
+  const int dir_fd = dirfd(dir);
+  while (dirent* e = readdir(dir)) {
+    const int fd = atoi(e->d_name);
+    if (fd <= 2 || fd == dir_fd) continue;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    sockaddr_un peer{};
+    socklen_t len = sizeof(peer);
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &len) != 0 ||
+        peer.sun_family != AF_UNIX || !paths.count(peer.sun_path)) {
+      continue;
+    }
+    if (daemon_socket_count == kMaxDaemonSockets) break;
+    daemon_sockets[daemon_socket_count++] = {fd, st.st_dev, st.st_ino};
+  }
+  closedir(dir);
+}
+
+void Prepare() {
+  RegistryMutex().lock();
+  FindDaemonSockets();
+}
+
 void Parent() { RegistryMutex().unlock(); }
 
+// In the child, after gRPC's own handler. The inherited connections must
+// go (a child that outlives its parent would otherwise keep the parent's
+// session alive), but their descriptor numbers must not be reused: gRPC's
+// endpoints of the parent's channels keep the numbers (gRPC's fork handler
+// closes the descriptors but not the numbers its endpoints read from), and
+// its pollers still read them now and then. A pipe or socket the child opens
+// later on such a number (a multiprocessing queue, torch's descriptor
+// passing) then lost bytes to gRPC: a consumer hung reading a message gRPC
+// had read. So each number is made a socket whose peer is gone: the
+// connection's last reference in the child goes, and gRPC reads end of
+// stream there, and nothing else ever gets the number.
 void Child() {
   fork_generation.fetch_add(1, std::memory_order_relaxed);
-  const std::set<std::string>& paths = SocketPaths();
-  if (!paths.empty()) {
-    if (DIR* dir = opendir("/proc/self/fd")) {
-      const int dir_fd = dirfd(dir);
-      while (dirent* e = readdir(dir)) {
-        const int fd = atoi(e->d_name);
-        if (fd <= 2 || fd == dir_fd) continue;
-        struct stat st;
-        if (fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
-        sockaddr_un peer{};
-        socklen_t len = sizeof(peer);
-        if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &len) != 0 ||
-            peer.sun_family != AF_UNIX) {
-          continue;
-        }
-        // close(), never shutdown(): the parent shares the connection.
-        if (paths.count(peer.sun_path)) close(fd);
-      }
-      closedir(dir);
+  int pair[2] = {-1, -1};
+  if (daemon_socket_count > 0 &&
+      socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) == 0) {
+    close(pair[1]);
+  }
+  for (int i = 0; i < daemon_socket_count; ++i) {
+    const DaemonSocket& d = daemon_sockets[i];
+    struct stat st;
+    const bool closed = fstat(d.fd, &st) != 0 && errno == EBADF;
+    const bool still_it = !closed && st.st_dev == d.dev && st.st_ino == d.ino;
+    // Never a number something else opened since (gRPC's child handler
+    // opens descriptors of its own).
+    if (!closed && !still_it) continue;
+    if (pair[0] >= 0) {
+      dup3(pair[0], d.fd, O_CLOEXEC);
+    } else if (still_it) {
+      close(d.fd);  // No descriptor to spare: at least let the parent go.
     }
   }
+  if (pair[0] >= 0) close(pair[0]);
   RegistryMutex().unlock();
 }
 

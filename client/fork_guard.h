@@ -6,9 +6,15 @@
 // the poll() poller (an epoll instance is shared across fork), turns off
 // Abseil's debug lock-order graph (its process-wide lock cannot be held
 // across fork; see the .cc), and adds one step gRPC lacks: in the child, every
-// inherited connection to a daemon socket is closed. Otherwise a child that
-// outlives its parent would keep the parent's connections open, and the daemon
-// could not see the parent die and reclaim its leases.
+// inherited connection to a daemon socket is replaced by a socket whose peer
+// is gone. The connection must go: a child that outlives its parent would
+// otherwise keep it open, and the daemon could not see the parent die and
+// reclaim its leases. Its descriptor number must stay taken: gRPC's
+// endpoints of the parent's channels live on in the child and its pollers
+// still read their numbers, so a pipe or socket the child opened later on
+// such a number lost bytes to gRPC (ForkTest.
+// ChildNeverReusesTheNumbersOfInheritedConnections). The parent's daemon
+// sockets are found in the prepare handler (a scan of /proc/self/fd).
 //
 // Limit (gRPC's): when another thread of the process is running inside a
 // gRPC call at the moment of fork() (a Create, Get or Seal in flight), gRPC's

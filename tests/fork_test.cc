@@ -2,6 +2,9 @@
 // its own session, and the child's copy of the parent's connection does not
 // keep the parent's session alive after the parent dies.
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -68,6 +71,70 @@ TEST_F(ForkTest, ChildConnectsItsOwnSessionAndParentCarriesOn) {
   } while (s->sessions != 1 && absl::Now() < deadline);
   EXPECT_EQ(s->sessions, 1u);
   EXPECT_TRUE(before->Seal().ok());
+}
+
+// This process's descriptors connected to the daemon's socket.
+std::vector<int> SocketsConnectedTo(const std::string& path) {
+  std::vector<int> fds;
+  for (int fd = 3; fd < 1024; ++fd) {
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    sockaddr_un peer{};
+    socklen_t len = sizeof(peer);
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &len) == 0 &&
+        peer.sun_family == AF_UNIX && path == peer.sun_path) {
+      fds.push_back(fd);
+    }
+  }
+  return fds;
+}
+
+// gRPC's endpoints of the parent's channels live on in a forked child and
+// its pollers still read their descriptor numbers now and then. A child
+// whose own pipe or socket took such a number lost bytes to gRPC (seen: a
+// multiprocessing consumer hung reading a message). The child's inherited
+// connections are gone, and their numbers read end of stream and are never
+// handed out again.
+TEST_F(ForkTest, ChildNeverReusesTheNumbersOfInheritedConnections) {
+  ASSERT_TRUE(client_->Stats().ok());  // The connection is up.
+  const std::vector<int> inherited = SocketsConnectedTo(daemon_->socket_path());
+  ASSERT_FALSE(inherited.empty());
+  int report[2];
+  ASSERT_EQ(pipe(report), 0);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    int result = 0;
+    // 1: new descriptors never take an inherited connection's number.
+    for (int i = 0; i < 8; ++i) {
+      int p[2];
+      if (pipe(p) != 0) result |= 8;
+      for (int fd : p) {
+        for (int old : inherited) {
+          if (fd == old) result |= 1;
+        }
+      }
+    }
+    // 2: the numbers no longer reach the daemon (the parent's session must
+    // be able to end with the parent).
+    if (!SocketsConnectedTo(daemon_->socket_path()).empty()) result |= 2;
+    for (int old : inherited) {
+      // 4: reading it is the end of a stream, not a block or someone's data.
+      char byte;
+      if (recv(old, &byte, 1, MSG_DONTWAIT) != 0) result |= 4;
+    }
+    write(report[1], &result, sizeof(result));
+    _exit(0);
+  }
+  ASSERT_GT(pid, 0);
+  close(report[1]);
+  int result = -1;
+  ASSERT_EQ(read(report[0], &result, sizeof(result)), sizeof(result));
+  close(report[0]);
+  int status;
+  waitpid(pid, &status, 0);
+  EXPECT_EQ(result, 0) << "1: a number reused, 2: still connected, 4: not "
+                          "at end of stream, 8: pipe() failed";
+  EXPECT_TRUE(client_->Stats().ok());  // The parent's connection is whole.
 }
 
 TEST_F(ForkTest, ParentSessionEndsWhenParentDiesEvenIfForkedChildLives) {
