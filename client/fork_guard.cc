@@ -42,8 +42,8 @@ struct DaemonSocket {
   ino_t ino;
 };
 
-// Filled by Prepare in the parent (the registry lock held), used by Child.
-// Fixed-size: no allocation between fork's handlers.
+// Filled by Prepare in the parent (the registry lock held), read by Child,
+// which allocates nothing.
 constexpr int kMaxDaemonSockets = 64;
 DaemonSocket daemon_sockets[kMaxDaemonSockets];
 int daemon_socket_count = 0;
