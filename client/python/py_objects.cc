@@ -5,6 +5,7 @@
 #include <structmember.h>
 
 #include <cstddef>
+#include <cstring>
 #include <functional>
 #include <new>
 #include <optional>
@@ -315,6 +316,8 @@ PyMemberDef kViewMembers[] = {
     {nullptr, 0, 0, 0, nullptr},
 };
 
+// `name` is the qualified name ("shmtensor._core.Buffer"), a literal:
+// Python 3.11 keeps pointing into it (tp_name) for the type's life.
 PyTypeObject* MakeType(py::module_& m, const char* name, const char* doc,
                        int basicsize, destructor dealloc, PyMethodDef* methods,
                        PyMemberDef* members, PyGetSetDef* getset,
@@ -333,23 +336,21 @@ PyTypeObject* MakeType(py::module_& m, const char* name, const char* doc,
     slots.push_back({Py_bf_getbuffer, reinterpret_cast<void*>(getbuffer)});
   }
   slots.push_back({0, nullptr});
-  // Python keeps pointers into the spec's name: it must outlive the type.
-  static std::vector<std::string> names;
-  names.push_back(std::string("shmtensor._core.") + name);
   // Made here only (NewBuffer, NewView, NewObjectRef), never from Python.
 #ifdef Py_TPFLAGS_DISALLOW_INSTANTIATION  // Python >= 3.10.
   const unsigned flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION;
 #else
   const unsigned flags = Py_TPFLAGS_DEFAULT;
 #endif
-  PyType_Spec spec = {names.back().c_str(), basicsize, 0, flags, slots.data()};
+  PyType_Spec spec = {name, basicsize, 0, flags, slots.data()};
   PyObject* type = PyType_FromSpec(&spec);
   if (type == nullptr) throw py::error_already_set();
 #ifndef Py_TPFLAGS_DISALLOW_INSTANTIATION
   reinterpret_cast<PyTypeObject*>(type)->tp_new = nullptr;
 #endif
-  m.add_object(name, py::handle(type));  // Steals nothing; the type is kept
-  return reinterpret_cast<PyTypeObject*>(type);  // by `type`'s reference.
+  // The module's own reference; `type`'s is kept for the process's life.
+  m.add_object(std::strrchr(name, '.') + 1, py::handle(type));
+  return reinterpret_cast<PyTypeObject*>(type);
 }
 
 template <typename T>
@@ -489,9 +490,7 @@ py::array PyBuffer::Array() {
 py::capsule PyBuffer::DLPack(const py::object& stream) {
   const Buffer& b = get();
   DeclareDlpackStream(stream, [&](CudaStream s) { b.UseOnStream(s); });
-  if (dlpack_ == nullptr) dlpack_ = std::make_shared<std::atomic<int>>(0);
-  return MakeDLPack({&b.info(), internal::LeaseAddress(*b.lease()), b.lease(),
-                     true, dlpack_});
+  return MakeDLPack(Source());  // Counted in dlpack_.
 }
 
 SealedRef PyBuffer::Seal(bool exclusive, CudaStream stream) {
@@ -588,15 +587,18 @@ void PyView::Close() {
 // -- The types ------------------------------------------------------------
 
 void AddObjectTypes(py::module_& m) {
-  g_buffer_type = MakeType(
-      m, "Buffer", "A writable buffer, visible to nobody until sealed.",
-      sizeof(BufferObject), Dealloc<PyBuffer>, kBufferMethods, kBufferMembers,
-      nullptr, nullptr, BufferGetAttr);
-  g_view_type = MakeType(m, "View", "A view of a sealed object.",
-                         sizeof(ViewObject), Dealloc<PyView>, kViewMethods,
-                         kViewMembers, nullptr, ViewGetBuffer, nullptr);
+  g_buffer_type =
+      MakeType(m, "shmtensor._core.Buffer",
+               "A writable buffer, visible to nobody until sealed.",
+               sizeof(BufferObject), Dealloc<PyBuffer>, kBufferMethods,
+               kBufferMembers, nullptr, nullptr, BufferGetAttr);
+  g_view_type =
+      MakeType(m, "shmtensor._core.View", "A view of a sealed object.",
+               sizeof(ViewObject), Dealloc<PyView>, kViewMethods, kViewMembers,
+               nullptr, ViewGetBuffer, nullptr);
   g_sealed_ref_type =
-      MakeType(m, "SealedRef", "The creator's ref; holds a lease while alive.",
+      MakeType(m, "shmtensor._core.SealedRef",
+               "The creator's ref; holds a lease while alive.",
                sizeof(SealedRefObject), Dealloc<CreatorRef>, kSealedRefMethods,
                nullptr, kSealedRefGetSet, nullptr, nullptr);
   AddBufferAttributes(g_buffer_type);

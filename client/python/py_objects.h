@@ -60,6 +60,8 @@ class PyBuffer {
   // Seals: see Buffer.seal's docstring (py_objects.cc).
   SealedRef Seal(bool exclusive, CudaStream stream);
   void Discard();
+  // What an export of the buffer needs; its DLPack exports are counted for
+  // Seal.
   ExportSource Source();
 
  private:
