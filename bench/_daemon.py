@@ -59,7 +59,8 @@ class Daemon:
 
     def __init__(self, pool_size, pool_dir=None, config=None):
         Daemon._count += 1
-        self.path = f"/tmp/shmtensor-pybench-{os.getpid()}-{Daemon._count}.sock"
+        # A directory of its own: the daemon makes it 0700.
+        self.path = f"/tmp/shmtensor-pybench-{os.getpid()}-{Daemon._count}/d.sock"
         self.address = "unix:" + self.path
         args = [DAEMON, "--listen", self.address, "--log-level", "warn"]
         args += ["--config", config] if config else ["--pool-size", pool_size]

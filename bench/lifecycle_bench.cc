@@ -110,8 +110,9 @@ class Daemon {
   // A daemon with one pool of `pool_size` in `pool_dir`.
   Daemon(const std::string& pool_size, const std::string& pool_dir) {
     static int count = 0;
+    // A directory of its own, which the daemon makes 0700 (and removes).
     address_ = absl::StrCat("unix:/tmp/shmtensor-bench-", getpid(), "-",
-                            count++, ".sock");
+                            count++, "/d.sock");
     pid_ = fork();
     if (pid_ == 0) {
       prctl(PR_SET_PDEATHSIG, SIGKILL);  // No orphan daemon if we die.

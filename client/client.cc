@@ -23,7 +23,8 @@ uint32_t ToMillis(absl::Duration d) {
 }
 
 ObjectRef FromProto(const v1::ObjectRef& r) {
-  return ObjectRef{r.daemon_epoch(), r.slot(), r.generation(), r.exclusive()};
+  return ObjectRef{r.daemon_epoch(), r.slot(), r.generation(), r.exclusive(),
+                   r.nonce()};
 }
 
 v1::ObjectRef ToProto(const ObjectRef& r) {
@@ -32,6 +33,7 @@ v1::ObjectRef ToProto(const ObjectRef& r) {
   p.set_slot(r.slot);
   p.set_generation(r.generation);
   p.set_exclusive(r.exclusive);
+  p.set_nonce(r.nonce);
   return p;
 }
 
@@ -137,7 +139,8 @@ absl::StatusOr<Client> Client::Connect(const ClientOptions& options) {
                                : options.client_name;
   absl::StatusOr<std::shared_ptr<internal::ClientCore>> core =
       internal::ClientCore::Connect(address, name, options.connect_timeout,
-                                    options.write_revocation);
+                                    options.write_revocation,
+                                    options.daemon_uid);
   if (!core.ok()) return core.status();
   return Client(*std::move(core));
 }
@@ -303,6 +306,7 @@ bool Client::HasPoolOn(const Device& device) const {
 }
 
 uint64_t Client::session_id() const { return core_->session_id(); }
+uint64_t Client::client_id() const { return core_->client_id(); }
 uint64_t Client::daemon_epoch() const { return core_->epoch(); }
 const std::string& Client::address() const { return core_->address(); }
 

@@ -1,5 +1,6 @@
 #include "client/client_core.h"
 
+#include <grpcpp/create_channel_posix.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "client/daemon_socket.h"
 #include "client/fork_guard.h"
 #include "shmtensor/errors.h"
 
@@ -54,53 +56,77 @@ void ClientCore::KeepAliveUntilExit() {
   }
 }
 
+ClientCore::Connection::~Connection() {
+  if (session != nullptr) {
+    session->WritesDone();
+    session_ctx->TryCancel();
+    session->Finish();
+  }
+}
+
+absl::StatusOr<std::shared_ptr<ClientCore::Connection>>
+ClientCore::OpenConnection(uint64_t resume_id, absl::Duration timeout,
+                           v1::SessionOpened* opened) {
+  absl::StatusOr<int> fd =
+      ConnectDaemonSocket(socket_path_, absl::Now() + timeout, daemon_uid_);
+  if (!fd.ok()) return fd.status();
+  grpc::ChannelArguments args;
+  // No keepalive: the daemon is on this host, its death closes the socket at
+  // once, and a late ping answer must never cost the session.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, INT_MAX);
+  auto conn = std::make_shared<Connection>();
+  // The channel owns the socket from here on (closed with the channel).
+  conn->channel =
+      grpc::CreateCustomInsecureChannelFromFd("shmtensord", *fd, args);
+  conn->stub = v1::ObjectStore::NewStub(conn->channel);
+  conn->session_ctx = std::make_unique<grpc::ClientContext>();
+  conn->session = conn->stub->Session(conn->session_ctx.get());
+  v1::SessionRequest open;
+  open.mutable_open()->set_client_name(client_name_);
+  open.mutable_open()->set_resume_session_id(resume_id);
+  v1::SessionEvent event;
+  if (!conn->session->Write(open) || !conn->session->Read(&event) ||
+      !event.has_opened()) {
+    grpc::Status st = conn->session->Finish();
+    conn->session.reset();
+    const absl::StatusCode code =
+        st.error_code() == grpc::StatusCode::OK
+            ? absl::StatusCode::kUnavailable
+            : static_cast<absl::StatusCode>(st.error_code());
+    return absl::Status(
+        code, absl::StrCat("shmtensord at ", address_, " refused the session",
+                           resume_id != 0 ? " resume" : "", ": ",
+                           st.error_message()));
+  }
+  *opened = event.opened();
+  return conn;
+}
+
 absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::Connect(
     const std::string& address, const std::string& client_name,
-    absl::Duration connect_timeout, WriteRevocation write_revocation) {
+    absl::Duration connect_timeout, WriteRevocation write_revocation,
+    std::optional<uid_t> daemon_uid) {
+  absl::StatusOr<std::string> path = SocketPathOf(address);
+  if (!path.ok()) return path.status();
   EnableForkSupport();
   RegisterDaemonAddress(address);
   std::shared_ptr<ClientCore> core(new ClientCore());
   core->owner_pid_ = getpid();
   core->fork_generation_ = ForkGeneration();
   core->address_ = address;
+  core->socket_path_ = *std::move(path);
+  core->client_name_ = client_name;
+  core->daemon_uid_ = daemon_uid;
   core->write_revocation_ = write_revocation;
-  grpc::ChannelArguments args;
-  // A local daemon: never wait long to reconnect, never wait for one to
-  // appear longer than the caller's timeout.
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  // No keepalive: the daemon is on this host, its death closes the socket at
-  // once, and a late ping answer must never cost the session.
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, INT_MAX);
-  // One connection per client: a session must not ride on a connection that
-  // another client of this process left to a daemon that has since died.
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  core->channel_ = grpc::CreateCustomChannel(
-      address, grpc::InsecureChannelCredentials(), args);
-  if (!core->channel_->WaitForConnected(
-          absl::ToChronoTime(absl::Now() + connect_timeout))) {
-    return absl::UnavailableError(absl::StrCat(
-        "no shmtensord answers at ", address, " (waited ",
-        absl::FormatDuration(connect_timeout),
-        "); start it with deploy/run.sh or set SHMTENSOR_ADDRESS"));
-  }
-  core->stub_ = v1::ObjectStore::NewStub(core->channel_);
-  core->session_ctx_ = std::make_unique<grpc::ClientContext>();
-  core->session_ = core->stub_->Session(core->session_ctx_.get());
-  v1::SessionRequest open;
-  open.mutable_open()->set_client_name(client_name);
-  open.mutable_open()->set_pid(getpid());
-  v1::SessionEvent event;
-  if (!core->session_->Write(open) || !core->session_->Read(&event) ||
-      !event.has_opened()) {
-    grpc::Status st = core->session_->Finish();
-    core->session_.reset();
-    return absl::UnavailableError(
-        absl::StrCat("shmtensord at ", address,
-                     " refused the session: ", st.error_message()));
-  }
-  core->session_id_ = event.opened().session_id();
-  core->epoch_ = event.opened().daemon_epoch();
-  for (const v1::PoolInfo& info : event.opened().pools()) {
+  v1::SessionOpened opened;
+  absl::StatusOr<std::shared_ptr<Connection>> conn =
+      core->OpenConnection(0, connect_timeout, &opened);
+  if (!conn.ok()) return conn.status();
+  core->conn_ = *std::move(conn);
+  core->session_id_ = opened.session_id();
+  core->client_id_ = opened.client_id();
+  core->epoch_ = opened.daemon_epoch();
+  for (const v1::PoolInfo& info : opened.pools()) {
     core->pools_.push_back(info);
     core->cuda_mappings_.push_back(nullptr);
     if (info.kind() != v1::MEMORY_KIND_HOST) {
@@ -119,10 +145,7 @@ absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::Connect(
 ClientCore::~ClientCore() {
   if (inherited()) {
     // The parent's gRPC objects: never touch them in the child.
-    session_.release();
-    session_ctx_.release();
-    stub_.release();
-    new std::shared_ptr<grpc::Channel>(std::move(channel_));
+    new std::shared_ptr<Connection>(std::move(conn_));
     releaser_.release();  // Its thread is the parent's.
     return;
   }
@@ -130,11 +153,112 @@ ClientCore::~ClientCore() {
   // daemon would drop those leases at once, with the GPU maybe still on
   // them).
   releaser_.reset();
-  if (session_ != nullptr) {
-    session_->WritesDone();
-    session_ctx_->TryCancel();
-    session_->Finish();
+  if (CurrentConnection() == nullptr) return;
+  // Ends the session at once; without it the daemon would keep the leases
+  // until this process exits (a broken stream is no proof of a clean end).
+  // A broken connection is resumed once to say so.
+  v1::EndSessionRequest req;
+  req.set_session_id(session_id_);
+  v1::EndSessionResponse resp;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    absl::Status s =
+        Call(&v1::ObjectStore::Stub::EndSession, req, &resp, absl::Seconds(5));
+    if (!absl::IsUnavailable(s)) break;
   }
+  std::shared_ptr<Connection> last;
+  {
+    std::lock_guard<std::mutex> lock(conn_mu_);
+    last = std::move(conn_);
+  }
+}
+
+std::shared_ptr<ClientCore::Connection> ClientCore::CurrentConnection() const {
+  std::lock_guard<std::mutex> lock(conn_mu_);
+  return conn_;
+}
+
+absl::Status ClientCore::Ended() const {
+  std::lock_guard<std::mutex> lock(conn_mu_);
+  return WithReason(
+      absl::Status(ended_code_,
+                   absl::StrCat("the session with shmtensord at ", address_,
+                                " has ended (", ended_why_,
+                                "); connect a new client (views of this one "
+                                "keep their bytes)")),
+      kReasonSessionEnded);
+}
+
+absl::Status ClientCore::Resume(const std::shared_ptr<Connection>& broken,
+                                const grpc::Status& cause) {
+  absl::Status resumed;
+  {
+    std::lock_guard<std::mutex> lock(write_mu_);
+    resumed = ResumeLocked(broken);
+  }
+  if (!resumed.ok()) return resumed;
+  return absl::UnavailableError(absl::StrCat(
+      "shmtensord at ", address_, " unavailable: ", cause.error_message(),
+      " (the connection broke; the session was resumed on a new one, so "
+      "this call may or may not have taken effect)"));
+}
+
+absl::Status ClientCore::ResumeLocked(
+    const std::shared_ptr<Connection>& broken) {
+  {
+    std::lock_guard<std::mutex> lock(conn_mu_);
+    if (conn_ == nullptr) {
+      // Ended already (by another thread's failed resume).
+    } else if (conn_ != broken) {
+      return absl::OkStatus();  // Another thread resumed it already.
+    }
+  }
+  if (CurrentConnection() == nullptr) return Ended();
+  v1::SessionOpened opened;
+  absl::StatusOr<std::shared_ptr<Connection>> conn =
+      OpenConnection(session_id_, absl::Seconds(2), &opened);
+  absl::Status failed;
+  if (!conn.ok()) {
+    failed = conn.status();
+  } else if (opened.daemon_epoch() != epoch_) {
+    failed = absl::FailedPreconditionError(
+        "the daemon restarted (another instance answers)");
+  }
+  if (failed.ok()) {
+    // Send again what the daemon had not applied, in order, before any
+    // other release (write_mu_ is held).
+    std::lock_guard<std::mutex> lock(releases_mu_);
+    for (const auto& [seq, lease_id] : unconfirmed_releases_) {
+      if (seq <= opened.releases_applied()) continue;
+      v1::SessionRequest req;
+      req.mutable_release()->set_seq(seq);
+      req.mutable_release()->add_lease_ids(lease_id);
+      if (!(*conn)->session->Write(req)) {
+        failed = absl::UnavailableError("the new connection broke at once");
+        break;
+      }
+    }
+  }
+  std::shared_ptr<Connection> old;
+  std::lock_guard<std::mutex> lock(conn_mu_);
+  old = std::move(conn_);
+  if (!failed.ok()) {
+    ended_why_ = absl::StrCat(
+        "its connection broke and it could not be "
+        "resumed: ",
+        failed.message());
+    ended_code_ = absl::IsUnavailable(failed)
+                      ? absl::StatusCode::kUnavailable
+                      : absl::StatusCode::kFailedPrecondition;
+    return WithReason(
+        absl::Status(ended_code_,
+                     absl::StrCat("the session with shmtensord "
+                                  "at ",
+                                  address_, " has ended (", ended_why_, ")")),
+        kReasonSessionEnded);
+  }
+  conn_ = *std::move(conn);
+  resumes_.fetch_add(1, std::memory_order_relaxed);
+  return absl::OkStatus();
 }
 
 bool ClientCore::inherited() const {
@@ -242,10 +366,14 @@ absl::Status ClientCore::ReleaseLease(uint64_t lease_id) {
   std::lock_guard<std::mutex> lock(write_mu_);
   const uint64_t seq = releases_sent_ + 1;
   req.mutable_release()->set_seq(seq);
-  if (!session_->Write(req)) {
-    return absl::UnavailableError(absl::StrCat(
-        "session stream to shmtensord at ", address_,
-        " is closed; the daemon dropped lease ", lease_id, " with it"));
+  std::shared_ptr<Connection> conn = CurrentConnection();
+  if (conn == nullptr) return Ended();
+  if (!conn->session->Write(req)) {
+    // The connection broke: resume (which sends again what the daemon had
+    // not applied) and send this one on the new stream.
+    if (absl::Status s = ResumeLocked(conn); !s.ok()) return s;
+    conn = CurrentConnection();
+    if (conn == nullptr || !conn->session->Write(req)) return Ended();
   }
   // Published only once written: a call that sends this seq as
   // releases_through must find the release ahead of it on the wire (or
@@ -253,9 +381,6 @@ absl::Status ClientCore::ReleaseLease(uint64_t lease_id) {
   std::lock_guard<std::mutex> releases_lock(releases_mu_);
   releases_sent_ = seq;
   unconfirmed_releases_.emplace_back(seq, lease_id);
-  if (unconfirmed_releases_.size() > kMaxUnconfirmedReleases) {
-    unconfirmed_releases_.pop_front();
-  }
   return absl::OkStatus();
 }
 

@@ -2,6 +2,19 @@
 // channel, the session stream and the pool mappings. Leases hold it by
 // shared_ptr, so it outlives the Client handle while any view is alive.
 //
+// Connection loss: the channel runs over a socket this client connected
+// itself (daemon_socket.h), so it never reconnects behind the client's back
+// (to a daemon that restarted, say). When a call or a release finds the
+// connection broken, the core connects again and resumes its session
+// (OpenSession.resume_session_id; the daemon kept every lease, since this
+// process lives and may map its views) and sends again the releases the
+// daemon had not applied. The call that found it broken fails UNAVAILABLE
+// (it may or may not have taken effect); later calls work. When the session
+// cannot be resumed (the daemon restarted, or is gone) the core is ended:
+// every call fails with reason SESSION_ENDED (UNAVAILABLE while no daemon
+// answers, FAILED_PRECONDITION when another instance does), and views keep
+// the bytes they had (this process's mapping holds them).
+//
 // Fork: the first Connect makes the process fork-safe (fork_guard.h), so a
 // child's own new clients work and it closes its copies of the parent's
 // connections.
@@ -20,6 +33,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -43,11 +57,14 @@ class ClientCore {
  public:
   // Connects, opens the session and maps every host pool read-only.
   // UNAVAILABLE naming the address when no daemon answers in time.
+  // PERMISSION_DENIED when another user serves the socket (see
+  // daemon_socket.h; `daemon_uid` is one more uid to accept).
   static absl::StatusOr<std::shared_ptr<ClientCore>> Connect(
       const std::string& address, const std::string& client_name,
       absl::Duration connect_timeout,
-      WriteRevocation write_revocation = WriteRevocation::kWhenExposed);
-  // Ends the session: the daemon then drops whatever leases remain.
+      WriteRevocation write_revocation = WriteRevocation::kWhenExposed,
+      std::optional<uid_t> daemon_uid = std::nullopt);
+  // Ends the session (EndSession): the daemon drops whatever leases remain.
   ~ClientCore();
 
   // Keeps every client core of this process that is still alive from being
@@ -64,6 +81,10 @@ class ClientCore {
   ClientCore& operator=(const ClientCore&) = delete;
 
   uint64_t session_id() const { return session_id_; }
+  // Public id operators see for this session (shmtensorctl clients).
+  uint64_t client_id() const { return client_id_; }
+  // Times the session was resumed after its connection broke.
+  uint64_t resumes() const { return resumes_.load(std::memory_order_relaxed); }
   // True in a child process that inherited this core across fork().
   bool inherited() const;
   // FAILED_PRECONDITION naming the owner pid if inherited(), else OK.
@@ -97,21 +118,29 @@ class ClientCore {
 
   // Calls a unary RPC of the stub with `timeout` as deadline; maps the
   // outcome to an absl::Status carrying the error reason.
+  // A call that finds the connection broken fails UNAVAILABLE and resumes
+  // the session for the next one (see the class comment).
   template <typename Req, typename Resp>
   absl::Status Call(grpc::Status (v1::ObjectStore::Stub::*method)(
                         grpc::ClientContext*, const Req&, Resp*),
                     const Req& req, Resp* resp,
                     absl::Duration timeout = kRpcDeadline) {
     if (absl::Status s = CheckOwner(); !s.ok()) return s;
+    std::shared_ptr<Connection> conn = CurrentConnection();
+    if (conn == nullptr) return Ended();
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-    return FromGrpc(ctx, (stub_.get()->*method)(&ctx, req, resp));
+    grpc::Status st = (conn->stub.get()->*method)(&ctx, req, resp);
+    if (st.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      return Resume(conn, st);
+    }
+    return FromGrpc(ctx, st);
   }
 
   // Drops a lease at the daemon without waiting for it: one ReleaseLeases
-  // message on the session stream (see the proto). UNAVAILABLE when the
-  // stream is broken, in which case the daemon ended the session and dropped
-  // the lease itself.
+  // message on the session stream (see the proto). A broken stream is
+  // resumed and the release sent on the new one; FAILED_PRECONDITION when
+  // the session has ended (the daemon then dropped the lease itself).
   absl::Status ReleaseLease(uint64_t lease_id);
 
   // Call() for a request that can observe this client's releases (Create,
@@ -135,7 +164,40 @@ class ClientCore {
   }
 
  private:
+  // One connection to the daemon and the session stream on it. Replaced
+  // whole when the session resumes; calls hold the one they use.
+  struct Connection {
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<v1::ObjectStore::Stub> stub;
+    std::unique_ptr<grpc::ClientContext> session_ctx;
+    std::unique_ptr<
+        grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionEvent>>
+        session;
+    // Ends the stream and lets go of the channel.
+    ~Connection();
+  };
+
   ClientCore() = default;
+  // Connects a socket (daemon_socket.h), makes the channel and stub over it
+  // and opens the session stream: a new session (resume_id 0) or a resumed
+  // one. Fills session_id_ etc. for a new session; returns the daemon's
+  // SessionOpened.
+  absl::StatusOr<std::shared_ptr<Connection>> OpenConnection(
+      uint64_t resume_id, absl::Duration timeout, v1::SessionOpened* opened);
+  // The connection in use; null once the session has ended.
+  std::shared_ptr<Connection> CurrentConnection() const;
+  // Replaces `broken` (if it is still the current connection) by a new one
+  // with the session resumed, and returns UNAVAILABLE saying so (or
+  // FAILED_PRECONDITION when the session could not be resumed, after which
+  // the core is ended). `cause` is what the broken call got.
+  absl::Status Resume(const std::shared_ptr<Connection>& broken,
+                      const grpc::Status& cause);
+  // Resume with write_mu_ held: also sends again, on the new stream, every
+  // release the daemon had not applied. OK when resumed.
+  absl::Status ResumeLocked(const std::shared_ptr<Connection>& broken);
+  // The error of every call once the session ended (reason SESSION_ENDED):
+  // UNAVAILABLE when the daemon is gone, FAILED_PRECONDITION otherwise.
+  absl::Status Ended() const;
   absl::Status FromGrpc(const grpc::ClientContext& ctx,
                         const grpc::Status& status) const;
   // See CallAfterReleases.
@@ -143,7 +205,9 @@ class ClientCore {
   void StampReleases(Request* req) {
     std::lock_guard<std::mutex> lock(releases_mu_);
     req->set_releases_through(releases_sent_);
+    size_t n = 0;
     for (const auto& [seq, lease_id] : unconfirmed_releases_) {
+      if (n++ == kMaxCarriedReleases) break;
       v1::ReleaseLeases* r = req->add_releases();
       r->set_seq(seq);
       r->add_lease_ids(lease_id);
@@ -156,16 +220,25 @@ class ClientCore {
   // ForkGeneration() there: inherited() compares it, without a system call.
   uint64_t fork_generation_ = 0;
   std::string address_;
+  std::string socket_path_;
+  std::string client_name_;
+  std::optional<uid_t> daemon_uid_;
   WriteRevocation write_revocation_ = WriteRevocation::kWhenExposed;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::ObjectStore::Stub> stub_;
-  std::unique_ptr<grpc::ClientContext> session_ctx_;
-  std::unique_ptr<
-      grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionEvent>>
-      session_;
+  // The connection in use (null once ended). Swapped under conn_mu_ by
+  // ResumeLocked, which holds write_mu_ too.
+  mutable std::mutex conn_mu_;
+  std::shared_ptr<Connection> conn_;
+  // Why and how the session ended (UNAVAILABLE when no daemon answered the
+  // resume, FAILED_PRECONDITION when one refused it). Guarded by conn_mu_;
+  // set when conn_ goes null.
+  std::string ended_why_;
+  absl::StatusCode ended_code_ = absl::StatusCode::kFailedPrecondition;
+  std::atomic<uint64_t> resumes_{0};
   uint64_t session_id_ = 0;
+  uint64_t client_id_ = 0;
   uint64_t epoch_ = 0;
-  // Serialises writes on session_ (gRPC allows one outstanding write).
+  // Serialises writes on the session stream (gRPC allows one outstanding
+  // write) and resumes.
   std::mutex write_mu_;
   // What requests carry of the releases (StampReleases). Its own lock, so
   // that a request never waits behind a stream write.
@@ -174,9 +247,11 @@ class ClientCore {
   // releases_mu_ (so read under either).
   uint64_t releases_sent_ = 0;
   // (seq, lease id) of the releases sent and not yet confirmed applied,
-  // oldest first, at most kMaxUnconfirmedReleases (older ones are left to
-  // the stream). Guarded by releases_mu_.
-  static constexpr size_t kMaxUnconfirmedReleases = 64;
+  // oldest first: all of them, since a resumed session sends again those
+  // the daemon had not applied. A request carries the oldest
+  // kMaxCarriedReleases (the daemon applies from the next one due). Guarded
+  // by releases_mu_.
+  static constexpr size_t kMaxCarriedReleases = 64;
   std::deque<std::pair<uint64_t, uint64_t>> unconfirmed_releases_;
   std::vector<v1::PoolInfo> pools_;  // By pool id.
   // By pool id; null for CUDA pools.

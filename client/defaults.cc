@@ -12,7 +12,11 @@ std::string DefaultAddress() {
   if (const char* env = std::getenv(kAddressEnv); env != nullptr && *env) {
     return env;
   }
-  return absl::StrCat("unix:/tmp/shmtensord-", getuid(), ".sock");
+  if (const char* run = std::getenv("XDG_RUNTIME_DIR");
+      run != nullptr && *run == '/') {
+    return absl::StrCat("unix:", run, "/shmtensord.sock");
+  }
+  return absl::StrCat("unix:/tmp/shmtensor-", getuid(), "/shmtensord.sock");
 }
 
 }  // namespace shmtensor

@@ -7,8 +7,8 @@
 
 namespace shmtensor {
 namespace {
-constexpr char kVersion = 1;
-constexpr size_t kSerializedSize = 18;
+constexpr char kVersion = 2;
+constexpr size_t kSerializedSize = 26;
 
 void StoreLE(char* out, uint64_t v, int bytes) {
   for (int i = 0; i < bytes; ++i) out[i] = static_cast<char>(v >> (8 * i));
@@ -29,6 +29,7 @@ std::string ObjectRef::Serialize() const {
   StoreLE(&out[9], slot, 4);
   StoreLE(&out[13], generation, 4);
   out[17] = exclusive ? 1 : 0;
+  StoreLE(&out[18], nonce, 8);
   return out;
 }
 
@@ -44,6 +45,7 @@ absl::StatusOr<ObjectRef> ObjectRef::Parse(std::string_view bytes) {
   ref.slot = static_cast<uint32_t>(LoadLE(bytes.data() + 9, 4));
   ref.generation = static_cast<uint32_t>(LoadLE(bytes.data() + 13, 4));
   ref.exclusive = bytes[17] == 1;
+  ref.nonce = LoadLE(bytes.data() + 18, 8);
   return ref;
 }
 

@@ -127,7 +127,8 @@ absl::StatusOr<SealedRef> Buffer::Seal(
   std::shared_ptr<internal::Lease> lease = std::move(lease_);
   if (!s.ok()) return s;  // The lease goes and discards the object.
   ObjectRef ref{resp.ref().daemon_epoch(), resp.ref().slot(),
-                resp.ref().generation(), resp.ref().exclusive()};
+                resp.ref().generation(), resp.ref().exclusive(),
+                resp.ref().nonce()};
   if (exclusive) {
     lease->Forget();
     return SealedRef(ref, nullptr);

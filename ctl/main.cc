@@ -6,6 +6,7 @@
 // finding the daemon not serving.
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <iostream>
@@ -120,11 +121,30 @@ class Ctl {
                 &shmtensor::ctl::RenderStatus);
   }
 
+  // Every object (or the --limit oldest), a page at a time: one response
+  // for a million objects would pass gRPC's message limit.
   int Objects() {
+    shmtensor::v1::ListObjectsResponse all;
     shmtensor::v1::ListObjectsRequest req;
-    req.set_limit(o_.limit);
-    return Show(&Monitor::Stub::ListObjects, req,
-                &shmtensor::ctl::RenderObjects);
+    while (true) {
+      const uint64_t want =
+          o_.limit == 0 ? 0
+                        : o_.limit - static_cast<uint64_t>(all.objects_size());
+      req.set_limit(static_cast<uint32_t>(std::min<uint64_t>(want, 10000)));
+      shmtensor::v1::ListObjectsResponse page;
+      grpc::Status st = Call(&Monitor::Stub::ListObjects, req, &page);
+      if (!st.ok()) return Fail(o_, st);
+      all.set_total(page.total());
+      for (auto& o : *page.mutable_objects()) *all.add_objects() = std::move(o);
+      if (page.next_page_token() == 0 ||
+          (o_.limit != 0 && all.objects_size() >= static_cast<int>(o_.limit))) {
+        break;
+      }
+      req.set_page_token(page.next_page_token());
+    }
+    std::cout << (o_.json ? shmtensor::ctl::ToJson(all)
+                          : shmtensor::ctl::RenderObjects(all));
+    return kOk;
   }
 
   int Clients() {

@@ -172,12 +172,13 @@ std::string RenderClients(const v1::ListClientsResponse& r) {
     }
     if (cmd.size() > 60) cmd = cmd.substr(0, 57) + "...";
     rows.push_back(
-        {absl::StrFormat("%016x", c.session_id()), c.client_name(),
-         absl::StrCat(c.pid()), c.has_process() ? absl::StrCat(c.uid()) : "-",
+        {absl::StrCat(c.client_id(), c.connected() ? "" : " (detached)"),
+         c.client_name(), absl::StrCat(c.pid()),
+         c.has_process() ? absl::StrCat(c.uid()) : "-",
          absl::StrCat(c.leases()), HumanBytes(c.bytes_held()),
          absl::StrCat(c.pending_transfers()), HumanAge(c.age_ms()), cmd});
   }
-  return Table({"SESSION", "NAME", "PID", "UID", "LEASES", "HELD", "TRANSFERS",
+  return Table({"CLIENT", "NAME", "PID", "UID", "LEASES", "HELD", "TRANSFERS",
                 "AGE", "COMMAND"},
                rows, {2, 3, 4, 5, 6, 7});
 }
@@ -311,7 +312,7 @@ std::string RenderMetrics(const v1::DaemonStatus& s,
   e.Family("shmtensor_client_leases", "gauge", "Leases one client holds.");
   for (const v1::ClientStatus& c : clients.clients()) {
     e.Sample("shmtensor_client_leases",
-             {{"session", absl::StrFormat("%016x", c.session_id())},
+             {{"client_id", absl::StrCat(c.client_id())},
               {"client", c.client_name()},
               {"pid", absl::StrCat(c.pid())}},
              static_cast<double>(c.leases()));
@@ -320,7 +321,7 @@ std::string RenderMetrics(const v1::DaemonStatus& s,
            "Bytes of the objects one client keeps alive.");
   for (const v1::ClientStatus& c : clients.clients()) {
     e.Sample("shmtensor_client_bytes_held",
-             {{"session", absl::StrFormat("%016x", c.session_id())},
+             {{"client_id", absl::StrCat(c.client_id())},
               {"client", c.client_name()},
               {"pid", absl::StrCat(c.pid())}},
              static_cast<double>(c.bytes_held()));

@@ -126,19 +126,40 @@ absl::Status ParseLimits(const std::string& path, const toml::node& node,
   for (const auto& [key, n] : *t) {
     const std::string k(key.str());
     absl::StatusOr<uint64_t> v;
-    if (k == "max_objects") {
-      v = CountOf(path, n, "limits.max_objects");
-      if (v.ok()) limits->max_objects = *v;
-    } else if (k == "max_leases_per_client") {
-      v = CountOf(path, n, "limits.max_leases_per_client");
-      if (v.ok()) limits->max_leases_per_client = *v;
-    } else if (k == "max_bytes_per_client") {
+    // Counts and byte sizes, each with its field (one table, one home).
+    struct Key {
+      const char* name;
+      uint64_t StoreLimits::*field;
+      bool bytes;
+    };
+    static constexpr Key kKeys[] = {
+        {"max_objects", &StoreLimits::max_objects, false},
+        {"max_leases", &StoreLimits::max_leases, false},
+        {"max_leases_per_client", &StoreLimits::max_leases_per_client, false},
+        {"max_bytes_per_client", &StoreLimits::max_bytes_per_client, true},
+        {"max_bytes_per_uid", &StoreLimits::max_bytes_per_uid, true},
+        {"max_sessions_per_uid", &StoreLimits::max_sessions_per_uid, false},
+        {"max_connections_per_uid", &StoreLimits::max_connections_per_uid,
+         false},
+        {"max_waiters_per_session", &StoreLimits::max_waiters_per_session,
+         false},
+        {"max_waiters_per_uid", &StoreLimits::max_waiters_per_uid, false},
+        {"max_waiters", &StoreLimits::max_waiters, false},
+    };
+    const Key* known = nullptr;
+    for (const Key& key : kKeys) {
+      if (k == key.name) known = &key;
+    }
+    if (known != nullptr && !known->bytes) {
+      v = CountOf(path, n, absl::StrCat("limits.", k));
+      if (v.ok()) limits->*(known->field) = *v;
+    } else if (known != nullptr) {
       if (n.is_integer() && n.value<int64_t>().value_or(-1) == 0) {
         v = 0;  // 0: no limit (SizeOf rejects 0).
       } else {
         v = SizeOf(path, n);
       }
-      if (v.ok()) limits->max_bytes_per_client = *v;
+      if (v.ok()) limits->*(known->field) = *v;
     } else {
       return SourceError(path, n, absl::StrCat("unknown key 'limits.", k, "'"));
     }

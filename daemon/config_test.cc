@@ -179,6 +179,15 @@ TEST(LoadConfigFileTest, TheSampleConfigIsValidAndHoldsTheDefaults) {
   EXPECT_EQ(c->limits.max_objects, d.limits.max_objects);
   EXPECT_EQ(c->limits.max_leases_per_client, d.limits.max_leases_per_client);
   EXPECT_EQ(c->limits.max_bytes_per_client, d.limits.max_bytes_per_client);
+  EXPECT_EQ(c->limits.max_leases, d.limits.max_leases);
+  EXPECT_EQ(c->limits.max_bytes_per_uid, d.limits.max_bytes_per_uid);
+  EXPECT_EQ(c->limits.max_sessions_per_uid, d.limits.max_sessions_per_uid);
+  EXPECT_EQ(c->limits.max_connections_per_uid,
+            d.limits.max_connections_per_uid);
+  EXPECT_EQ(c->limits.max_waiters_per_session,
+            d.limits.max_waiters_per_session);
+  EXPECT_EQ(c->limits.max_waiters_per_uid, d.limits.max_waiters_per_uid);
+  EXPECT_EQ(c->limits.max_waiters, d.limits.max_waiters);
   ASSERT_EQ(c->pools.size(), 1u);
   EXPECT_EQ(c->pools[0].name, d.pools[0].name);
   EXPECT_EQ(c->pools[0].size_bytes, d.pools[0].size_bytes);

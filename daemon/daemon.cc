@@ -23,6 +23,7 @@
 #include "absl/strings/str_join.h"
 #include "daemon/cuda_segment.h"
 #include "daemon/host_segment.h"
+#include "daemon/unix_listener.h"
 #include "spdlog/spdlog.h"
 
 namespace shmtensor::daemon {
@@ -45,23 +46,85 @@ std::string Daemon::SegmentPrefix(const std::string& address) {
                          StableHash(address) & 0xffffffffu);
 }
 
+namespace {
+
+absl::Status PrepareSocketDirectory(const std::string& socket_path,
+                                    bool* created) {
+  std::string dir = std::filesystem::path(socket_path).parent_path().string();
+  if (dir.empty()) dir = ".";
+  *created = mkdir(dir.c_str(), 0700) == 0;
+  struct stat st;
+  if (lstat(dir.c_str(), &st) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("socket directory %s: %s", dir, std::strerror(errno)));
+  }
+  // Only its owner may be able to put a socket (or a lock file) there:
+  // otherwise another user could take the address first, or swap the
+  // daemon's socket for one of their own.
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "socket directory %s is not a directory (a symlink?)", dir));
+  }
+  if (st.st_uid != geteuid() && st.st_uid != 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "socket directory %s belongs to uid %d, not to this daemon's uid %d "
+        "or root: another user could replace the socket",
+        dir, st.st_uid, geteuid()));
+  }
+  if ((st.st_mode & 022) != 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "socket directory %s has mode %04o: others can write it, so they "
+        "could take the address first; use a directory only its owner can "
+        "write (the default, $XDG_RUNTIME_DIR or /tmp/shmtensor-<uid>, is)",
+        dir, st.st_mode & 07777));
+  }
+  return absl::OkStatus();
+}
+
+// Opens the lock file without following a link, and only if it is a plain
+// file of this user with one name (a hard link to someone else's file, made
+// before the directory was checked, is refused).
+absl::StatusOr<int> OpenLockFile(const std::string& path) {
+  const int fd =
+      open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "cannot open lock file %s: %s", path, std::strerror(errno)));
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
+      st.st_nlink != 1) {
+    close(fd);
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "lock file %s is not a plain file of uid %d with one link; remove it",
+        path, geteuid()));
+  }
+  return fd;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
     const DaemonConfig& config) {
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
   std::unique_ptr<Daemon> d(new Daemon());
   d->address_ = config.listen;
-  if (absl::StartsWith(config.listen, "unix:")) {
-    d->socket_path_ = config.listen.substr(5);
-    if (absl::StartsWith(d->socket_path_, "//")) {
-      d->socket_path_ = d->socket_path_.substr(2);
-    }
-    d->lock_path_ = d->socket_path_ + ".lock";
-    std::error_code ec;
-    const auto parent = std::filesystem::path(d->socket_path_).parent_path();
-    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-  } else {
-    d->lock_path_ = absl::StrFormat("/tmp/shmtensord-%d-%016x.lock", getuid(),
-                                    StableHash(config.listen));
+  if (!absl::StartsWith(config.listen, "unix:")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "listen address '", config.listen.substr(0, 128),
+        "' is not unix:/path: the data plane is served on a Unix socket "
+        "only (clients' identity comes from the kernel there); use "
+        "monitor_listen for TCP monitoring"));
+  }
+  d->socket_path_ = config.listen.substr(5);
+  if (absl::StartsWith(d->socket_path_, "//")) {
+    d->socket_path_ = d->socket_path_.substr(2);
+  }
+  d->lock_path_ = d->socket_path_ + ".lock";
+  if (absl::Status s =
+          PrepareSocketDirectory(d->socket_path_, &d->created_directory_);
+      !s.ok()) {
+    return s;
   }
 
   // One daemon per address: an flock on the lock file, held for the
@@ -72,12 +135,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   // predecessor removed it) tries again with the path's new file.
   for (int attempt = 0;; ++attempt) {
     if (d->lock_fd_ >= 0) close(d->lock_fd_);
-    d->lock_fd_ =
-        open(d->lock_path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (d->lock_fd_ < 0) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "cannot open lock file %s: %s", d->lock_path_, std::strerror(errno)));
-    }
+    d->lock_fd_ = -1;
+    absl::StatusOr<int> fd = OpenLockFile(d->lock_path_);
+    if (!fd.ok()) return fd.status();
+    d->lock_fd_ = *fd;
     if (flock(d->lock_fd_, LOCK_EX | LOCK_NB) != 0) {
       char pid[32] = {0};
       pread(d->lock_fd_, pid, sizeof(pid) - 1, 0);
@@ -87,7 +148,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
     }
     struct stat locked, at_path;
     if (fstat(d->lock_fd_, &locked) == 0 &&
-        stat(d->lock_path_.c_str(), &at_path) == 0 &&
+        lstat(d->lock_path_.c_str(), &at_path) == 0 &&
         locked.st_dev == at_path.st_dev && locked.st_ino == at_path.st_ino) {
       break;
     }
@@ -102,26 +163,19 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   const std::string pid = absl::StrCat(getpid(), "\n");
   ftruncate(d->lock_fd_, 0);
   pwrite(d->lock_fd_, pid.data(), pid.size(), 0);
-  if (!d->socket_path_.empty()) unlink(d->socket_path_.c_str());
 
   const std::string prefix = SegmentPrefix(config.listen);
   std::set<std::string> directories;
   for (const PoolConfig& pc : config.pools) directories.insert(pc.directory);
-  // Segments of any of this user's daemons that died without cleaning up
-  // (on other addresses too: a test's or benchmark's daemon killed on an
-  // address nobody uses again).
+  // Segments of any of this user's daemons that died without cleaning up,
+  // on this address or any other: only those no live daemon holds the lock
+  // of (host_segment.h), never a name match alone.
   const std::string any_address = absl::StrFormat("shmtensor-%d-", getuid());
   for (const std::string& dir : directories) {
-    if (int n = HostSegment::RemoveLeftovers(dir, prefix); n > 0) {
-      spdlog::warn(
-          "removed {} shared-memory segments left in {} by an earlier "
-          "instance on {}",
-          n, dir, config.listen);
-    }
     if (int n = HostSegment::RemoveOrphans(dir, any_address); n > 0) {
       spdlog::warn(
-          "removed {} shared-memory segments left in {} by daemons on other "
-          "addresses that died without cleaning up",
+          "removed {} shared-memory segments left in {} by daemons that died "
+          "without cleaning up",
           n, dir);
     }
   }
@@ -197,7 +251,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   const uint64_t epoch = (uint64_t{rd()} << 32) | rd();
   d->store_ =
       std::make_unique<ObjectStore>(std::move(pools), epoch, config.limits);
-  d->service_ = std::make_unique<ObjectStoreService>(*d->store_);
+  d->connections_ =
+      std::make_unique<ConnectionTable>(config.limits.max_connections_per_uid);
+  d->service_ =
+      std::make_unique<ObjectStoreService>(*d->store_, *d->connections_);
   std::vector<std::string> addresses = {config.listen};
   const std::string monitor_address = MonitorAddress(config.monitor_listen);
   if (!monitor_address.empty()) addresses.push_back(monitor_address);
@@ -206,10 +263,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  absl::StatusOr<std::unique_ptr<UnixListener>> listener =
+      UnixListener::Bind(d->socket_path_, config.socket_mode, gid);
+  if (!listener.ok()) return listener.status();
+  d->listener_ = *std::move(listener);
   grpc::ServerBuilder builder;
-  int bound_port = 0;
-  builder.AddListeningPort(config.listen, grpc::InsecureServerCredentials(),
-                           &bound_port);
   int monitor_port = 0;
   if (!monitor_address.empty()) {
     builder.AddListeningPort(monitor_address, grpc::InsecureServerCredentials(),
@@ -226,10 +284,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   builder.AddChannelArgument(
       GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 0);
-  // The socket is created by BuildAndStart: give it its mode from birth.
-  const mode_t old_umask = umask(~config.socket_mode & 0777);
   d->server_ = builder.BuildAndStart();
-  umask(old_umask);
   if (d->server_ == nullptr) {
     return absl::UnavailableError(absl::StrCat(
         "cannot listen on '", absl::StrJoin(addresses, "' and '"), "'"));
@@ -245,15 +300,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
                      monitor_port);
     d->monitor_->SetAddresses(addresses);
   }
-  if (!d->socket_path_.empty()) {
-    chmod(d->socket_path_.c_str(), config.socket_mode);
-    if (gid >= 0 && chown(d->socket_path_.c_str(), static_cast<uid_t>(-1),
-                          static_cast<gid_t>(gid)) != 0) {
-      return absl::PermissionDeniedError(absl::StrFormat(
-          "cannot give socket %s group '%s': %s", d->socket_path_,
-          config.socket_group, std::strerror(errno)));
-    }
-  }
+  d->listener_->Start(d->server_.get(), d->connections_.get());
+  d->reaper_ = std::thread([daemon = d.get()] { daemon->ReapLoop(); });
   spdlog::info("shmtensord {} serving on {} ({} pools, epoch {:016x})",
                SHMTENSOR_VERSION, config.listen, d->store_->pool_infos().size(),
                epoch);
@@ -264,6 +312,19 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   return d;
 }
 
+void Daemon::ReapLoop() {
+  absl::MutexLock lock(&reaper_mu_);
+  while (!stopping_) {
+    reaper_mu_.AwaitWithTimeout(absl::Condition(&stopping_),
+                                absl::Milliseconds(200));
+    if (stopping_) break;
+    reaper_mu_.Unlock();
+    store_->ReapExitedProcesses();
+    connections_->Sweep();
+    reaper_mu_.Lock();
+  }
+}
+
 void Daemon::Shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
@@ -271,6 +332,12 @@ void Daemon::Shutdown() {
   // Health first, so probes and load balancers see NOT_SERVING while the
   // rest winds down (health Watch streams get the change before they end).
   server_->GetHealthCheckService()->Shutdown();
+  listener_->Stop();
+  {
+    absl::MutexLock lock(&reaper_mu_);
+    stopping_ = true;
+  }
+  if (reaper_.joinable()) reaper_.join();
   store_->Shutdown();
   monitor_->Shutdown();
   service_->EndAllSessions();
@@ -297,6 +364,9 @@ Daemon::~Daemon() {
     unlink(lock_path_.c_str());
   }
   if (lock_fd_ >= 0) close(lock_fd_);
+  if (created_directory_) {
+    rmdir(std::filesystem::path(socket_path_).parent_path().c_str());
+  }
   if (had_pools) spdlog::info("stopped; every segment unlinked");
 }
 

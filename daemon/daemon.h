@@ -1,17 +1,19 @@
 // The daemon: pools, the object store and the gRPC server, wired together.
 //
-// Start() does everything that can fail, in order: takes the address lock
-// (so a second daemon on the same address is refused), removes the segments a
-// crashed earlier instance on this address left behind, and those of this
-// user's daemons on other addresses that died (host_segment.h), creates and
-// reserves
-// the pools, and starts serving ObjectStore, Monitor, gRPC health and
-// reflection on the socket (and, when configured, on a TCP monitoring
-// address). Shutdown() turns health to NOT_SERVING, stops accepting, ends
-// every session and watch, and (in the destructor) unlinks every segment, the
-// socket and, last, the lock file (<socket>.lock, holding the pid). A daemon
-// that dies without cleaning up leaves the lock file unlocked; the next one
-// on the address takes it over.
+// Start() does everything that can fail, in order: checks the socket's
+// directory (made 0700 if missing; it must be the daemon user's or root's and
+// writable by nobody else, so no other user can take the address or replace
+// the socket), takes the address lock in it (so a second daemon on the same
+// address is refused), removes the segments of this user's daemons that died
+// without cleaning up (only those whose lock nobody holds, host_segment.h),
+// creates and reserves the pools, and starts serving ObjectStore, Monitor,
+// gRPC health and reflection on the socket (accepted by the daemon itself,
+// unix_listener.h; and, when configured, monitoring on a TCP address).
+// Shutdown() turns health to NOT_SERVING, stops accepting, ends every session
+// and watch, and (in the destructor) unlinks every segment, the socket and,
+// last, the lock file (<socket>.lock, holding the pid). A daemon that dies
+// without cleaning up leaves the lock file unlocked; the next one on the
+// address takes it over.
 //
 // Thread safety: Shutdown() may be called from any thread, once.
 #ifndef SHMTENSOR_DAEMON_DAEMON_H_
@@ -21,12 +23,17 @@
 
 #include <memory>
 #include <string>
+#include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "daemon/config.h"
+#include "daemon/connections.h"
 #include "daemon/monitor_service.h"
 #include "daemon/object_store.h"
 #include "daemon/service.h"
+#include "daemon/unix_listener.h"
 
 namespace shmtensor::daemon {
 
@@ -57,17 +64,26 @@ class Daemon {
 
  private:
   Daemon() = default;
+  // Every 200 ms until Shutdown: ends the detached sessions of processes
+  // that exited, forgets connections gRPC closed.
+  void ReapLoop();
 
   std::string address_;
   std::string socket_path_;  // Empty unless address is "unix:".
   std::string lock_path_;
   int lock_fd_ = -1;
-  bool owns_address_ = false;  // This instance holds the address lock.
+  bool owns_address_ = false;       // This instance holds the address lock.
+  bool created_directory_ = false;  // Start made the socket's directory.
   std::unique_ptr<ObjectStore> store_;
+  std::unique_ptr<ConnectionTable> connections_;
+  std::unique_ptr<UnixListener> listener_;
   std::unique_ptr<ObjectStoreService> service_;
   std::unique_ptr<MonitorService> monitor_;
   std::unique_ptr<grpc::Server> server_;
   bool shut_down_ = false;
+  absl::Mutex reaper_mu_;
+  bool stopping_ ABSL_GUARDED_BY(reaper_mu_) = false;
+  std::thread reaper_;
 };
 
 }  // namespace shmtensor::daemon

@@ -254,21 +254,6 @@ absl::StatusOr<std::unique_ptr<HostSegment>> HostSegment::Create(
       new HostSegment(shm_name, path, fd, size_bytes, page, huge));
 }
 
-int HostSegment::RemoveLeftovers(const std::string& directory,
-                                 const std::string& name_prefix) {
-  int removed = 0;
-  DIR* dir = opendir(directory.c_str());
-  if (dir == nullptr) return 0;
-  while (struct dirent* entry = readdir(dir)) {
-    if (absl::StartsWith(entry->d_name, name_prefix) &&
-        unlinkat(dirfd(dir), entry->d_name, 0) == 0) {
-      ++removed;
-    }
-  }
-  closedir(dir);
-  return removed;
-}
-
 int HostSegment::RemoveOrphans(const std::string& directory,
                                const std::string& name_prefix) {
   int removed = 0;

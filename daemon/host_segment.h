@@ -61,12 +61,6 @@ class HostSegment final : public Segment {
   static absl::StatusOr<std::unique_ptr<HostSegment>> Create(
       const HostSegmentOptions& options);
 
-  // Removes every entry of `directory` whose name starts with `name_prefix`:
-  // the segments an earlier instance left behind when it crashed. Returns
-  // how many were removed.
-  static int RemoveLeftovers(const std::string& directory,
-                             const std::string& name_prefix);
-
   // Removes the segments in `directory` named `name_prefix`... of daemons
   // that died without cleaning up, whatever their address: those no process
   // holds the lock of (see the class comment). Returns how many it removed.

@@ -12,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "daemon/config.h"
 #include "daemon/daemon.h"
+#include "google/protobuf/stubs/logging.h"
 #include "spdlog/spdlog.h"
 
 int main(int argc, char** argv) {
@@ -26,8 +27,9 @@ int main(int argc, char** argv) {
   std::string listen, pool_size, pool_dir, config_file, log_level,
       monitor_listen;
   app.add_option("--listen", listen,
-                 "gRPC address: unix:/path or host:port (default: "
-                 "$SHMTENSOR_ADDRESS or unix:/tmp/shmtensord-<uid>.sock)");
+                 "Unix socket: unix:/path (default: $SHMTENSOR_ADDRESS, "
+                 "else $XDG_RUNTIME_DIR/shmtensord.sock, else "
+                 "/tmp/shmtensor-<uid>/shmtensord.sock)");
   app.add_option(
       "--pool-size", pool_size,
       "size of the default pool, e.g. 512MiB or 4GiB (default 1GiB)");
@@ -48,6 +50,18 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ shmtensord[%P] %v");
+  // protobuf logs every request that does not parse (a string that is not
+  // UTF-8, say): a client could flood the log. The daemon answers those
+  // with INVALID_ARGUMENT itself; protobuf's lines go to debug.
+  google::protobuf::SetLogHandler([](google::protobuf::LogLevel level,
+                                     const char* file, int line,
+                                     const std::string& message) {
+    if (level >= google::protobuf::LOGLEVEL_FATAL) {
+      spdlog::critical("protobuf {}:{}: {}", file, line, message);
+    } else {
+      spdlog::debug("protobuf {}:{}: {}", file, line, message.substr(0, 256));
+    }
+  });
   DaemonConfig config = shmtensor::daemon::DefaultConfig();
   if (!config_file.empty()) {
     absl::StatusOr<DaemonConfig> loaded =
@@ -85,6 +99,17 @@ int main(int argc, char** argv) {
         "cannot set nice {} ({}; a negative value needs CAP_SYS_NICE); "
         "running at nice {}",
         *config.nice, std::strerror(errno), getpriority(PRIO_PROCESS, 0));
+  }
+
+  // Every client connection is a descriptor: take all the kernel allows
+  // (the soft limit is often 1024, the hard one far more).
+  if (struct rlimit nofile; getrlimit(RLIMIT_NOFILE, &nofile) == 0 &&
+                            nofile.rlim_cur < nofile.rlim_max) {
+    nofile.rlim_cur = nofile.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &nofile) != 0) {
+      spdlog::warn("cannot raise the descriptor limit to {}: {}",
+                   nofile.rlim_max, std::strerror(errno));
+    }
   }
 
   // Block the stop signals in every thread (gRPC's included) and take them

@@ -50,7 +50,7 @@ grpc::Status MonitorService::GetStatus(grpc::ServerContext* ctx,
 grpc::Status MonitorService::ListObjects(grpc::ServerContext* ctx,
                                          const v1::ListObjectsRequest* req,
                                          v1::ListObjectsResponse* resp) {
-  *resp = store_.ListObjects(req->limit());
+  *resp = store_.ListObjects(req->limit(), req->page_token());
   return grpc::Status::OK;
 }
 
@@ -71,6 +71,24 @@ grpc::Status MonitorService::Watch(
                                         req->interval_ms(), kMinWatchIntervalMs,
                                         kMaxWatchIntervalMs));
   }
+  {
+    absl::MutexLock lock(&mu_);
+    if (watches_ >= kMaxWatches) {
+      return grpc::Status(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          absl::StrFormat("%d watches are open, the most the daemon serves "
+                          "at once (each holds a thread)",
+                          watches_));
+    }
+    ++watches_;
+  }
+  struct Done {
+    MonitorService* m;
+    ~Done() {
+      absl::MutexLock lock(&m->mu_);
+      --m->watches_;
+    }
+  } done{this};
   const absl::Duration interval = absl::Milliseconds(req->interval_ms());
   absl::Time next = absl::Now();
   for (uint32_t sent = 0; req->count() == 0 || sent < req->count(); ++sent) {

@@ -4,7 +4,8 @@
 //
 // Unary calls and Watch use the synchronous API; a Watch holds one server
 // thread while it streams and wakes at least every 100 ms to notice a
-// cancelled caller or Shutdown().
+// cancelled caller or Shutdown(). At most kMaxWatches stream at once (more
+// fail RESOURCE_EXHAUSTED), so watchers cannot take the daemon's threads.
 //
 // Thread safety: thread-safe.
 #ifndef SHMTENSOR_DAEMON_MONITOR_SERVICE_H_
@@ -25,6 +26,8 @@ namespace shmtensor::daemon {
 // Shortest and longest Watch interval, in milliseconds.
 inline constexpr uint32_t kMinWatchIntervalMs = 100;
 inline constexpr uint32_t kMaxWatchIntervalMs = 3600 * 1000;
+// Most Watch streams served at once.
+inline constexpr int kMaxWatches = 64;
 
 class MonitorService final : public v1::Monitor::Service {
  public:
@@ -66,6 +69,7 @@ class MonitorService final : public v1::Monitor::Service {
   std::vector<std::string> addresses_ ABSL_GUARDED_BY(mu_);
   absl::CondVar stop_;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  int watches_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace shmtensor::daemon

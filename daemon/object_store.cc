@@ -1,7 +1,10 @@
 #include "daemon/object_store.h"
 
+#include <sys/random.h>
+
 #include <algorithm>
 #include <cassert>
+#include <cerrno>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -19,17 +22,32 @@ absl::Status ShuttingDownError() {
   return absl::UnavailableError("shmtensord is shutting down");
 }
 
+// `text` quoted for a message, cut to 64 bytes: a name from a request is
+// echoed with its length, never whole (an error's size stays bounded).
+std::string Quoted(const std::string& text) {
+  if (text.size() <= 64) return absl::StrCat("'", text, "'");
+  return absl::StrFormat("'%s...' (%d bytes)", text.substr(0, 64), text.size());
+}
+
 absl::Status ValidateName(const std::string& name) {
   if (name.empty()) return absl::InvalidArgumentError("name is empty");
   if (name.size() > kMaxNameBytes) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("name '%s...' is %d bytes, more than the maximum of %d",
-                        name.substr(0, 32), name.size(), kMaxNameBytes));
+        absl::StrFormat("name %s is more than the maximum of %d bytes",
+                        Quoted(name), kMaxNameBytes));
   }
   if (name.find('\0') != std::string::npos) {
     return absl::InvalidArgumentError("name contains a NUL byte");
   }
   return absl::OkStatus();
+}
+
+absl::Status SessionNotOpen(uint64_t id) {
+  // One message for a session that ended, one never opened and one of
+  // another process: it tells a caller nothing it did not know.
+  return WithReason(absl::FailedPreconditionError(absl::StrFormat(
+                        "session %016x is not open for this process", id)),
+                    kReasonSessionEnded);
 }
 
 // Slot argument of CheckClientLimits for an object not created yet.
@@ -69,28 +87,117 @@ ObjectStore::ObjectStore(std::vector<std::unique_ptr<Pool>> pools,
   }
 }
 
-absl::StatusOr<uint64_t> ObjectStore::OpenSession(
-    const std::string& client_name, int pid, PeerInfo peer) {
+uint64_t ObjectStore::Random64() {
+  if (random_next_ == random_.size()) {
+    size_t got = 0;
+    while (got < sizeof(random_)) {
+      const ssize_t n = getrandom(reinterpret_cast<char*>(random_.data()) + got,
+                                  sizeof(random_) - got, 0);
+      if (n > 0) got += n;
+      // Invariant: getrandom(2) with flags 0 only fails with EINTR once the
+      // pool is initialised (always, long before a daemon starts).
+      assert(n > 0 || errno == EINTR);
+    }
+    random_next_ = 0;
+  }
+  return random_[random_next_++];
+}
+
+absl::StatusOr<OpenedSession> ObjectStore::OpenSession(
+    const std::string& client_name, PeerInfo peer) {
   if (client_name.size() > kMaxNameBytes) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("client name is %d bytes, more than %d",
-                        client_name.size(), kMaxNameBytes));
+        absl::StrFormat("client name %s is more than %d bytes",
+                        Quoted(client_name), kMaxNameBytes));
   }
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return ShuttingDownError();
+  UidUsage& uid = uids_[peer.process.uid];
+  if (limits_.max_sessions_per_uid > 0 &&
+      uid.sessions >= limits_.max_sessions_per_uid) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "uid %d has %d sessions open, the limit "
+        "(limits.max_sessions_per_uid = %d); end sessions it no longer uses",
+        peer.process.uid, uid.sessions, limits_.max_sessions_per_uid));
+  }
   uint64_t id;
   do {
-    id = absl::Uniform<uint64_t>(bitgen_);
+    id = Random64();
   } while (id == 0 || sessions_.contains(id));
+  ++uid.sessions;
   Session& s = sessions_[id];
   s.client_name = client_name;
-  s.pid = pid;
+  s.pid = peer.process.pid;
   s.peer = std::move(peer);
   s.opened = absl::Now();
   s.serial = next_serial_++;
-  spdlog::info("session {:016x} opened: client '{}' pid {} ({} open)", id,
-               client_name, pid, sessions_.size());
-  return id;
+  s.client_id = s.serial;
+  s.stream = next_stream_++;
+  spdlog::info("client {} opened a session: '{}' pid {} uid {} ({} open)",
+               s.client_id, client_name, s.pid, s.peer.process.uid,
+               sessions_.size());
+  return OpenedSession{id, s.client_id, s.stream, 0};
+}
+
+absl::StatusOr<OpenedSession> ObjectStore::ResumeSession(uint64_t session_id,
+                                                         OwnerKey owner) {
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return ShuttingDownError();
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end() || it->second.peer.owner != owner) {
+    return SessionNotOpen(session_id);
+  }
+  Session& s = it->second;
+  const bool was_detached = s.stream == 0;
+  s.stream = next_stream_++;
+  spdlog::info("client {} ('{}' pid {}) resumed its session{}", s.client_id,
+               s.client_name, s.pid,
+               was_detached ? "" : " (replacing a stream still open)");
+  return OpenedSession{session_id, s.client_id, s.stream, s.releases_applied};
+}
+
+void ObjectStore::StreamEnded(uint64_t session_id, uint64_t stream) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(session_id);
+    if (it == sessions_.end() || it->second.stream != stream) return;
+    Session& s = it->second;
+    if (s.peer.pidfd != nullptr && !ProcessExited(s.peer.pidfd->get())) {
+      s.stream = 0;
+      spdlog::info(
+          "client {} ('{}' pid {}) lost its connection while its process "
+          "lives: its {} leases stay until it resumes, closes the session "
+          "or exits",
+          s.client_id, s.client_name, s.pid, s.leases.size());
+      Changed();  // Its waiting calls end with their connection.
+      return;
+    }
+  }
+  EndSession(session_id);
+}
+
+int ObjectStore::ReapExitedProcesses() {
+  std::vector<uint64_t> gone;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, s] : sessions_) {
+      if (s.stream == 0 && s.peer.pidfd != nullptr &&
+          ProcessExited(s.peer.pidfd->get())) {
+        gone.push_back(id);
+      }
+    }
+  }
+  for (uint64_t id : gone) EndSession(id);
+  return static_cast<int>(gone.size());
+}
+
+absl::Status ObjectStore::Authorize(uint64_t session_id, OwnerKey owner) const {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end() || it->second.peer.owner != owner) {
+    return SessionNotOpen(session_id);
+  }
+  return absl::OkStatus();
 }
 
 void ObjectStore::EndSession(uint64_t session_id) {
@@ -115,28 +222,144 @@ void ObjectStore::EndSession(uint64_t session_id) {
   }
   uint64_t used_after = 0;
   for (const auto& p : pools_) used_after += p->allocator().used_bytes();
+  const Session& s = it->second;
   spdlog::info(
-      "session {:016x} ended: client '{}' pid {}; dropped {} leases, "
+      "client {} ('{}' pid {}) session ended: dropped {} leases, "
       "reclaimed {} transfers, freed {} bytes ({} open)",
-      session_id, it->second.client_name, it->second.pid, leases.size(),
-      transfers.size(), used_before - used_after, sessions_.size() - 1);
+      s.client_id, s.client_name, s.pid, leases.size(), transfers.size(),
+      used_before - used_after, sessions_.size() - 1);
+  auto uid = uids_.find(s.peer.process.uid);
+  if (uid != uids_.end()) {
+    // Invariant: waiters and bytes were given back before the session went
+    // (every wait ends before its call returns; DropLease uncharged all).
+    --uid->second.sessions;
+    if (uid->second.sessions == 0 && uid->second.waiters == 0 &&
+        uid->second.bytes == 0) {
+      uids_.erase(uid);
+    }
+  }
   sessions_.erase(it);
   // Waiters of this session (a Create for memory, a Get for a name) give up
-  // now instead of holding a server thread until their timeout.
-  memory_freed_.SignalAll();
-  sealed_.SignalAll();
-  released_.SignalAll();
+  // now instead of holding on until their timeout.
+  Changed();
+}
+
+absl::StatusOr<ObjectStore::WaitToken> ObjectStore::BeginWait(
+    uint64_t session_id) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Session*> found = FindSession(session_id);
+  if (!found.ok()) return found.status();
+  Session& session = **found;
+  UidUsage& uid = uids_[session.peer.process.uid];
+  if (limits_.max_waiters_per_session > 0 &&
+      session.waiters >= limits_.max_waiters_per_session) {
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("client '%s' pid %d has %d calls waiting, the limit "
+                        "(limits.max_waiters_per_session = %d)",
+                        session.client_name, session.pid, session.waiters,
+                        limits_.max_waiters_per_session));
+  }
+  if (limits_.max_waiters_per_uid > 0 &&
+      uid.waiters >= limits_.max_waiters_per_uid) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "uid %d has %d calls waiting, the limit "
+        "(limits.max_waiters_per_uid = %d)",
+        session.peer.process.uid, uid.waiters, limits_.max_waiters_per_uid));
+  }
+  if (limits_.max_waiters > 0 && waiters_ >= limits_.max_waiters) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "%d calls are waiting, the limit (limits.max_waiters = %d)", waiters_,
+        limits_.max_waiters));
+  }
+  ++session.waiters;
+  ++uid.waiters;
+  ++waiters_;
+  return WaitToken{session_id, session.peer.process.uid};
+}
+
+void ObjectStore::EndWait(const WaitToken& token) {
+  absl::MutexLock lock(&mu_);
+  --waiters_;
+  --uids_[token.uid].waiters;
+  auto it = sessions_.find(token.session_id);
+  if (it != sessions_.end()) --it->second.waiters;
+}
+
+void ObjectStore::Changed() {
+  ++changes_;
+  if (listener_) listener_();
+}
+
+void ObjectStore::SetChangeListener(std::function<void()> listener) {
+  absl::MutexLock lock(&mu_);
+  listener_ = std::move(listener);
+}
+
+uint64_t ObjectStore::changes() const {
+  absl::MutexLock lock(&mu_);
+  return changes_;
+}
+
+void ObjectStore::WaitForChange(uint64_t seen, absl::Time deadline) const {
+  absl::MutexLock lock(&mu_);
+  auto changed = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return changes_ != seen;
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&changed), deadline);
+}
+
+template <typename T, typename Attempt>
+absl::StatusOr<T> ObjectStore::Block(uint64_t session_id, absl::Time deadline,
+                                     const CancelledFn& cancelled,
+                                     Attempt attempt) {
+  std::optional<WaitToken> token;
+  absl::StatusOr<T> result = absl::UnknownError("unset");
+  while (true) {
+    const uint64_t seen = changes();
+    auto r = attempt(absl::Now() >= deadline);
+    if (!r.ok()) {
+      result = r.status();
+      break;
+    }
+    if (r->has_value()) {
+      result = **std::move(r);
+      break;
+    }
+    if (cancelled && cancelled()) {
+      result = absl::CancelledError("the caller cancelled the call");
+      break;
+    }
+    if (!token.has_value()) {
+      absl::StatusOr<WaitToken> t = BeginWait(session_id);
+      if (!t.ok()) {
+        result = t.status();
+        break;
+      }
+      token = *t;
+    }
+    WaitForChange(seen,
+                  std::min(deadline, absl::Now() + absl::Milliseconds(100)));
+  }
+  if (token.has_value()) EndWait(*token);
+  return result;
 }
 
 absl::StatusOr<Handout> ObjectStore::Create(const CreateArgs& args) {
+  return Block<Handout>(
+      args.session_id, absl::Now() + args.timeout, args.cancelled,
+      [&](bool last_try) { return TryCreate(args, last_try); });
+}
+
+absl::StatusOr<std::optional<Handout>> ObjectStore::TryCreate(
+    const CreateArgs& args, bool last_try) {
   absl::StatusOr<uint64_t> bytes = RequestedBytes(args.size_bytes, args.layout);
   if (!bytes.ok()) return bytes.status();
   if (!args.name.empty()) {
     if (absl::Status s = ValidateName(args.name); !s.ok()) return s;
     if (args.shared_writable) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "a shared-writable object cannot have a name (got '", args.name,
-          "'): pass its ref to the processes that share it"));
+          "a shared-writable object cannot have a name (got ",
+          Quoted(args.name), "): pass its ref to the processes that share it"));
     }
   }
   absl::MutexLock lock(&mu_);
@@ -147,7 +370,7 @@ absl::StatusOr<Handout> ObjectStore::Create(const CreateArgs& args) {
     });
     if (it == pools_.end()) {
       return absl::NotFoundError(
-          absl::StrCat("no pool named '", args.pool, "'"));
+          absl::StrCat("no pool named ", Quoted(args.pool)));
     }
     pool_id = static_cast<uint32_t>(it - pools_.begin());
   }
@@ -166,45 +389,35 @@ absl::StatusOr<Handout> ObjectStore::Create(const CreateArgs& args) {
     alignment = place->alignment;
     end = place->end;
   }
-  const absl::Time deadline = absl::Now() + args.timeout;
+  if (shutting_down_) return ShuttingDownError();
+  absl::StatusOr<Session*> session = FindSession(args.session_id);
+  if (!session.ok()) return session.status();
+  if (!args.name.empty() && names_.contains(args.name)) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "name ", Quoted(args.name), " is already bound to an object"));
+  }
+  if (slots_.size() >= kMaxObjects && free_slots_.empty()) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "%d objects alive, the most the daemon holds", kMaxObjects));
+  }
+  if (limits_.max_objects > 0 && live_objects_ >= limits_.max_objects) {
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("%d objects alive, the limit (limits.max_objects = %d)",
+                        live_objects_, limits_.max_objects));
+  }
+  if (absl::Status s = CheckClientLimits(**session, kNoSlot, capacity);
+      !s.ok()) {
+    return s;
+  }
   uint64_t offset = 0;
-  while (true) {
-    if (shutting_down_) return ShuttingDownError();
-    absl::StatusOr<Session*> session = FindSession(args.session_id);
-    if (!session.ok()) return session.status();
-    if (!args.name.empty() && names_.contains(args.name)) {
-      return absl::AlreadyExistsError(
-          absl::StrCat("name '", args.name, "' is already bound to an object"));
-    }
-    if (slots_.size() >= kMaxObjects && free_slots_.empty()) {
-      return absl::ResourceExhaustedError(absl::StrFormat(
-          "%d objects alive, the most the daemon holds", kMaxObjects));
-    }
-    if (limits_.max_objects > 0 && live_objects_ >= limits_.max_objects) {
-      return absl::ResourceExhaustedError(absl::StrFormat(
-          "%d objects alive, the limit (limits.max_objects = %d)",
-          live_objects_, limits_.max_objects));
-    }
-    if (absl::Status s = CheckClientLimits(**session, kNoSlot, capacity);
-        !s.ok()) {
-      return s;
-    }
-    if (capacity == 0) break;
-    if (std::optional<uint64_t> got =
-            Allocate(**session, pool_id, capacity, alignment, end)) {
-      offset = *got;
-      break;
-    }
-    if (memory_freed_.WaitWithDeadline(&mu_, deadline) &&
-        absl::Now() >= deadline) {
-      // Timed out; one more try below the loop's checks.
-      if (std::optional<uint64_t> got =
-              Allocate(**session, pool_id, capacity, alignment, end)) {
-        offset = *got;
-        break;
-      }
+  if (capacity > 0) {
+    std::optional<uint64_t> got =
+        Allocate(**session, pool_id, capacity, alignment, end);
+    if (!got.has_value()) {
+      if (!last_try) return std::nullopt;
       return absl::ResourceExhaustedError(DescribePressure(pool_id, capacity));
     }
+    offset = *got;
   }
   uint32_t slot;
   if (!free_slots_.empty()) {
@@ -227,6 +440,8 @@ absl::StatusOr<Handout> ObjectStore::Create(const CreateArgs& args) {
   obj.created = absl::Now();
   if (args.shared_writable) obj.state = State::kSharedWritable;
   obj.serial = next_serial_++;
+  obj.nonce = Random64();
+  by_serial_.emplace(obj.serial, slot);
   pool.high_water_bytes =
       std::max(pool.high_water_bytes, pool.allocator().used_bytes());
   if (!args.name.empty()) {
@@ -235,8 +450,7 @@ absl::StatusOr<Handout> ObjectStore::Create(const CreateArgs& args) {
   }
   ++pool.objects;
   ++live_objects_;
-  Session& session = sessions_.at(args.session_id);
-  const uint64_t lease = AddLease(args.session_id, session, slot, true);
+  const uint64_t lease = AddLease(args.session_id, **session, slot, true);
   return MakeHandout(slot, lease, true);
 }
 
@@ -269,7 +483,7 @@ absl::StatusOr<SealResult> ObjectStore::Seal(uint64_t session_id,
     obj.state = State::kSealed;
     (*lease)->write = false;
     result.lease_id = lease_id;
-    if (!obj.name.empty()) sealed_.SignalAll();
+    if (!obj.name.empty()) Changed();
   } else {
     obj.state = State::kPendingTransfer;
     ++pending_transfers_;
@@ -331,41 +545,41 @@ absl::StatusOr<Handout> ObjectStore::Get(uint64_t session_id,
 
 absl::StatusOr<Handout> ObjectStore::GetByName(uint64_t session_id,
                                                const std::string& name,
-                                               absl::Duration timeout) {
+                                               absl::Duration timeout,
+                                               const CancelledFn& cancelled) {
+  return Block<Handout>(
+      session_id, absl::Now() + timeout, cancelled, [&](bool last_try) {
+        return TryGetByName(session_id, name, timeout, last_try);
+      });
+}
+
+absl::StatusOr<std::optional<Handout>> ObjectStore::TryGetByName(
+    uint64_t session_id, const std::string& name, absl::Duration timeout,
+    bool last_try) {
   if (absl::Status s = ValidateName(name); !s.ok()) return s;
-  const absl::Time deadline = absl::Now() + timeout;
   absl::MutexLock lock(&mu_);
-  while (true) {
-    if (shutting_down_) return ShuttingDownError();
-    absl::StatusOr<Session*> session = FindSession(session_id);
-    if (!session.ok()) return session.status();
-    auto it = names_.find(name);
-    if (it != names_.end() &&
-        slots_[it->second].object.state == State::kSealed) {
-      if (absl::Status s = CheckClientLimits(
-              **session, it->second, slots_[it->second].object.capacity);
-          !s.ok()) {
-        return s;
-      }
-      const uint64_t lease = AddLease(session_id, **session, it->second, false);
-      return MakeHandout(it->second, lease, false);
+  if (shutting_down_) return ShuttingDownError();
+  absl::StatusOr<Session*> session = FindSession(session_id);
+  if (!session.ok()) return session.status();
+  auto it = names_.find(name);
+  if (it != names_.end() && slots_[it->second].object.state == State::kSealed) {
+    if (absl::Status s = CheckClientLimits(**session, it->second,
+                                           slots_[it->second].object.capacity);
+        !s.ok()) {
+      return s;
     }
-    if (timeout <= absl::ZeroDuration()) {
-      return absl::NotFoundError(
-          absl::StrCat("no sealed object named '", name, "'",
-                       it != names_.end() ? " (one is being written)" : ""));
-    }
-    if (sealed_.WaitWithDeadline(&mu_, deadline) && absl::Now() >= deadline) {
-      it = names_.find(name);
-      if (it != names_.end() &&
-          slots_[it->second].object.state == State::kSealed) {
-        continue;  // Sealed just as the wait timed out.
-      }
-      return absl::DeadlineExceededError(
-          absl::StrCat("no sealed object named '", name, "' after ",
-                       absl::FormatDuration(timeout)));
-    }
+    const uint64_t lease = AddLease(session_id, **session, it->second, false);
+    return MakeHandout(it->second, lease, false);
   }
+  if (timeout <= absl::ZeroDuration()) {
+    return absl::NotFoundError(
+        absl::StrCat("no sealed object named ", Quoted(name),
+                     it != names_.end() ? " (one is being written)" : ""));
+  }
+  if (!last_try) return std::nullopt;
+  return absl::DeadlineExceededError(
+      absl::StrCat("no sealed object named ", Quoted(name), " after ",
+                   absl::FormatDuration(timeout)));
 }
 
 absl::StatusOr<bool> ObjectStore::Release(uint64_t session_id,
@@ -390,7 +604,7 @@ absl::Status ObjectStore::ReleaseBatch(uint64_t session_id, uint64_t seq,
                         (*session)->releases_applied + 1));
   }
   (*session)->releases_applied = seq;
-  released_.SignalAll();
+  Changed();
   std::vector<uint64_t> unknown;
   for (uint64_t id : lease_ids) {
     // Applied even while shutting down (releases in flight when SIGTERM
@@ -402,31 +616,46 @@ absl::Status ObjectStore::ReleaseBatch(uint64_t session_id, uint64_t seq,
     }
   }
   if (unknown.empty()) return absl::OkStatus();
-  return absl::NotFoundError(
-      absl::StrFormat("ReleaseLeases seq %d: session holds no lease %s", seq,
-                      absl::StrJoin(unknown, ", ")));
+  // At most 8 ids named: the message is logged, and a client can send
+  // millions.
+  const size_t named = std::min<size_t>(unknown.size(), 8);
+  return absl::NotFoundError(absl::StrFormat(
+      "ReleaseLeases seq %d: session holds no lease %s%s", seq,
+      absl::StrJoin(unknown.begin(), unknown.begin() + named, ", "),
+      named < unknown.size()
+          ? absl::StrFormat(" and %d more", unknown.size() - named)
+          : ""));
 }
 
 absl::Status ObjectStore::AwaitReleases(uint64_t session_id, uint64_t seq,
-                                        absl::Duration timeout) {
+                                        absl::Duration timeout,
+                                        const CancelledFn& cancelled) {
   if (seq == 0) return absl::OkStatus();
-  const absl::Time deadline = absl::Now() + timeout;
+  return Block<bool>(session_id, absl::Now() + timeout, cancelled,
+                     [&](bool last_try) -> absl::StatusOr<std::optional<bool>> {
+                       absl::StatusOr<bool> done =
+                           TryAwaitReleases(session_id, seq, last_try);
+                       if (!done.ok()) return done.status();
+                       if (!*done) return std::nullopt;
+                       return true;
+                     })
+      .status();
+}
+
+absl::StatusOr<bool> ObjectStore::TryAwaitReleases(uint64_t session_id,
+                                                   uint64_t seq,
+                                                   bool last_try) {
+  if (seq == 0) return true;
   absl::MutexLock lock(&mu_);
-  while (true) {
-    if (shutting_down_) return ShuttingDownError();
-    absl::StatusOr<Session*> session = FindSession(session_id);
-    if (!session.ok()) return session.status();
-    if ((*session)->releases_applied >= seq) return absl::OkStatus();
-    if (released_.WaitWithDeadline(&mu_, deadline)) {
-      absl::StatusOr<Session*> again = FindSession(session_id);
-      if (!again.ok()) return again.status();
-      if ((*again)->releases_applied >= seq) return absl::OkStatus();
-      return absl::DeadlineExceededError(absl::StrFormat(
-          "releases_through %d not reached: session applied ReleaseLeases "
-          "through %d only",
-          seq, (*again)->releases_applied));
-    }
-  }
+  if (shutting_down_) return ShuttingDownError();
+  absl::StatusOr<Session*> session = FindSession(session_id);
+  if (!session.ok()) return session.status();
+  if ((*session)->releases_applied >= seq) return true;
+  if (!last_try) return false;
+  return absl::DeadlineExceededError(absl::StrFormat(
+      "releases_through %d not reached: session applied ReleaseLeases "
+      "through %d only",
+      seq, (*session)->releases_applied));
 }
 
 absl::StatusOr<bool> ObjectStore::Delete(uint64_t session_id,
@@ -438,7 +667,7 @@ absl::StatusOr<bool> ObjectStore::Delete(uint64_t session_id,
   if (!session.ok()) return session.status();
   auto it = names_.find(name);
   if (it == names_.end()) {
-    return absl::NotFoundError(absl::StrCat("no object named '", name, "'"));
+    return absl::NotFoundError(absl::StrCat("no object named ", Quoted(name)));
   }
   const uint32_t slot = it->second;
   names_.erase(it);
@@ -471,18 +700,12 @@ v1::StatsResponse ObjectStore::Stats() const {
 void ObjectStore::Shutdown() {
   absl::MutexLock lock(&mu_);
   shutting_down_ = true;
-  memory_freed_.SignalAll();
-  sealed_.SignalAll();
-  released_.SignalAll();
+  Changed();
 }
 
 absl::StatusOr<ObjectStore::Session*> ObjectStore::FindSession(uint64_t id) {
   auto it = sessions_.find(id);
-  if (it == sessions_.end()) {
-    return WithReason(absl::FailedPreconditionError(
-                          absl::StrFormat("session %016x is not open", id)),
-                      kReasonSessionEnded);
-  }
+  if (it == sessions_.end()) return SessionNotOpen(id);
   return &it->second;
 }
 
@@ -504,6 +727,10 @@ absl::StatusOr<uint32_t> ObjectStore::ResolveRef(
         absl::StrCat(RefString(ref), " was never issued by this daemon"));
   }
   const Slot& s = slots_[ref.slot()];
+  if (ref.generation() == s.generation && ref.nonce() != s.object.nonce) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(RefString(ref), " was never issued by this daemon"));
+  }
   if (ref.generation() != s.generation) {
     return WithReason(absl::NotFoundError(absl::StrCat(
                           "stale reference: the object of ", RefString(ref),
@@ -548,7 +775,7 @@ uint64_t ObjectStore::AddLease(uint64_t session_id, Session& session,
   Object& obj = slots_[slot].object;
   ++obj.leases;
   ++pools_[obj.pool]->leases;
-  if (session.held_slots[slot]++ == 0) session.bytes_held += obj.capacity;
+  if (session.held_slots[slot]++ == 0) Charge(session, obj.capacity);
   if (write && obj.capacity > 0) {
     std::vector<WrittenRange>& w = session.written;
     auto same = std::find_if(w.begin(), w.end(), [&](const WrittenRange& r) {
@@ -600,7 +827,7 @@ bool ObjectStore::DropLease(uint64_t lease_id) {
     auto held = s.held_slots.find(lease.slot);
     if (held != s.held_slots.end() && --held->second == 0) {
       s.held_slots.erase(held);
-      s.bytes_held -= obj.capacity;
+      Charge(s, -static_cast<int64_t>(obj.capacity));
     }
   }
   // Invariant: a live object's lease count equals the leases naming it.
@@ -627,9 +854,10 @@ bool ObjectStore::MaybeFree(uint32_t slot) {
   --pool.objects;
   --live_objects_;
   s.live = false;
+  by_serial_.erase(obj.serial);
   if (++s.generation == 0) s.generation = 1;
   free_slots_.push_back(slot);
-  memory_freed_.SignalAll();
+  Changed();
   return true;
 }
 
@@ -645,7 +873,22 @@ absl::Status ObjectStore::CheckClientLimits(const Session& session,
         session.client_name, session.pid, session.leases.size(),
         limits_.max_leases_per_client));
   }
+  if (limits_.max_leases > 0 && leases_.size() >= limits_.max_leases) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "%d leases are held, the limit (limits.max_leases = %d)",
+        leases_.size(), limits_.max_leases));
+  }
   const bool new_hold = slot == kNoSlot || !session.held_slots.contains(slot);
+  if (limits_.max_bytes_per_uid > 0 && new_hold) {
+    auto uid = uids_.find(session.peer.process.uid);
+    const uint64_t held = uid == uids_.end() ? 0 : uid->second.bytes;
+    if (held + capacity > limits_.max_bytes_per_uid) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "uid %d holds %d bytes in all its sessions; %d more would pass the "
+          "limit (limits.max_bytes_per_uid = %d)",
+          session.peer.process.uid, held, capacity, limits_.max_bytes_per_uid));
+    }
+  }
   if (limits_.max_bytes_per_client > 0 && new_hold &&
       session.bytes_held + capacity > limits_.max_bytes_per_client) {
     return absl::ResourceExhaustedError(absl::StrFormat(
@@ -657,15 +900,17 @@ absl::Status ObjectStore::CheckClientLimits(const Session& session,
   return absl::OkStatus();
 }
 
+void ObjectStore::Charge(Session& session, int64_t delta) {
+  session.bytes_held += delta;
+  uids_[session.peer.process.uid].bytes += delta;
+}
+
 void ObjectStore::HoldTransfer(uint32_t slot, bool hold) {
   const Object& obj = slots_[slot].object;
   auto it = sessions_.find(obj.creator);
   if (it == sessions_.end()) return;
-  if (hold) {
-    it->second.bytes_held += obj.capacity;
-  } else {
-    it->second.bytes_held -= obj.capacity;
-  }
+  Charge(it->second, hold ? static_cast<int64_t>(obj.capacity)
+                          : -static_cast<int64_t>(obj.capacity));
 }
 
 std::string ObjectStore::ClientString(uint64_t session_id) const {
@@ -703,28 +948,32 @@ v1::DaemonStatus ObjectStore::Status() const {
   limits->set_max_objects(limits_.max_objects);
   limits->set_max_leases_per_client(limits_.max_leases_per_client);
   limits->set_max_bytes_per_client(limits_.max_bytes_per_client);
+  limits->set_max_leases(limits_.max_leases);
+  limits->set_max_bytes_per_uid(limits_.max_bytes_per_uid);
+  limits->set_max_sessions_per_uid(limits_.max_sessions_per_uid);
+  limits->set_max_waiters(limits_.max_waiters);
   out.set_serving(!shutting_down_);
+  out.set_waiters(waiters_);
+  uint64_t detached = 0;
+  for (const auto& [id, session] : sessions_) detached += session.stream == 0;
+  out.set_detached_sessions(detached);
   return out;
 }
 
-v1::ListObjectsResponse ObjectStore::ListObjects(uint32_t limit) const {
+v1::ListObjectsResponse ObjectStore::ListObjects(uint32_t limit,
+                                                 uint64_t page_token) const {
   absl::MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
-  std::vector<uint32_t> live;
-  live.reserve(live_objects_);
-  for (uint32_t i = 0; i < slots_.size(); ++i) {
-    if (slots_[i].live) live.push_back(i);
-  }
-  std::sort(live.begin(), live.end(), [&](uint32_t a, uint32_t b) {
-    return slots_[a].object.serial < slots_[b].object.serial;
-  });
-  if (limit > 0 && live.size() > limit) live.resize(limit);
+  if (limit == 0 || limit > kMaxListPage) limit = kMaxListPage;
   v1::ListObjectsResponse out;
   out.set_total(live_objects_);
-  for (uint32_t slot : live) {
+  auto it = by_serial_.upper_bound(page_token);
+  for (uint32_t n = 0; it != by_serial_.end() && n < limit; ++it, ++n) {
+    const uint32_t slot = it->second;
     const Object& obj = slots_[slot].object;
     v1::ObjectStatus* o = out.add_objects();
     *o->mutable_ref() = MakeRef(slot);
+    o->mutable_ref()->clear_nonce();  // Listed, not usable.
     o->set_name(obj.name);
     o->set_pool(pools_[obj.pool]->name());
     o->set_offset(obj.offset);
@@ -750,8 +999,13 @@ v1::ListObjectsResponse ObjectStore::ListObjects(uint32_t limit) const {
     }
     o->set_leases(obj.leases);
     o->set_age_ms(absl::ToInt64Milliseconds(now - obj.created));
-    o->set_creator_session(obj.creator);
+    auto creator = sessions_.find(obj.creator);
+    o->set_creator_client_id(
+        creator == sessions_.end() ? 0 : creator->second.client_id);
     o->set_creator(ClientString(obj.creator));
+  }
+  if (it != by_serial_.end() && out.objects_size() > 0) {
+    out.set_next_page_token(std::prev(it)->first);
   }
   return out;
 }
@@ -768,17 +1022,18 @@ v1::ListClientsResponse ObjectStore::ListClients() const {
   for (const auto* entry : open) {
     const Session& s = entry->second;
     v1::ClientStatus* c = out.add_clients();
-    c->set_session_id(entry->first);
+    c->set_client_id(s.client_id);
     c->set_client_name(s.client_name);
     c->set_pid(s.pid);
-    c->set_has_process(s.peer.has_process);
-    c->set_uid(s.peer.uid);
+    c->set_has_process(true);
+    c->set_uid(s.peer.process.uid);
+    c->set_connected(s.stream != 0);
     c->set_command_line(s.peer.command_line);
     c->set_leases(s.leases.size());
     c->set_bytes_held(s.bytes_held);
     c->set_pending_transfers(s.pending_transfers.size());
     c->set_age_ms(absl::ToInt64Milliseconds(now - s.opened));
-    c->set_peer(s.peer.peer);
+    c->set_peer(s.stream != 0 ? "unix:" : "");
   }
   return out;
 }
@@ -788,6 +1043,7 @@ v1::ObjectRef ObjectStore::MakeRef(uint32_t slot) const {
   ref.set_daemon_epoch(epoch_);
   ref.set_slot(slot);
   ref.set_generation(slots_[slot].generation);
+  ref.set_nonce(slots_[slot].object.nonce);
   const State st = slots_[slot].object.state;
   ref.set_exclusive(st == State::kPendingTransfer || st == State::kTaken);
   return ref;

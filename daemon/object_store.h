@@ -18,26 +18,38 @@
 //
 // The store never touches pool bytes; it only hands out offsets.
 //
-// Thread safety: every public method is thread-safe. Create and GetByName may
-// block (up to their timeout) waiting for memory or a sealed name; they do not
-// hold the lock while waiting.
+// Waiting: Create (for memory), GetByName (for a name to be sealed) and
+// AwaitReleases (for a session's releases) have two forms. TryCreate,
+// TryGetByName and TryAwaitReleases never block: they answer, or say
+// "not yet" (nullopt / false) for the caller to try again after the store
+// changed (changes() moved on) and once more at its deadline (last_try),
+// which then gives the timeout's error. The gRPC service waits that way, one
+// thread for all waiting calls (waiting_calls.h). Create, GetByName and
+// AwaitReleases block the calling thread in the same loop (tests, tools). A
+// waiting call is counted against the waiter limits (BeginWait).
+//
+// Thread safety: every public method is thread-safe; none holds the lock
+// while waiting.
 #ifndef SHMTENSOR_DAEMON_OBJECT_STORE_H_
 #define SHMTENSOR_DAEMON_OBJECT_STORE_H_
 
+#include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
-#include "absl/random/random.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/limits.h"
+#include "daemon/peer.h"
 #include "daemon/pool.h"
 #include "shmtensor/v1/monitor.pb.h"
 #include "shmtensor/v1/shmtensor.pb.h"
@@ -49,13 +61,32 @@ inline constexpr size_t kMaxNameBytes = 255;
 // Most objects alive at once (slots in the object table).
 inline constexpr uint32_t kMaxObjects = 1u << 24;
 
-// What the daemon knows of a client's process (from /proc, where visible).
+// Who a session belongs to, by the kernel's word (peer.h): never what a
+// request claims.
 struct PeerInfo {
-  std::string peer;  // gRPC peer string.
-  bool has_process = false;
-  uint32_t uid = 0;
-  std::string command_line;
+  PeerCredentials process;
+  OwnerKey owner = 0;  // Who may act for the session (peer.h).
+  // Follows the process; null only in tests that run the store without
+  // processes (then a session whose stream ends without a clean close is
+  // ended at once, as if its process were gone).
+  std::shared_ptr<const UniqueFd> pidfd;
+  std::string command_line;  // For operators, from /proc.
 };
+
+// What OpenSession and ResumeSession return.
+struct OpenedSession {
+  uint64_t id = 0;         // The secret: every call of the session names it.
+  uint64_t client_id = 0;  // Public, for operators; acts for nothing.
+  // The stream now attached; StreamEnded of an older one is ignored.
+  uint64_t stream = 0;
+  // Last ReleaseLeases seq applied: a resuming client sends the later ones
+  // again.
+  uint64_t releases_applied = 0;
+};
+
+// Polled while a call waits (for memory, a name, or releases): true once
+// the caller has gone (its call was cancelled), so the wait ends at once.
+using CancelledFn = std::function<bool()>;
 
 struct CreateArgs {
   uint64_t session_id = 0;
@@ -66,6 +97,7 @@ struct CreateArgs {
   absl::Duration timeout = absl::ZeroDuration();
   // Never sealed; every Get of it is writable (CreateRequest.shared_writable).
   bool shared_writable = false;
+  CancelledFn cancelled;  // May be empty.
 };
 
 // What Create and Get hand out: where the bytes are and the lease on them.
@@ -96,21 +128,51 @@ class ObjectStore {
   // Descriptions of every pool, indexed by pool id. Immutable.
   const std::vector<v1::PoolInfo>& pool_infos() const { return pool_infos_; }
 
-  // Opens a session and returns its unguessable id. UNAVAILABLE after
-  // Shutdown; INVALID_ARGUMENT for a client name over kMaxNameBytes.
-  absl::StatusOr<uint64_t> OpenSession(const std::string& client_name, int pid,
-                                       PeerInfo peer = {});
+  // Opens a session for the process `peer` and returns its unguessable id.
+  // UNAVAILABLE after Shutdown; INVALID_ARGUMENT for a client name over
+  // kMaxNameBytes; RESOURCE_EXHAUSTED naming the limit when the peer's uid
+  // holds limits.max_sessions_per_uid sessions.
+  absl::StatusOr<OpenedSession> OpenSession(const std::string& client_name,
+                                            PeerInfo peer);
+  // Attaches a new stream to session `session_id`, whose stream broke while
+  // its process lived on (or that the process replaces). Only the process
+  // that opened it may: `owner` is the new connection's (peer.h).
+  // FAILED_PRECONDITION (SESSION_ENDED) for a session that is not open or
+  // belongs to another process, with one message for both.
+  absl::StatusOr<OpenedSession> ResumeSession(uint64_t session_id,
+                                              OwnerKey owner);
+  // The session's stream `stream` ended without EndSession: if the process
+  // is gone the session ends now, else it stays, detached, with every
+  // lease, until the process resumes it, ends it, or exits
+  // (ReapExitedProcesses): memory a live process may still map is never
+  // reused. No-op for a stream that was replaced or a session that ended.
+  void StreamEnded(uint64_t session_id, uint64_t stream);
+  // Ends the detached sessions whose process has exited. Returns how many.
+  int ReapExitedProcesses();
   // Ends a session (idempotent): drops its leases, discards its unsealed
   // objects, reclaims its untaken transfers.
   void EndSession(uint64_t session_id);
+  // OK when session `session_id` is open and belongs to `owner` (the
+  // caller's connection's, from the kernel); else FAILED_PRECONDITION
+  // (SESSION_ENDED) with one message for both, so it tells nothing of other
+  // sessions.
+  absl::Status Authorize(uint64_t session_id, OwnerKey owner) const;
 
   absl::StatusOr<Handout> Create(const CreateArgs& args);
+  absl::StatusOr<std::optional<Handout>> TryCreate(const CreateArgs& args,
+                                                   bool last_try);
   absl::StatusOr<SealResult> Seal(uint64_t session_id, uint64_t lease_id,
                                   bool exclusive);
   absl::StatusOr<Handout> Get(uint64_t session_id, const v1::ObjectRef& ref);
   absl::StatusOr<Handout> GetByName(uint64_t session_id,
                                     const std::string& name,
-                                    absl::Duration timeout);
+                                    absl::Duration timeout,
+                                    const CancelledFn& cancelled = {});
+  // `timeout` only words the last try's error (0: NOT_FOUND at once).
+  absl::StatusOr<std::optional<Handout>> TryGetByName(uint64_t session_id,
+                                                      const std::string& name,
+                                                      absl::Duration timeout,
+                                                      bool last_try);
   // Returns true when the release freed the object's memory. Releases (this
   // and ReleaseBatch) still apply while shutting down.
   absl::StatusOr<bool> Release(uint64_t session_id, uint64_t lease_id);
@@ -128,7 +190,31 @@ class ObjectStore {
   // (returns at once for seq 0). Fails SESSION_ENDED if the session ends
   // first, DEADLINE_EXCEEDED naming both seqs after `timeout`.
   absl::Status AwaitReleases(uint64_t session_id, uint64_t seq,
-                             absl::Duration timeout);
+                             absl::Duration timeout,
+                             const CancelledFn& cancelled = {});
+  // True once applied; false: not yet.
+  absl::StatusOr<bool> TryAwaitReleases(uint64_t session_id, uint64_t seq,
+                                        bool last_try);
+
+  // How many times the store changed in a way that may let a waiting call
+  // through (memory freed, a name sealed, releases applied, a session ended
+  // or detached, shutdown). WaitForChange blocks until it differs from
+  // `seen`, or until `deadline`.
+  uint64_t changes() const;
+  void WaitForChange(uint64_t seen, absl::Time deadline) const;
+  // `listener` is called on every change, under the store's lock: it must
+  // only note it (WaitingCalls::Poke). Set once, before serving.
+  void SetChangeListener(std::function<void()> listener);
+
+  // Counts one waiting call of `session_id` against the waiter limits;
+  // RESOURCE_EXHAUSTED naming the limit it would pass, or the session's
+  // error. Every OK is paired with one EndWait(token).
+  struct WaitToken {
+    uint64_t session_id = 0;
+    uid_t uid = 0;
+  };
+  absl::StatusOr<WaitToken> BeginWait(uint64_t session_id);
+  void EndWait(const WaitToken& token);
   // Returns true when the memory was freed now (false: deferred).
   absl::StatusOr<bool> Delete(uint64_t session_id, const std::string& name);
 
@@ -137,8 +223,13 @@ class ObjectStore {
   // Monitoring snapshots (one lock each). Status fills the store's part of
   // DaemonStatus: pools, counts, limits, uptime, epoch.
   v1::DaemonStatus Status() const;
-  // The `limit` oldest live objects (0: all).
-  v1::ListObjectsResponse ListObjects(uint32_t limit) const;
+  // Live objects oldest first, one page: at most `limit` (0, or more than
+  // kMaxListPage: kMaxListPage) created after the one `page_token` names
+  // (0: from the oldest). next_page_token is set when more follow. Refs
+  // are listed without their nonce: a listing hands out no usable ref.
+  static constexpr uint32_t kMaxListPage = 10000;
+  v1::ListObjectsResponse ListObjects(uint32_t limit,
+                                      uint64_t page_token = 0) const;
   v1::ListClientsResponse ListClients() const;
 
   // Fails every waiter and every later call with UNAVAILABLE. Sessions stay
@@ -166,6 +257,9 @@ class ObjectStore {
     uint32_t leases = 0;
     absl::Time created;
     uint64_t serial = 0;  // Creation order, for oldest-first listings.
+    // Random, per object: a ref must carry it (ObjectRef.nonce), so refs
+    // cannot be guessed from slot and generation.
+    uint64_t nonce = 0;
   };
   struct Slot {
     uint32_t generation = 1;  // Never 0, so an all-zero ref is never valid.
@@ -185,7 +279,12 @@ class ObjectStore {
   static constexpr size_t kWrittenRanges = 16;
   struct Session {
     std::string client_name;
-    int pid = 0;
+    int pid = 0;             // The kernel's, as peer.process.pid.
+    uint64_t client_id = 0;  // Public id (opening order).
+    // The stream attached now (0: detached, the process lost its
+    // connection); each attach gets a new number.
+    uint64_t stream = 0;
+    uint32_t waiters = 0;  // Calls of the session waiting now.
     absl::flat_hash_set<uint64_t> leases;
     absl::flat_hash_set<uint32_t> pending_transfers;  // Slots it offered.
     uint64_t releases_applied = 0;  // Last ReleaseLeases seq applied.
@@ -233,6 +332,19 @@ class ObjectStore {
   Handout MakeHandout(uint32_t slot, uint64_t lease_id, bool writable) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::ObjectRef MakeRef(uint32_t slot) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The blocking form of a Try* call: `attempt(last_try)` until it answers,
+  // counted as a waiter after its first "not yet", polling `cancelled`
+  // every 100 ms.
+  template <typename T, typename Attempt>
+  absl::StatusOr<T> Block(uint64_t session_id, absl::Time deadline,
+                          const CancelledFn& cancelled, Attempt attempt);
+  // Notes a change (see changes()). Called under mu_.
+  void Changed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // 64 bits from getrandom(2), drawn 64 at a time.
+  uint64_t Random64() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds `delta` to the bytes `session` holds, and to its uid's.
+  void Charge(Session& session, int64_t delta)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // RESOURCE_EXHAUSTED naming the client and the limit if taking one more
   // lease on `slot` (of `capacity` bytes) would break a per-client limit.
   absl::Status CheckClientLimits(const Session& session, uint32_t slot,
@@ -255,21 +367,32 @@ class ObjectStore {
   std::vector<v1::PoolInfo> pool_infos_;
 
   mutable absl::Mutex mu_;
-  absl::CondVar memory_freed_;  // Signalled when a pool range is freed.
-  absl::CondVar sealed_;        // Signalled when a named object is sealed.
-  absl::CondVar released_;      // Signalled when a ReleaseLeases is applied.
+  uint64_t changes_ ABSL_GUARDED_BY(mu_) = 0;  // See changes().
+  std::function<void()> listener_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Pool>> pools_ ABSL_GUARDED_BY(mu_);
   std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
   std::vector<uint32_t> free_slots_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Lease> leases_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Session> sessions_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, uint32_t> names_ ABSL_GUARDED_BY(mu_);
+  // Live objects by serial (creation order), for paged listings.
+  absl::btree_map<uint64_t, uint32_t> by_serial_ ABSL_GUARDED_BY(mu_);
+  // Per uid: bytes held by its sessions, and sessions and waiters open.
+  struct UidUsage {
+    uint64_t bytes = 0;
+    uint32_t sessions = 0;
+    uint32_t waiters = 0;
+  };
+  absl::flat_hash_map<uid_t, UidUsage> uids_ ABSL_GUARDED_BY(mu_);
+  uint32_t waiters_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_stream_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_lease_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_serial_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t live_objects_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t pending_transfers_ ABSL_GUARDED_BY(mu_) = 0;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
-  absl::BitGen bitgen_ ABSL_GUARDED_BY(mu_);
+  std::array<uint64_t, 64> random_ ABSL_GUARDED_BY(mu_);
+  size_t random_next_ ABSL_GUARDED_BY(mu_) = 64;
 };
 
 }  // namespace shmtensor::daemon

@@ -4,6 +4,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
+#include "daemon/fake_segment.h"
 #include "gtest/gtest.h"
 #include "shmtensor/errors.h"
 
@@ -12,24 +13,15 @@ namespace {
 
 constexpr uint64_t kPage = 4096;
 
-// Offsets only: the store never touches pool bytes, so no memory is needed.
-class FakeSegment final : public Segment {
- public:
-  explicit FakeSegment(uint64_t size, uint64_t huge_page_size = 0)
-      : size_(size), huge_(huge_page_size) {}
-  v1::MemoryKind kind() const override { return v1::MEMORY_KIND_HOST; }
-  const std::string& handle() const override { return handle_; }
-  const std::string& path() const override { return path_; }
-  uint64_t size_bytes() const override { return size_; }
-  uint64_t page_size() const override { return kPage; }
-  uint64_t huge_page_size() const override { return huge_; }
-
- private:
-  uint64_t size_;
-  uint64_t huge_;
-  std::string handle_ = "/fake";
-  std::string path_ = "/dev/shm/fake";
-};
+// Opens a session for a made-up process `pid` (no pidfd: the store takes a
+// session whose stream ends as gone).
+uint64_t Open(ObjectStore& store, const std::string& name, pid_t pid,
+              uid_t uid = 1000) {
+  return store
+      .OpenSession(name,
+                   PeerInfo{{pid, uid, uid}, OwnerOf(pid, 0), nullptr, ""})
+      ->id;
+}
 
 class ObjectStoreTest : public ::testing::Test {
  protected:
@@ -38,8 +30,8 @@ class ObjectStoreTest : public ::testing::Test {
     pools.push_back(std::make_unique<Pool>(
         "default", std::make_unique<FakeSegment>(16 * kPage)));
     store_ = std::make_unique<ObjectStore>(std::move(pools), 42);
-    a_ = *store_->OpenSession("a", 1);
-    b_ = *store_->OpenSession("b", 2);
+    a_ = Open(*store_, "a", 1);
+    b_ = Open(*store_, "b", 2);
   }
 
   absl::StatusOr<Handout> Create(
@@ -214,7 +206,7 @@ TEST_F(ObjectStoreTest, SharedWritableObjectIsWritableByEveryHolder) {
 // best fit would have given it another producer's; never by splitting a free
 // range in two.
 TEST_F(ObjectStoreTest, CreateReusesTheRangesTheClientWroteBefore) {
-  const uint64_t consumer = *store_->OpenSession("c", 3);
+  const uint64_t consumer = Open(*store_, "c", 3);
   auto hand_off = [&](uint64_t producer) {
     Handout h = *Create(producer, 2 * kPage);
     SealResult s = *store_->Seal(producer, h.lease_id, true);
@@ -436,10 +428,11 @@ TEST_F(ObjectStoreTest, ListingsFollowHoldingsThroughTransfersAndSessionEnd) {
   ASSERT_TRUE(store_->Seal(a_, named.lease_id, false).ok());
   Handout xfer = *Create(a_, 2 * kPage);
   SealResult offered = *store_->Seal(a_, xfer.lease_id, true);
+  // By pid: a_'s is 1, b_'s 2.
   auto holder = [&](uint64_t session) {
     const v1::ListClientsResponse all = store_->ListClients();
     for (const v1::ClientStatus& c : all.clients()) {
-      if (c.session_id() == session) return c;
+      if (c.pid() == (session == a_ ? 1 : 2)) return c;
     }
     return v1::ClientStatus();
   };
@@ -474,8 +467,8 @@ TEST(ObjectStoreLimitsTest, LimitsNameTheClientAndTheLimit) {
                     {.max_objects = 3,
                      .max_leases_per_client = 2,
                      .max_bytes_per_client = 4 * kPage});
-  const uint64_t a = *store.OpenSession("a", 7);
-  const uint64_t b = *store.OpenSession("b", 8);
+  const uint64_t a = Open(store, "a", 7);
+  const uint64_t b = Open(store, "b", 8);
   CreateArgs args{.session_id = a, .size_bytes = 5 * kPage};
   absl::StatusOr<Handout> h = store.Create(args);
   EXPECT_EQ(h.status().code(), absl::StatusCode::kResourceExhausted);
@@ -512,7 +505,7 @@ TEST(ObjectStoreHugePagesTest, LargeObjectsTakeWholeAlignedHugePages) {
       "huge", std::make_unique<FakeSegment>(8 * kHuge, kHuge)));
   ObjectStore store(std::move(pools), 7);
   EXPECT_EQ(store.pool_infos()[0].huge_page_size(), kHuge);
-  const uint64_t s = *store.OpenSession("s", 1);
+  const uint64_t s = Open(store, "s", 1);
   auto create = [&](uint64_t bytes) {
     CreateArgs args;
     args.session_id = s;

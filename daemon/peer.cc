@@ -1,35 +1,73 @@
 #include "daemon/peer.h"
 
-#include <sys/stat.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <fstream>
-#include <iterator>
 
-#include "absl/strings/match.h"
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+
+#ifndef SO_PEERPIDFD
+#define SO_PEERPIDFD 77  // Linux 6.5; older headers lack it.
+#endif
 
 namespace shmtensor::daemon {
 
-bool IsLocalPeer(absl::string_view peer) {
-  return absl::StartsWith(peer, "unix:") ||
-         absl::StartsWith(peer, "unix-abstract:") ||
-         absl::StartsWith(peer, "ipv4:127.") ||
-         absl::StartsWith(peer, "ipv6:[::1]:") ||
-         absl::StartsWith(peer, "ipv6:%5B::1%5D:") ||
-         absl::StartsWith(peer, "ipv6:[::ffff:127.") ||
-         absl::StartsWith(peer, "ipv6:%5B::ffff:127.");
+UniqueFd& UniqueFd::operator=(UniqueFd&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) close(fd_);
+    fd_ = o.release();
+  }
+  return *this;
 }
 
-PeerInfo DescribePeer(const std::string& peer, int pid) {
-  PeerInfo info;
-  info.peer = peer;
-  if (pid <= 0) return info;
-  const std::string dir = absl::StrCat("/proc/", pid);
-  struct stat st;
-  if (stat(dir.c_str(), &st) != 0) return info;
-  info.has_process = true;
-  info.uid = st.st_uid;
-  std::ifstream in(dir + "/cmdline", std::ios::binary);
+UniqueFd::~UniqueFd() {
+  if (fd_ >= 0) close(fd_);
+}
+
+absl::StatusOr<PeerCredentials> ReadPeerCredentials(int socket_fd) {
+  struct ucred cred {};
+  socklen_t len = sizeof(cred);
+  if (getsockopt(socket_fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    return absl::InternalError(
+        absl::StrCat("SO_PEERCRED: ", std::strerror(errno)));
+  }
+  return PeerCredentials{cred.pid, cred.uid, cred.gid};
+}
+
+absl::StatusOr<UniqueFd> OpenPeerPidfd(int socket_fd, pid_t pid) {
+  int pidfd = -1;
+  socklen_t len = sizeof(pidfd);
+  if (getsockopt(socket_fd, SOL_SOCKET, SO_PEERPIDFD, &pidfd, &len) == 0 &&
+      pidfd >= 0) {
+    return UniqueFd(pidfd);
+  }
+  if (pid <= 0) {
+    return absl::InternalError(
+        "the peer's pid is not visible here (another pid namespace) and the "
+        "kernel has no SO_PEERPIDFD");
+  }
+  const long fd = syscall(SYS_pidfd_open, pid, 0);
+  if (fd < 0) {
+    return absl::InternalError(
+        absl::StrCat("pidfd_open(", pid, "): ", std::strerror(errno)));
+  }
+  return UniqueFd(static_cast<int>(fd));
+}
+
+bool ProcessExited(int pidfd) {
+  pollfd p{pidfd, POLLIN, 0};
+  return poll(&p, 1, 0) > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR));
+}
+
+std::string CommandLineOf(pid_t pid) {
+  if (pid <= 0) return "";
+  std::ifstream in(absl::StrCat("/proc/", pid, "/cmdline"), std::ios::binary);
   std::string raw;
   raw.resize(4096);
   in.read(raw.data(), raw.size());
@@ -38,8 +76,7 @@ PeerInfo DescribePeer(const std::string& peer, int pid) {
   for (char& c : raw) {
     if (c == '\0') c = ' ';
   }
-  info.command_line = std::move(raw);
-  return info;
+  return raw;
 }
 
 }  // namespace shmtensor::daemon

@@ -1,26 +1,83 @@
-// Who is calling: whether a gRPC peer is on this host, and what /proc says of
-// a client process.
+// Who is calling, as the kernel says: the credentials of the process at the
+// other end of a Unix socket (SO_PEERCRED), a pidfd that follows that process
+// (SO_PEERPIDFD where the kernel has it, pidfd_open otherwise), and what
+// /proc says of it for operators. Nothing here trusts what a request claims.
 //
-// Thread safety: pure functions (DescribePeer reads /proc).
+// Thread safety: pure functions; UniqueFd is not thread-safe.
 #ifndef SHMTENSOR_DAEMON_PEER_H_
 #define SHMTENSOR_DAEMON_PEER_H_
 
+#include <sys/types.h>
+
+#include <cstdint>
 #include <string>
 
-#include "absl/strings/string_view.h"
-#include "daemon/object_store.h"
+#include "absl/status/statusor.h"
 
 namespace shmtensor::daemon {
 
-// True for a peer that shares this host's memory: a Unix socket peer
-// ("unix:..."), or TCP over loopback ("ipv4:127.x.x.x:port",
-// "ipv6:[::1]:port", also percent-encoded). Shared memory is local only, so
-// the data plane serves these peers alone.
-bool IsLocalPeer(absl::string_view peer);
+// Owns one file descriptor; closes it on destruction. Movable, not copyable
+// (one owner per descriptor).
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  UniqueFd(UniqueFd&& o) noexcept : fd_(o.release()) {}
+  UniqueFd& operator=(UniqueFd&& o) noexcept;
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+  ~UniqueFd();
 
-// The peer string, and for a pid this daemon can see in /proc, the owner uid
-// and the command line (arguments joined by spaces, at most 4 KiB).
-PeerInfo DescribePeer(const std::string& peer, int pid);
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int release() {
+    const int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// The process at the other end of a connected Unix socket, when it
+// connected (or its pid namespace's view of it: the kernel translates pids
+// into the daemon's namespace).
+struct PeerCredentials {
+  pid_t pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+};
+
+// Who owns a session: the peer's pid where the daemon can see it (the
+// kernel gives 0 for a process in a pid namespace that is not the daemon's
+// or below it, e.g. another container's); for such a process, the one
+// connection it opened the session on (1 << 40 | a connection serial), so
+// its session can be neither used nor resumed from anywhere else.
+using OwnerKey = uint64_t;
+inline OwnerKey OwnerOf(pid_t pid, uint64_t connection_serial) {
+  return pid > 0 ? static_cast<OwnerKey>(pid)
+                 : (OwnerKey{1} << 40) | connection_serial;
+}
+
+// SO_PEERCRED of `socket_fd`. INTERNAL naming errno when the kernel cannot
+// say (not a Unix socket).
+absl::StatusOr<PeerCredentials> ReadPeerCredentials(int socket_fd);
+
+// A pidfd of the peer of `socket_fd`: SO_PEERPIDFD (Linux 6.5+: the process
+// that connected, race-free), else pidfd_open(pid) (a pid recycled between
+// the peer's exit and this call would be followed instead; the peer's own
+// exit closes the socket first, so the daemon sees the connection end).
+// INTERNAL naming errno when neither works.
+absl::StatusOr<UniqueFd> OpenPeerPidfd(int socket_fd, pid_t pid);
+
+// True once the process `pidfd` refers to has exited (the pidfd polls
+// readable then). Never blocks.
+bool ProcessExited(int pidfd);
+
+// For operators: the command line of `pid` from /proc (arguments joined by
+// spaces, at most 4 KiB), empty when the daemon cannot see it.
+std::string CommandLineOf(pid_t pid);
 
 }  // namespace shmtensor::daemon
 

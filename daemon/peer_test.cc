@@ -1,34 +1,91 @@
 #include "daemon/peer.h"
 
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <cstring>
 
 #include "gtest/gtest.h"
 
 namespace shmtensor::daemon {
 namespace {
 
-TEST(PeerTest, OnlyUnixSocketsAndLoopbackAreLocal) {
-  EXPECT_TRUE(IsLocalPeer("unix:"));
-  EXPECT_TRUE(IsLocalPeer("unix:/tmp/shmtensord-0.sock"));
-  EXPECT_TRUE(IsLocalPeer("ipv4:127.0.0.1:51234"));
-  EXPECT_TRUE(IsLocalPeer("ipv6:[::1]:51234"));
-  EXPECT_TRUE(IsLocalPeer("ipv6:%5B::1%5D:51234"));
-  EXPECT_FALSE(IsLocalPeer("ipv4:10.0.0.7:51234"));
-  EXPECT_FALSE(IsLocalPeer("ipv4:128.0.0.1:51234"));
-  EXPECT_FALSE(IsLocalPeer("ipv6:[fe80::1]:51234"));
-  EXPECT_FALSE(IsLocalPeer("ipv6:[::12]:51234"));
-  EXPECT_FALSE(IsLocalPeer(""));
+TEST(PeerTest, CredentialsComeFromTheKernelNotTheCaller) {
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  UniqueFd a(sv[0]), b(sv[1]);
+  absl::StatusOr<PeerCredentials> c = ReadPeerCredentials(a.get());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->pid, getpid());
+  EXPECT_EQ(c->uid, getuid());
+  EXPECT_EQ(c->gid, getgid());
+  EXPECT_FALSE(ReadPeerCredentials(-1).ok());
 }
 
-TEST(PeerTest, DescribesAVisibleProcessFromProc) {
-  PeerInfo me = DescribePeer("unix:", getpid());
-  EXPECT_EQ(me.peer, "unix:");
-  EXPECT_TRUE(me.has_process);
-  EXPECT_EQ(me.uid, getuid());
-  EXPECT_NE(me.command_line.find("peer_test"), std::string::npos)
-      << me.command_line;
-  EXPECT_FALSE(DescribePeer("unix:", 0).has_process);
-  EXPECT_FALSE(DescribePeer("unix:", 1 << 30).has_process);  // No such pid.
+TEST(PeerTest, PidfdSaysWhenThePeerProcessExits) {
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  int go[2];
+  ASSERT_EQ(pipe(go), 0);
+  const pid_t child = fork();
+  if (child == 0) {
+    close(sv[0]);
+    close(go[1]);  // Else its own copy keeps the pipe open.
+    // Connect-time credentials of a socketpair are its creator's, so the
+    // child makes a connection of its own: it passes its end to the parent
+    // through the pair and waits.
+    int own[2];
+    socketpair(AF_UNIX, SOCK_STREAM, 0, own);
+    char cmsgbuf[CMSG_SPACE(sizeof(int))] = {};
+    char byte = 0;
+    iovec iov{&byte, 1};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cmsgbuf;
+    msg.msg_controllen = sizeof(cmsgbuf);
+    cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &own[0], sizeof(int));
+    sendmsg(sv[1], &msg, 0);
+    char c;
+    read(go[0], &c, 1);
+    _exit(0);
+  }
+  close(sv[1]);
+  close(go[0]);
+  char cmsgbuf[CMSG_SPACE(sizeof(int))] = {};
+  char byte;
+  iovec iov{&byte, 1};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = cmsgbuf;
+  msg.msg_controllen = sizeof(cmsgbuf);
+  ASSERT_EQ(recvmsg(sv[0], &msg, 0), 1);
+  int fd;
+  memcpy(&fd, CMSG_DATA(CMSG_FIRSTHDR(&msg)), sizeof(int));
+  UniqueFd theirs(fd);
+  absl::StatusOr<PeerCredentials> c = ReadPeerCredentials(theirs.get());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->pid, child);
+  absl::StatusOr<UniqueFd> pidfd = OpenPeerPidfd(theirs.get(), c->pid);
+  ASSERT_TRUE(pidfd.ok()) << pidfd.status();
+  EXPECT_FALSE(ProcessExited(pidfd->get()));
+  close(go[1]);  // Lets the child exit.
+  int status;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(ProcessExited(pidfd->get()));
+  close(sv[0]);
+}
+
+TEST(PeerTest, CommandLineOfAVisibleProcess) {
+  EXPECT_NE(CommandLineOf(getpid()).find("peer_test"), std::string::npos);
+  EXPECT_EQ(CommandLineOf(0), "");
+  EXPECT_EQ(CommandLineOf(1 << 30), "");  // No such pid.
 }
 
 }  // namespace

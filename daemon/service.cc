@@ -19,32 +19,74 @@ grpc::Status ToGrpcStatus(grpc::ServerContextBase* ctx,
   if (!reason.empty() && ctx != nullptr) {
     ctx->AddTrailingMetadata(std::string(kErrorReasonMetadata), reason);
   }
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
-                      std::string(status.message()));
+  std::string message(status.message());
+  if (message.size() > kMaxErrorBytes) {
+    message.resize(kMaxErrorBytes - 16);
+    // Never end inside a UTF-8 sequence.
+    while (!message.empty() && (message.back() & 0xC0) == 0x80) {
+      message.pop_back();
+    }
+    if (!message.empty() && (message.back() & 0x80)) message.pop_back();
+    message += "... (cut)";
+  }
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), message);
 }
 
 grpc::Status RemoteRefused(const std::string& peer) {
   return grpc::Status(
       grpc::StatusCode::PERMISSION_DENIED,
-      absl::StrCat("peer ", peer,
-                   " is not on this host: the data plane (shared memory) "
-                   "serves local clients only; use the Unix socket"));
+      absl::StrCat("peer ", peer.substr(0, 128),
+                   " did not connect to the daemon's Unix socket: the data "
+                   "plane (shared memory) serves processes on this host "
+                   "there only, where the kernel says who they are"));
+}
+
+absl::StatusOr<Connection> ObjectStoreService::Caller(
+    const std::string& peer) const {
+  std::optional<Connection> c = connections_.Find(peer);
+  if (!c.has_value()) {
+    grpc::Status refused = RemoteRefused(peer);
+    return absl::PermissionDeniedError(refused.error_message());
+  }
+  return *std::move(c);
+}
+
+absl::Status ObjectStoreService::Authorize(grpc::CallbackServerContext* ctx,
+                                           uint64_t session_id) const {
+  absl::StatusOr<Connection> caller = Caller(ctx->peer());
+  if (!caller.ok()) return caller.status();
+  return store_.Authorize(session_id, caller->owner);
+}
+
+void ObjectStoreService::LogClientError(uint64_t session_id,
+                                        const absl::Status& s) {
+  uint64_t suppressed = 0;
+  if (!client_errors_.Allow(&suppressed)) return;
+  // The session id is a secret: log a prefix only, enough to tell lines of
+  // one session from another's.
+  spdlog::warn(
+      "session {:04x}...: {}{}", session_id >> 48,
+      std::string(s.message()).substr(0, kMaxErrorBytes),
+      suppressed > 0
+          ? absl::StrFormat(" (%d client errors not logged)", suppressed)
+          : "");
 }
 
 namespace {
 
 // Applies one ReleaseLeases of `session_id` (from its stream, or a copy a
-// unary request carried). Leases the session does not hold are skipped and
-// only logged (no reply can tell the client); returns OK then.
+// unary request carried). Leases the session does not hold are skipped;
+// returns OK then, and *unknown says what was skipped (for the log).
 // INVALID_ARGUMENT: the seq is past the next one due. Other errors: the
 // session's (not open).
 absl::Status ApplyReleaseMessage(ObjectStore& store, uint64_t session_id,
-                                 const v1::ReleaseLeases& release) {
+                                 const v1::ReleaseLeases& release,
+                                 absl::Status* unknown) {
   const std::vector<uint64_t> ids(release.lease_ids().begin(),
                                   release.lease_ids().end());
   absl::Status s = store.ReleaseBatch(session_id, release.seq(), ids);
   if (absl::IsNotFound(s)) {
-    spdlog::warn("session {:016x}: {}", session_id, s.ToString());
+    *unknown = s;
     return absl::OkStatus();
   }
   return s;
@@ -53,21 +95,37 @@ absl::Status ApplyReleaseMessage(ObjectStore& store, uint64_t session_id,
 }  // namespace
 
 // One session stream. Owned by gRPC: deletes itself in OnDone.
+// One session stream, raw: its messages are parsed here, so one that does
+// not parse ends the stream INVALID_ARGUMENT naming its size (gRPC would
+// end it as if the client had closed its side).
 class SessionReactor final
-    : public grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionEvent> {
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   SessionReactor(ObjectStoreService& service, std::string peer)
       : service_(service), peer_(std::move(peer)) {
-    if (!IsLocalPeer(peer_)) {
+    absl::StatusOr<Connection> caller = service_.Caller(peer_);
+    if (!caller.ok()) {
       FinishOnce(RemoteRefused(peer_));
       return;
     }
-    StartRead(&request_);
+    caller_ = *std::move(caller);
+    StartRead(&raw_request_);
   }
 
   void OnReadDone(bool ok) override {
     if (!ok) {  // Client closed its side, or the connection broke.
       FinishOnce(grpc::Status::OK);
+      return;
+    }
+    const size_t size = raw_request_.Length();
+    if (!grpc::SerializationTraits<v1::SessionRequest>::Deserialize(
+             &raw_request_, &request_)
+             .ok()) {
+      FinishOnce(grpc::Status(
+          grpc::StatusCode::INVALID_ARGUMENT,
+          absl::StrFormat("session message of %d bytes is not a valid "
+                          "shmtensor.v1.SessionRequest",
+                          size)));
       return;
     }
     if (session_id_ != 0 && request_.has_release()) {
@@ -81,37 +139,57 @@ class SessionReactor final
                                   : "first session message must be open"));
       return;
     }
-    absl::StatusOr<uint64_t> id = service_.store_.OpenSession(
-        request_.open().client_name(), request_.open().pid(),
-        DescribePeer(peer_, request_.open().pid()));
-    if (!id.ok()) {
-      FinishOnce(ToGrpcStatus(nullptr, id.status()));
+    const v1::OpenSession& open = request_.open();
+    absl::StatusOr<OpenedSession> opened =
+        open.resume_session_id() != 0
+            ? service_.store_.ResumeSession(open.resume_session_id(),
+                                            caller_.owner)
+            : service_.store_.OpenSession(
+                  open.client_name(),
+                  PeerInfo{caller_.peer, caller_.owner, caller_.pidfd,
+                           CommandLineOf(caller_.peer.pid)});
+    if (!opened.ok()) {
+      FinishOnce(ToGrpcStatus(nullptr, opened.status()));
       return;
     }
-    session_id_ = *id;
-    v1::SessionOpened* opened = event_.mutable_opened();
-    opened->set_session_id(*id);
-    opened->set_daemon_epoch(service_.store_.epoch());
+    session_id_ = opened->id;
+    stream_ = opened->stream;
+    v1::SessionOpened* reply = event_.mutable_opened();
+    reply->set_session_id(opened->id);
+    reply->set_daemon_epoch(service_.store_.epoch());
+    reply->set_releases_applied(opened->releases_applied);
+    reply->set_client_id(opened->client_id);
     for (const v1::PoolInfo& p : service_.store_.pool_infos()) {
-      *opened->add_pools() = p;
+      *reply->add_pools() = p;
     }
     service_.Register(this);
-    StartWrite(&event_);
-    StartRead(&request_);  // Completes when the client goes away.
+    bool own = false;
+    if (!grpc::SerializationTraits<v1::SessionEvent>::Serialize(
+             event_, &raw_event_, &own)
+             .ok()) {
+      FinishOnce(grpc::Status(grpc::StatusCode::INTERNAL,
+                              "cannot serialize SessionOpened"));
+      return;
+    }
+    StartWrite(&raw_event_);
+    StartRead(&raw_request_);  // Completes when the client goes away.
   }
 
   // Applies a ReleaseLeases and reads on. A lease the session does not hold
   // is only logged (the client cannot be told without a reply); a seq out of
-  // order breaks the ordering contract, so it ends the session.
+  // order breaks the ordering contract, so it ends the session's stream.
   void OnRelease(const v1::ReleaseLeases& release) {
-    absl::Status s = ApplyReleaseMessage(service_.store_, session_id_, release);
+    absl::Status unknown;
+    absl::Status s =
+        ApplyReleaseMessage(service_.store_, session_id_, release, &unknown);
+    if (!unknown.ok()) service_.LogClientError(session_id_, unknown);
     if (absl::IsInvalidArgument(s)) {
-      spdlog::warn("session {:016x}: {}; ending it", session_id_, s.ToString());
+      service_.LogClientError(session_id_, s);
       FinishOnce(ToGrpcStatus(nullptr, s));
       return;
     }
-    if (!s.ok()) spdlog::warn("session {:016x}: {}", session_id_, s.ToString());
-    StartRead(&request_);
+    if (!s.ok()) service_.LogClientError(session_id_, s);
+    StartRead(&raw_request_);
   }
 
   void OnWriteDone(bool ok) override {}
@@ -121,7 +199,7 @@ class SessionReactor final
   void OnDone() override {
     if (session_id_ != 0) {
       service_.Unregister(this);
-      service_.store_.EndSession(session_id_);
+      service_.store_.StreamEnded(session_id_, stream_);
     }
     delete this;
   }
@@ -139,14 +217,19 @@ class SessionReactor final
  private:
   ObjectStoreService& service_;
   const std::string peer_;
+  Connection caller_;
+  grpc::ByteBuffer raw_request_;
+  grpc::ByteBuffer raw_event_;
   v1::SessionRequest request_;
   v1::SessionEvent event_;
-  uint64_t session_id_ = 0;  // Set once, on the reactor's read callback.
+  // Set once, on the reactor's read callbacks (which gRPC serialises).
+  uint64_t session_id_ = 0;
+  uint64_t stream_ = 0;
   absl::Mutex mu_;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionEvent>*
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 ObjectStoreService::Session(grpc::CallbackServerContext* ctx) {
   return new SessionReactor(*this, ctx->peer());
 }
@@ -184,43 +267,40 @@ namespace {
 
 // Longest wait for a session's releases to arrive on its stream; they were
 // sent before the call, so this bounds a broken client only.
-constexpr uint32_t kMaxReleaseWaitMs = 10000;
+constexpr absl::Duration kMaxReleaseWait = absl::Seconds(10);
 
 // A wait never outlasts the caller's own deadline: a Create that succeeded
 // after the caller gave up would leave a write lease nobody knows of.
-absl::Duration BoundedWait(grpc::ServerContext* ctx, uint32_t timeout_ms) {
-  absl::Duration wait = absl::Milliseconds(timeout_ms);
-  const absl::Time deadline = absl::FromChrono(ctx->deadline());
-  if (deadline != absl::InfiniteFuture()) {
-    wait = std::min(wait, deadline - absl::Now() - absl::Milliseconds(50));
+absl::Time BoundedDeadline(grpc::CallbackServerContext* ctx,
+                           absl::Duration wait) {
+  absl::Time deadline = absl::Now() + wait;
+  const absl::Time theirs = absl::FromChrono(ctx->deadline());
+  if (theirs != absl::InfiniteFuture()) {
+    deadline = std::min(deadline, theirs - absl::Milliseconds(50));
   }
-  return std::max(wait, absl::ZeroDuration());
+  return deadline;
 }
 
 // Most copies of stream releases one request may carry (the client sends at
 // most 64).
 constexpr int kMaxCarriedReleases = 1024;
 
-// Applies the session's own releases through `releases_through` before a
-// call that could observe them (see ReleaseLeases in the proto): first the
-// copies the request carries, in order, up to a gap; then waits for the
-// stream to deliver any others.
+// Applies the copies of stream releases a request carries, in order, up to
+// a gap (see ReleaseLeases in the proto).
 template <typename Request>
-absl::Status ApplyReleases(ObjectStore& store, grpc::ServerContext* ctx,
-                           const Request& req) {
+absl::Status ApplyCarriedReleases(ObjectStore& store, const Request& req,
+                                  absl::Status* unknown) {
   if (req.releases_size() > kMaxCarriedReleases) {
     return absl::InvalidArgumentError(
         absl::StrFormat("request carries %d ReleaseLeases copies, at most %d",
                         req.releases_size(), kMaxCarriedReleases));
   }
   for (const v1::ReleaseLeases& r : req.releases()) {
-    absl::Status s = ApplyReleaseMessage(store, req.session_id(), r);
+    absl::Status s = ApplyReleaseMessage(store, req.session_id(), r, unknown);
     if (absl::IsInvalidArgument(s)) break;  // A gap: the stream has the rest.
     if (!s.ok()) return s;
   }
-  if (req.releases_through() == 0) return absl::OkStatus();
-  return store.AwaitReleases(req.session_id(), req.releases_through(),
-                             BoundedWait(ctx, kMaxReleaseWaitMs));
+  return absl::OkStatus();
 }
 
 // Copies what Create and Get have in common into their responses.
@@ -232,100 +312,320 @@ void FillHandout(Handout h, Response* resp) {
   resp->set_lease_id(h.lease_id);
 }
 
+// A unary call parked in WaitingCalls. Owned by gRPC: deleted in OnDone,
+// which comes only after Finish.
+class WaitingReactor final : public grpc::ServerUnaryReactor,
+                             public WaitingCalls::Call {
+ public:
+  WaitingReactor(ObjectStore& store, ObjectStore::WaitToken token,
+                 WaitingCalls& calls, ObjectStoreService::Attempt attempt,
+                 ObjectStoreService::Reply reply)
+      : store_(store),
+        token_(token),
+        calls_(calls),
+        attempt_(std::move(attempt)),
+        reply_(std::move(reply)) {}
+
+  bool Retry(absl::Time* wake_at) override {
+    std::optional<grpc::Status> done = attempt_(wake_at);
+    if (!done.has_value()) return false;
+    Done(done->ok() ? reply_() : *done);
+    return true;
+  }
+  void Cancel() override {
+    Done(grpc::Status(grpc::StatusCode::CANCELLED,
+                      "the caller cancelled the call"));
+  }
+  void OnCancel() override {
+    cancelled.store(true, std::memory_order_release);
+    calls_.Poke();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void Done(const grpc::Status& status) {
+    store_.EndWait(token_);
+    Finish(status);
+  }
+
+  ObjectStore& store_;
+  const ObjectStore::WaitToken token_;
+  WaitingCalls& calls_;
+  ObjectStoreService::Attempt attempt_;
+  // Serializes the response; owns the call's request and response.
+  ObjectStoreService::Reply reply_;
+};
+
 }  // namespace
 
-grpc::Status ObjectStoreService::Create(grpc::ServerContext* ctx,
-                                        const v1::CreateRequest* req,
-                                        v1::CreateResponse* resp) {
-  if (!IsLocalPeer(ctx->peer())) return RemoteRefused(ctx->peer());
-  if (absl::Status s = ApplyReleases(store_, ctx, *req); !s.ok()) {
-    return ToGrpcStatus(ctx, s);
-  }
-  CreateArgs args;
-  args.session_id = req->session_id();
-  args.pool = req->pool();
-  args.size_bytes = req->size_bytes();
-  args.layout = req->layout();
-  args.name = req->name();
-  args.timeout = BoundedWait(ctx, req->timeout_ms());
-  args.shared_writable = req->shared_writable();
-  absl::StatusOr<Handout> h = store_.Create(args);
-  if (!h.ok()) return ToGrpcStatus(ctx, h.status());
-  FillHandout(*std::move(h), resp);
-  return grpc::Status::OK;
+ObjectStoreService::ObjectStoreService(ObjectStore& store,
+                                       const ConnectionTable& connections)
+    : store_(store), connections_(connections) {
+  store_.SetChangeListener([this] { waiting_.Poke(); });
 }
 
-grpc::Status ObjectStoreService::Seal(grpc::ServerContext* ctx,
-                                      const v1::SealRequest* req,
-                                      v1::SealResponse* resp) {
-  if (!IsLocalPeer(ctx->peer())) return RemoteRefused(ctx->peer());
+ObjectStoreService::~ObjectStoreService() { store_.SetChangeListener({}); }
+
+grpc::ServerUnaryReactor* ObjectStoreService::Answer(
+    grpc::CallbackServerContext* ctx, const grpc::Status& status,
+    const Reply& reply) {
+  grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+  r->Finish(status.ok() && reply ? reply() : status);
+  return r;
+}
+
+grpc::ServerUnaryReactor* ObjectStoreService::Serve(
+    grpc::CallbackServerContext* ctx, uint64_t session_id, const Reply& reply,
+    Attempt attempt) {
+  absl::Time wake_at = absl::InfiniteFuture();
+  if (std::optional<grpc::Status> done = attempt(&wake_at)) {
+    return Answer(ctx, *done, reply);
+  }
+  absl::StatusOr<ObjectStore::WaitToken> token = store_.BeginWait(session_id);
+  if (!token.ok()) {
+    return Answer(ctx, ToGrpcStatus(ctx, token.status()), nullptr);
+  }
+  auto* r =
+      new WaitingReactor(store_, *token, waiting_, std::move(attempt), reply);
+  waiting_.Add(r, wake_at);
+  return r;
+}
+
+template <typename Request>
+ObjectStoreService::Attempt ObjectStoreService::AfterReleases(
+    grpc::CallbackServerContext* ctx, const Request* req, Attempt then) {
+  const absl::Time releases_deadline = BoundedDeadline(ctx, kMaxReleaseWait);
+  auto releases_done = std::make_shared<bool>(req->releases_through() == 0);
+  return [this, ctx, req, releases_deadline, releases_done,
+          then = std::move(then)](
+             absl::Time* wake_at) -> std::optional<grpc::Status> {
+    if (!*releases_done) {
+      absl::StatusOr<bool> done =
+          store_.TryAwaitReleases(req->session_id(), req->releases_through(),
+                                  absl::Now() >= releases_deadline);
+      if (!done.ok()) return ToGrpcStatus(ctx, done.status());
+      if (!*done) {
+        *wake_at = releases_deadline;
+        return std::nullopt;
+      }
+      *releases_done = true;
+    }
+    return then(wake_at);
+  };
+}
+
+// Authorizes the call and applies what it carries of the session's
+// releases; an error to answer with, or nullopt to go on.
+template <typename Request>
+std::optional<grpc::Status> ObjectStoreService::Admit(
+    grpc::CallbackServerContext* ctx, const Request* req) {
+  if (absl::Status s = Authorize(ctx, req->session_id()); !s.ok()) {
+    return ToGrpcStatus(ctx, s);
+  }
+  absl::Status unknown;
+  absl::Status applied = ApplyCarriedReleases(store_, *req, &unknown);
+  if (!unknown.ok()) LogClientError(req->session_id(), unknown);
+  if (!applied.ok()) return ToGrpcStatus(ctx, applied);
+  return std::nullopt;
+}
+
+grpc::ServerUnaryReactor* ObjectStoreService::HandleCreate(
+    grpc::CallbackServerContext* ctx, const v1::CreateRequest* req,
+    v1::CreateResponse* resp, const Reply& reply) {
+  if (std::optional<grpc::Status> refused = Admit(ctx, req)) {
+    return Answer(ctx, *refused, reply);
+  }
+  auto args = std::make_shared<CreateArgs>();
+  args->session_id = req->session_id();
+  args->pool = req->pool();
+  args->size_bytes = req->size_bytes();
+  args->layout = req->layout();
+  args->name = req->name();
+  args->shared_writable = req->shared_writable();
+  const absl::Time deadline =
+      BoundedDeadline(ctx, absl::Milliseconds(req->timeout_ms()));
+  return Serve(
+      ctx, req->session_id(), reply,
+      AfterReleases(ctx, req,
+                    [this, ctx, resp, args, deadline](
+                        absl::Time* wake_at) -> std::optional<grpc::Status> {
+                      absl::StatusOr<std::optional<Handout>> h =
+                          store_.TryCreate(*args, absl::Now() >= deadline);
+                      if (!h.ok()) return ToGrpcStatus(ctx, h.status());
+                      if (!h->has_value()) {
+                        *wake_at = deadline;
+                        return std::nullopt;
+                      }
+                      FillHandout(**std::move(h), resp);
+                      return grpc::Status::OK;
+                    }));
+}
+
+grpc::ServerUnaryReactor* ObjectStoreService::HandleSeal(
+    grpc::CallbackServerContext* ctx, const v1::SealRequest* req,
+    v1::SealResponse* resp, const Reply& reply) {
+  if (absl::Status s = Authorize(ctx, req->session_id()); !s.ok()) {
+    return Answer(ctx, ToGrpcStatus(ctx, s), reply);
+  }
   absl::StatusOr<SealResult> r =
       store_.Seal(req->session_id(), req->lease_id(), req->exclusive());
-  if (!r.ok()) return ToGrpcStatus(ctx, r.status());
+  if (!r.ok()) return Answer(ctx, ToGrpcStatus(ctx, r.status()), reply);
   *resp->mutable_ref() = r->ref;
   resp->set_lease_id(r->lease_id);
-  return grpc::Status::OK;
+  return Answer(ctx, grpc::Status::OK, reply);
 }
 
-grpc::Status ObjectStoreService::Get(grpc::ServerContext* ctx,
-                                     const v1::GetRequest* req,
-                                     v1::GetResponse* resp) {
-  if (!IsLocalPeer(ctx->peer())) return RemoteRefused(ctx->peer());
-  if (absl::Status s = ApplyReleases(store_, ctx, *req); !s.ok()) {
-    return ToGrpcStatus(ctx, s);
+grpc::ServerUnaryReactor* ObjectStoreService::HandleGet(
+    grpc::CallbackServerContext* ctx, const v1::GetRequest* req,
+    v1::GetResponse* resp, const Reply& reply) {
+  if (std::optional<grpc::Status> refused = Admit(ctx, req)) {
+    return Answer(ctx, *refused, reply);
   }
-  absl::StatusOr<Handout> h;
-  switch (req->target_case()) {
-    case v1::GetRequest::kRef:
-      h = store_.Get(req->session_id(), req->ref());
-      break;
-    case v1::GetRequest::kName:
-      h = store_.GetByName(req->session_id(), req->name(),
-                           BoundedWait(ctx, req->timeout_ms()));
-      break;
-    default:
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          "GetRequest names neither a ref nor a name");
+  if (req->target_case() != v1::GetRequest::kRef &&
+      req->target_case() != v1::GetRequest::kName) {
+    return Answer(ctx,
+                  grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                               "GetRequest names neither a ref nor a name"),
+                  reply);
   }
-  if (!h.ok()) return ToGrpcStatus(ctx, h.status());
-  resp->set_writable(h->writable);
-  FillHandout(*std::move(h), resp);
-  return grpc::Status::OK;
+  const absl::Duration timeout = absl::Milliseconds(req->timeout_ms());
+  const absl::Time deadline = BoundedDeadline(ctx, timeout);
+  return Serve(
+      ctx, req->session_id(), reply,
+      AfterReleases(ctx, req,
+                    [this, ctx, req, resp, timeout, deadline](
+                        absl::Time* wake_at) -> std::optional<grpc::Status> {
+                      absl::StatusOr<std::optional<Handout>> h;
+                      if (req->target_case() == v1::GetRequest::kRef) {
+                        absl::StatusOr<Handout> g =
+                            store_.Get(req->session_id(), req->ref());
+                        if (!g.ok()) return ToGrpcStatus(ctx, g.status());
+                        h = std::optional<Handout>(*std::move(g));
+                      } else {
+                        h = store_.TryGetByName(req->session_id(), req->name(),
+                                                timeout,
+                                                absl::Now() >= deadline);
+                      }
+                      if (!h.ok()) return ToGrpcStatus(ctx, h.status());
+                      if (!h->has_value()) {
+                        *wake_at = deadline;
+                        return std::nullopt;
+                      }
+                      resp->set_writable((*h)->writable);
+                      FillHandout(**std::move(h), resp);
+                      return grpc::Status::OK;
+                    }));
 }
 
-grpc::Status ObjectStoreService::Release(grpc::ServerContext* ctx,
-                                         const v1::ReleaseRequest* req,
-                                         v1::ReleaseResponse* resp) {
-  if (!IsLocalPeer(ctx->peer())) return RemoteRefused(ctx->peer());
+grpc::ServerUnaryReactor* ObjectStoreService::HandleRelease(
+    grpc::CallbackServerContext* ctx, const v1::ReleaseRequest* req,
+    v1::ReleaseResponse* resp, const Reply& reply) {
+  if (absl::Status s = Authorize(ctx, req->session_id()); !s.ok()) {
+    return Answer(ctx, ToGrpcStatus(ctx, s), reply);
+  }
   absl::StatusOr<bool> freed =
       store_.Release(req->session_id(), req->lease_id());
-  if (!freed.ok()) return ToGrpcStatus(ctx, freed.status());
+  if (!freed.ok()) return Answer(ctx, ToGrpcStatus(ctx, freed.status()), reply);
   resp->set_freed(*freed);
-  return grpc::Status::OK;
+  return Answer(ctx, grpc::Status::OK, reply);
 }
 
-grpc::Status ObjectStoreService::Delete(grpc::ServerContext* ctx,
-                                        const v1::DeleteRequest* req,
-                                        v1::DeleteResponse* resp) {
-  if (!IsLocalPeer(ctx->peer())) return RemoteRefused(ctx->peer());
-  if (absl::Status s = ApplyReleases(store_, ctx, *req); !s.ok()) {
-    return ToGrpcStatus(ctx, s);
+grpc::ServerUnaryReactor* ObjectStoreService::HandleDelete(
+    grpc::CallbackServerContext* ctx, const v1::DeleteRequest* req,
+    v1::DeleteResponse* resp, const Reply& reply) {
+  if (std::optional<grpc::Status> refused = Admit(ctx, req)) {
+    return Answer(ctx, *refused, reply);
   }
-  absl::StatusOr<bool> freed = store_.Delete(req->session_id(), req->name());
-  if (!freed.ok()) return ToGrpcStatus(ctx, freed.status());
-  resp->set_freed(*freed);
-  return grpc::Status::OK;
+  return Serve(
+      ctx, req->session_id(), reply,
+      AfterReleases(
+          ctx, req,
+          [this, ctx, req, resp](absl::Time*) -> std::optional<grpc::Status> {
+            absl::StatusOr<bool> freed =
+                store_.Delete(req->session_id(), req->name());
+            if (!freed.ok()) {
+              return ToGrpcStatus(ctx, freed.status());
+            }
+            resp->set_freed(*freed);
+            return grpc::Status::OK;
+          }));
 }
 
-grpc::Status ObjectStoreService::Stats(grpc::ServerContext* ctx,
-                                       const v1::StatsRequest* req,
-                                       v1::StatsResponse* resp) {
-  if (!IsLocalPeer(ctx->peer())) return RemoteRefused(ctx->peer());
-  if (absl::Status s = ApplyReleases(store_, ctx, *req); !s.ok()) {
-    return ToGrpcStatus(ctx, s);
+grpc::ServerUnaryReactor* ObjectStoreService::HandleStats(
+    grpc::CallbackServerContext* ctx, const v1::StatsRequest* req,
+    v1::StatsResponse* resp, const Reply& reply) {
+  // Without a session: counters only, for any process on the socket.
+  if (req->session_id() == 0) {
+    if (absl::Status s = Caller(ctx->peer()).status(); !s.ok()) {
+      return Answer(ctx, ToGrpcStatus(ctx, s), reply);
+    }
+    *resp = store_.Stats();
+    return Answer(ctx, grpc::Status::OK, reply);
   }
-  *resp = store_.Stats();
-  return grpc::Status::OK;
+  if (std::optional<grpc::Status> refused = Admit(ctx, req)) {
+    return Answer(ctx, *refused, reply);
+  }
+  return Serve(
+      ctx, req->session_id(), reply,
+      AfterReleases(ctx, req,
+                    [this, resp](absl::Time*) -> std::optional<grpc::Status> {
+                      *resp = store_.Stats();
+                      return grpc::Status::OK;
+                    }));
 }
+
+grpc::ServerUnaryReactor* ObjectStoreService::HandleEndSession(
+    grpc::CallbackServerContext* ctx, const v1::EndSessionRequest* req,
+    v1::EndSessionResponse* resp, const Reply& reply) {
+  if (absl::Status s = Authorize(ctx, req->session_id()); !s.ok()) {
+    return Answer(ctx, ToGrpcStatus(ctx, s), reply);
+  }
+  store_.EndSession(req->session_id());
+  return Answer(ctx, grpc::Status::OK, reply);
+}
+
+template <typename Req, typename Resp>
+grpc::ServerUnaryReactor* ObjectStoreService::Raw(
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+    grpc::ByteBuffer* out, Handler<Req, Resp> handle) {
+  // The request and response live while the call does: the reply owns
+  // them, and every attempt and parked reactor holds the reply.
+  auto call = std::make_shared<std::pair<Req, Resp>>();
+  grpc::ByteBuffer bytes(*in);
+  const size_t size = bytes.Length();
+  if (grpc::Status parsed =
+          grpc::SerializationTraits<Req>::Deserialize(&bytes, &call->first);
+      !parsed.ok()) {
+    return Answer(
+        ctx,
+        grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                     absl::StrFormat("request of %d bytes is not a valid %s "
+                                     "(bad wire format, or a string field "
+                                     "that is not UTF-8)",
+                                     size, Req::descriptor()->full_name())),
+        nullptr);
+  }
+  Reply reply = [call, out]() -> grpc::Status {
+    bool own = false;
+    return grpc::SerializationTraits<Resp>::Serialize(call->second, out, &own);
+  };
+  return (this->*handle)(ctx, &call->first, &call->second, reply);
+}
+
+#define SHMTENSOR_RAW_METHOD(M)                                     \
+  grpc::ServerUnaryReactor* ObjectStoreService::M(                  \
+      grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in, \
+      grpc::ByteBuffer* out) {                                      \
+    return Raw<v1::M##Request, v1::M##Response>(                    \
+        ctx, in, out, &ObjectStoreService::Handle##M);              \
+  }
+SHMTENSOR_RAW_METHOD(Create)
+SHMTENSOR_RAW_METHOD(Seal)
+SHMTENSOR_RAW_METHOD(Get)
+SHMTENSOR_RAW_METHOD(Release)
+SHMTENSOR_RAW_METHOD(Delete)
+SHMTENSOR_RAW_METHOD(Stats)
+SHMTENSOR_RAW_METHOD(EndSession)
+#undef SHMTENSOR_RAW_METHOD
 
 }  // namespace shmtensor::daemon

@@ -292,12 +292,12 @@ TEST(DaemonConfigTest, UnknownGroupIsRefusedNamingIt) {
 
 TEST(DaemonConfigTest, BadConfigFileNamesLineAndKeyAndExits2) {
   const std::string path = ::testing::TempDir() + "/shmtensord_bad.toml";
-  std::ofstream(path) << "log_level = \"info\"\n[limits]\nmax_leases = 3\n";
+  std::ofstream(path) << "log_level = \"info\"\n[limits]\nmax_leasez = 3\n";
   auto [code, out] =
       RunFailing({"--listen", testing::FreshAddress(), "--config", path});
   EXPECT_EQ(code, 2);
   EXPECT_TRUE(absl::StrContains(out, path + ":3")) << out;
-  EXPECT_TRUE(absl::StrContains(out, "unknown key 'limits.max_leases'")) << out;
+  EXPECT_TRUE(absl::StrContains(out, "unknown key 'limits.max_leasez'")) << out;
 }
 
 // Pool directories: a tmpfs other than /dev/shm, e.g. one with huge pages.

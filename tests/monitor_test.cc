@@ -148,6 +148,8 @@ TEST_F(MonitorTest, ListingsAndMetricsReflectAKnownWorkload) {
   EXPECT_EQ(o0.leases(), 2u);  // The producer's ref and the reader's view.
   EXPECT_EQ(o0.creator(), absl::StrCat("'producer' pid ", getpid()));
   EXPECT_EQ(o0.ref().slot(), weights.ref().slot);
+  EXPECT_EQ(o0.ref().nonce(), 0u);  // A listing hands out no usable ref.
+  EXPECT_NE(weights.ref().nonce, 0u);
   EXPECT_EQ(objects.objects(1).state(), v1::OBJECT_STATE_WRITING);
   EXPECT_EQ(objects.objects(1).leases(), 1u);
   EXPECT_EQ(objects.objects(1).size_bytes(), 64 * kKiB);
@@ -162,7 +164,10 @@ TEST_F(MonitorTest, ListingsAndMetricsReflectAKnownWorkload) {
   ASSERT_EQ(clients.clients_size(), 3);  // The fixture's, producer, reader.
   const v1::ClientStatus& p = clients.clients(1);
   EXPECT_EQ(p.client_name(), "producer");
-  EXPECT_EQ(p.session_id(), producer.session_id());
+  // The public id, never the session's secret one.
+  EXPECT_EQ(p.client_id(), producer.client_id());
+  EXPECT_NE(p.client_id(), producer.session_id());
+  EXPECT_TRUE(p.connected());
   EXPECT_EQ(p.pid(), getpid());
   EXPECT_TRUE(p.has_process());
   EXPECT_EQ(p.uid(), getuid());
@@ -213,8 +218,8 @@ TEST_F(MonitorTest, ListingsAndMetricsReflectAKnownWorkload) {
   EXPECT_EQ(m["shmtensor_pool_size_bytes{pool=\"default\",kind=\"host\"}"],
             64 * kMiB);
   const std::string producer_labels =
-      absl::StrFormat("{session=\"%016x\",client=\"producer\",pid=\"%d\"}",
-                      producer.session_id(), getpid());
+      absl::StrFormat("{client_id=\"%d\",client=\"producer\",pid=\"%d\"}",
+                      producer.client_id(), getpid());
   EXPECT_EQ(m["shmtensor_client_bytes_held" + producer_labels], producer_bytes);
   EXPECT_EQ(m["shmtensor_client_leases" + producer_labels], 2);
 
@@ -438,13 +443,18 @@ TEST_F(RemoteMonitorTest, MonitoringServesRemoteCallersTheDataPlaneRefuses) {
   ASSERT_EQ(s.addresses_size(), 2);
   const std::string port = s.addresses(1).substr(s.addresses(1).rfind(':') + 1);
   ASSERT_NE(port, "0");  // The port actually bound is reported.
-  // Loopback is this host: both planes answer.
+  // Even loopback TCP gets monitoring only: the data plane serves the Unix
+  // socket, where the kernel says who the caller is.
   auto loop = grpc::CreateChannel("127.0.0.1:" + port,
                                   grpc::InsecureChannelCredentials());
   {
     grpc::ClientContext ctx;
     v1::StatsResponse r;
-    EXPECT_TRUE(v1::ObjectStore::NewStub(loop)->Stats(&ctx, {}, &r).ok());
+    EXPECT_EQ(v1::ObjectStore::NewStub(loop)->Stats(&ctx, {}, &r).error_code(),
+              grpc::StatusCode::PERMISSION_DENIED);
+    grpc::ClientContext ctx2;
+    v1::DaemonStatus s2;
+    EXPECT_TRUE(v1::Monitor::NewStub(loop)->GetStatus(&ctx2, {}, &s2).ok());
   }
   const std::string ip = NonLoopbackAddress();
   if (ip.empty()) GTEST_SKIP() << "no non-loopback IPv4 interface here";
@@ -464,7 +474,9 @@ TEST_F(RemoteMonitorTest, MonitoringServesRemoteCallersTheDataPlaneRefuses) {
     EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
     EXPECT_TRUE(absl::StrContains(st.error_message(), "ipv4:" + ip))
         << st.error_message();
-    EXPECT_TRUE(absl::StrContains(st.error_message(), "not on this host"));
+    EXPECT_TRUE(absl::StrContains(st.error_message(),
+                                  "did not connect to the daemon's"))
+        << st.error_message();
   }
   {
     grpc::ClientContext ctx;

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <grpcpp/grpcpp.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -21,13 +22,22 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/daemon.h"
 #include "daemon/host_segment.h"
+#include "shmtensor/v1/monitor.grpc.pb.h"
 
 namespace shmtensor::testing {
 
 absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(
-    const std::vector<std::string>& argv) {
+    const std::vector<std::string>& argv, const std::string& output_file) {
   int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) return absl::InternalError("pipe failed");
+  const bool file = !output_file.empty();
+  if (file) {
+    fds[1] = open(output_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
+                  0600);
+    fds[0] = open(output_file.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fds[0] < 0 || fds[1] < 0) return absl::InternalError("open failed");
+  } else if (pipe2(fds, O_CLOEXEC) != 0) {
+    return absl::InternalError("pipe failed");
+  }
   std::vector<char*> args;
   for (const std::string& a : argv)
     args.push_back(const_cast<char*>(a.c_str()));
@@ -38,11 +48,12 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(
     // A test that crashes must not leave its daemons and children running.
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     dup2(fds[1], STDOUT_FILENO);
+    if (file) dup2(fds[1], STDERR_FILENO);
     execv(args[0], args.data());
     _exit(127);
   }
   close(fds[1]);
-  return std::unique_ptr<Subprocess>(new Subprocess(pid, fds[0]));
+  return std::unique_ptr<Subprocess>(new Subprocess(pid, fds[0], file));
 }
 
 Subprocess::~Subprocess() {
@@ -66,9 +77,33 @@ absl::StatusOr<std::string> Subprocess::ReadLine(absl::Duration timeout) {
       return absl::DeadlineExceededError(
           absl::StrCat("no line from child ", pid_, "; got '", buffered_, "'"));
     }
+    char buf[4096];
+    if (file_) {
+      // A file: nothing new yet is not the end, unless the child is gone.
+      const ssize_t n = read(out_, buf, sizeof(buf));
+      if (n > 0) {
+        buffered_.append(buf, n);
+        continue;
+      }
+      siginfo_t info{};
+      const bool exited =
+          reaped_ ||
+          (waitid(P_PID, pid_, &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+           info.si_pid == pid_);
+      if (exited) {  // All it wrote is in the file: one last read.
+        const ssize_t last = read(out_, buf, sizeof(buf));
+        if (last > 0) {
+          buffered_.append(buf, last);
+          continue;
+        }
+        return absl::OutOfRangeError(
+            absl::StrCat("child ", pid_, " exited; got '", buffered_, "'"));
+      }
+      absl::SleepFor(absl::Milliseconds(std::min<int64_t>(ms, 5)));
+      continue;
+    }
     pollfd p{out_, POLLIN, 0};
     if (poll(&p, 1, static_cast<int>(ms)) <= 0) continue;
-    char buf[4096];
     const ssize_t n = read(out_, buf, sizeof(buf));
     if (n <= 0) {
       return absl::OutOfRangeError(absl::StrCat(
@@ -120,26 +155,61 @@ std::string DaemonPath() {
 }
 std::string ChildPath() { return SHMTENSOR_CHILD_PATH; }
 
+namespace {
+// One Monitor call on a channel of its own.
+template <typename Req, typename Resp>
+Resp Monitor(const std::string& address,
+             grpc::Status (v1::Monitor::Stub::*method)(grpc::ClientContext*,
+                                                       const Req&, Resp*)) {
+  auto stub = v1::Monitor::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  Resp r;
+  grpc::Status st = (stub.get()->*method)(&ctx, Req(), &r);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  return r;
+}
+}  // namespace
+
+v1::DaemonStatus MonitorStatus(const std::string& address) {
+  return Monitor(address, &v1::Monitor::Stub::GetStatus);
+}
+v1::ListClientsResponse MonitorClients(const std::string& address) {
+  return Monitor(address, &v1::Monitor::Stub::ListClients);
+}
+v1::ListObjectsResponse MonitorObjects(const std::string& address) {
+  return Monitor(address, &v1::Monitor::Stub::ListObjects);
+}
+
 std::string FreshAddress() {
   static std::atomic<int> counter{0};
+  // In a directory of its own, which the daemon makes 0700: a socket
+  // directory others can write is refused.
   return absl::StrCat("unix:/tmp/shmtensor-test-", getpid(), "-", counter++,
-                      ".sock");
+                      "/d.sock");
 }
 
 absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(
-    std::vector<std::string> args, std::string address) {
+    std::vector<std::string> args, std::string address,
+    std::vector<std::string> wrapper) {
   auto d = std::make_unique<DaemonProcess>();
   d->address_ = address.empty() ? FreshAddress() : address;
   d->socket_path_ = d->address_.substr(5);
   if (address.empty()) {
-    // Leftovers of an earlier run of this test on the same path.
-    daemon::HostSegment::RemoveLeftovers(
+    // Leftovers of an earlier run of this test on the same path (of dead
+    // daemons only).
+    daemon::HostSegment::RemoveOrphans(
         daemon::kShmDirectory, daemon::Daemon::SegmentPrefix(d->address_));
   }
   std::vector<std::string> argv = {DaemonPath(), "--listen", d->address_,
                                    "--log-level", "warn"};
   argv.insert(argv.end(), args.begin(), args.end());
-  absl::StatusOr<std::unique_ptr<Subprocess>> p = Subprocess::Spawn(argv);
+  argv.insert(argv.begin(), wrapper.begin(), wrapper.end());
+  d->log_path_ =
+      d->socket_path_.substr(0, d->socket_path_.rfind('/')) + "-daemon.log";
+  absl::StatusOr<std::unique_ptr<Subprocess>> p =
+      Subprocess::Spawn(argv, d->log_path_);
   if (!p.ok()) return p.status();
   d->process_ = *std::move(p);
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
@@ -170,10 +240,12 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(
 
 DaemonProcess::~DaemonProcess() {
   process_.reset();
+  unlink(log_path_.c_str());
   unlink(socket_path_.c_str());
   unlink((socket_path_ + ".lock").c_str());
-  daemon::HostSegment::RemoveLeftovers(daemon::kShmDirectory,
-                                       daemon::Daemon::SegmentPrefix(address_));
+  rmdir(socket_path_.substr(0, socket_path_.rfind('/')).c_str());
+  daemon::HostSegment::RemoveOrphans(daemon::kShmDirectory,
+                                     daemon::Daemon::SegmentPrefix(address_));
 }
 
 std::vector<std::string> DaemonProcess::Segments() const {

@@ -14,15 +14,20 @@
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "shmtensor/client.h"
+#include "shmtensor/v1/monitor.pb.h"
 
 namespace shmtensor::testing {
 
 // A child process started with fork+exec, its stdout on a pipe.
 class Subprocess {
  public:
-  // Starts argv[0] (a path) with the given arguments.
+  // Starts argv[0] (a path) with the given arguments. With `output_file`,
+  // its stdout and stderr go to that file instead of a pipe (for a process
+  // that may write more than a pipe holds while nobody reads: a daemon's
+  // log), and ReadLine reads the file as it grows.
   static absl::StatusOr<std::unique_ptr<Subprocess>> Spawn(
-      const std::vector<std::string>& argv);
+      const std::vector<std::string>& argv,
+      const std::string& output_file = "");
   // Kills (SIGKILL) and reaps the child if still running.
   ~Subprocess();
   Subprocess(const Subprocess&) = delete;
@@ -41,9 +46,11 @@ class Subprocess {
   std::string ReadAll(absl::Duration timeout = absl::Seconds(20));
 
  private:
-  Subprocess(pid_t pid, int out) : pid_(pid), out_(out) {}
+  Subprocess(pid_t pid, int out, bool file)
+      : pid_(pid), out_(out), file_(file) {}
   pid_t pid_;
   int out_;
+  bool file_;  // out_ is a file the child writes, not a pipe.
   bool reaped_ = false;
   std::string buffered_;
 };
@@ -54,14 +61,19 @@ class DaemonProcess {
   // Starts the daemon with `args` (default: a 64 MiB pool) and waits until it
   // serves. The socket lives at `address`, by default a fresh path under
   // /tmp.
+  // `wrapper` comes before the daemon's path (e.g. {"/usr/bin/prlimit",
+  // "--nofile=64", "--"}).
   static absl::StatusOr<std::unique_ptr<DaemonProcess>> Start(
       std::vector<std::string> args = {"--pool-size", "64MiB"},
-      std::string address = "");
-  // SIGKILLs the daemon if still running and removes its leftovers.
+      std::string address = "", std::vector<std::string> wrapper = {});
+  // SIGKILLs the daemon if still running and removes its leftovers (its
+  // log file too).
   ~DaemonProcess();
 
   const std::string& address() const { return address_; }
   const std::string& socket_path() const { return socket_path_; }
+  // The daemon's stdout and stderr go to a file (never a pipe it could
+  // fill): process().ReadLine() reads its log as it grows.
   Subprocess& process() { return *process_; }
   // /dev/shm names of this daemon's segments.
   std::vector<std::string> Segments() const;
@@ -71,6 +83,7 @@ class DaemonProcess {
  private:
   std::string address_;
   std::string socket_path_;
+  std::string log_path_;
   std::unique_ptr<Subprocess> process_;
 };
 
@@ -93,11 +106,18 @@ class DaemonTest : public ::testing::Test {
   std::optional<Client> client_;
 };
 
+// What the Monitor service of the daemon at `address` says now (failures
+// are test failures, answered with an empty message).
+v1::DaemonStatus MonitorStatus(const std::string& address);
+v1::ListClientsResponse MonitorClients(const std::string& address);
+// The first page of objects (up to 10,000).
+v1::ListObjectsResponse MonitorObjects(const std::string& address);
+
 // Path of the daemon ($SHMTENSOR_DAEMON if set, else the build tree's) and
 // of the test helper binary.
 std::string DaemonPath();
 std::string ChildPath();
-// A fresh socket address "unix:/tmp/shmtensor-test-<pid>-<n>.sock".
+// A fresh socket address "unix:/tmp/shmtensor-test-<pid>-<n>/d.sock".
 std::string FreshAddress();
 
 }  // namespace shmtensor::testing

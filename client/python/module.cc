@@ -136,7 +136,8 @@ PYBIND11_MODULE(_core, m) {
       "(see client/python/py_client.h).");
   m.def("default_address", &DefaultAddress,
         "The daemon address used when none is given ($SHMTENSOR_ADDRESS or "
-        "unix:/tmp/shmtensord-<uid>.sock).");
+        "$XDG_RUNTIME_DIR/shmtensord.sock, or "
+        "unix:/tmp/shmtensor-<uid>/shmtensord.sock).");
   m.def(
       "parse_ref",
       [](const std::string& b) {

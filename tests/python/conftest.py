@@ -46,7 +46,9 @@ class Daemon:
     `config` (a TOML file), its pools are that file's."""
 
     def __init__(self, pool_size="256MiB", pool_dir=None, config=None):
-        self.path = f"/tmp/shmtensor-pytest-{os.getpid()}-{uuid.uuid4().hex[:8]}.sock"
+        # A directory of its own, which the daemon makes 0700 (it refuses a
+        # socket directory others can write).
+        self.path = f"/tmp/shmtensor-pytest-{os.getpid()}-{uuid.uuid4().hex[:8]}/d.sock"
         self.address = "unix:" + self.path
         self.directory = pool_dir or "/dev/shm"
         args = [DAEMON, "--listen", self.address, "--log-level", "warn"]
@@ -92,6 +94,10 @@ class Daemon:
                 os.unlink(p)
             except FileNotFoundError:
                 pass
+        try:
+            os.rmdir(os.path.dirname(self.path))
+        except OSError:
+            pass
 
 
 @pytest.fixture

@@ -279,3 +279,60 @@ def test_p9_daemon_stop_leaves_no_segment(daemon):
     assert not any(os.path.exists("/dev/shm/" + s) for s in daemon.segments)
     with pytest.raises(shmtensor.DaemonUnavailableError):
         c.stats()
+
+
+def _break_daemon_connections(socket_path):
+    """Shuts down every connection of this process to the daemon, as a
+    network fault would, while the process lives on."""
+    import socket as socket_module
+    broken = 0
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            s = socket_module.fromfd(fd, socket_module.AF_UNIX,
+                                     socket_module.SOCK_STREAM)
+        except OSError:
+            continue
+        try:
+            if s.getpeername() == socket_path:
+                s.shutdown(socket_module.SHUT_RDWR)
+                broken += 1
+        except OSError:
+            pass
+        finally:
+            s.close()
+    return broken
+
+
+def test_p14_broken_connection_never_changes_a_live_view(daemon):
+    # The trap: a daemon that reclaims when the connection ends hands a live
+    # process's memory to the next writer. Its views then read their bytes.
+    a = shmtensor.connect(daemon.address)
+    ref = a.put(np.full(1 << 20, 0xAA, dtype=np.uint8))
+    view = np.asarray(a.get(ref))
+    tensor = a.get(ref).tensor()
+    assert _break_daemon_connections(daemon.path) > 0
+    b = shmtensor.connect(daemon.address)
+    filled = []
+    with pytest.raises(shmtensor.errors.PoolExhaustedError):
+        while True:
+            filled.append(b.put(np.full(1 << 20, 0xBB, dtype=np.uint8),
+                                timeout=0))
+    assert filled, "the other client got no memory at all"
+    assert (view == 0xAA).all()
+    assert bool((tensor == 0xAA).all())
+    # The session resumes: at most one call fails, saying so; then a's
+    # releases reach the daemon and its memory comes back.
+    try:
+        a.stats()
+    except shmtensor.errors.DaemonUnavailableError as e:
+        assert "resumed" in str(e)
+    held = used(a)
+    del filled
+    gc.collect()
+    wait_until(lambda: used(a) <= held - (1 << 20))
+    assert (view == 0xAA).all()
+    del view, tensor
+    ref.release()
+    gc.collect()
+    assert wait_until(lambda: used(a) == 0)

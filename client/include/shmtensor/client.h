@@ -33,7 +33,9 @@
 #ifndef SHMTENSOR_CLIENT_INCLUDE_SHMTENSOR_CLIENT_H_
 #define SHMTENSOR_CLIENT_INCLUDE_SHMTENSOR_CLIENT_H_
 
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -52,7 +54,8 @@ class ClientCore;
 }  // namespace internal
 
 struct ClientOptions {
-  std::string address;      // Empty: DefaultAddress().
+  // A "unix:/path" address. Empty: DefaultAddress().
+  std::string address;
   std::string client_name;  // Shown to operators; empty: "pid <pid>".
   absl::Duration connect_timeout = absl::Seconds(5);
   // How this client's writable buffers and taken views give up write access
@@ -61,6 +64,10 @@ struct ClientOptions {
   // was handed out; kImmediate always does; kDeferred only where no raw
   // pointer into a buffer can outlive it.
   WriteRevocation write_revocation = WriteRevocation::kWhenExposed;
+  // The client sends nothing to a daemon that runs as another user than
+  // this process's, root, this uid (when set) or $SHMTENSOR_DAEMON_UID:
+  // Connect fails PERMISSION_DENIED naming who serves the socket.
+  std::optional<uint32_t> daemon_uid;
 };
 
 struct CreateOptions {
@@ -109,7 +116,10 @@ struct StoreStats {
 
 // A session with shmtensord. Copies share the session. The session ends when
 // the last copy, buffer, view and SealedRef made through it are gone (or the
-// process dies); the daemon then drops every lease it still holds.
+// process dies); the daemon then drops every lease it still holds. If the
+// connection breaks while the process lives, the daemon keeps the session
+// and the client resumes it on its next call (that one call fails
+// UNAVAILABLE): no view's memory is reused meanwhile.
 // Thread safety: thread-safe. After fork(), a child must Connect anew.
 class Client {
  public:
@@ -161,7 +171,10 @@ class Client {
   // True when the daemon has a pool on `device` (CreateOptions::device).
   bool HasPoolOn(const Device& device) const;
 
+  // The session's secret id (requests carry it); do not show it to others.
   uint64_t session_id() const;
+  // The public id operators see for this session (shmtensorctl clients).
+  uint64_t client_id() const;
   // Random id of the daemon instance (see ObjectRef::daemon_epoch): two
   // clients with the same epoch share that daemon's pools.
   uint64_t daemon_epoch() const;

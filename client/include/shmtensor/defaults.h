@@ -11,9 +11,18 @@ namespace shmtensor {
 inline constexpr char kAddressEnv[] = "SHMTENSOR_ADDRESS";
 
 // The address the daemon listens on and clients connect to when none is
-// given: $SHMTENSOR_ADDRESS if set, else "unix:/tmp/shmtensord-<uid>.sock"
-// (per user, so two users on one machine never share a daemon by accident).
+// given: $SHMTENSOR_ADDRESS if set; else "unix:$XDG_RUNTIME_DIR/
+// shmtensord.sock" where that is set (systemd's per-user 0700 directory);
+// else "unix:/tmp/shmtensor-<uid>/shmtensord.sock", in a directory the daemon
+// makes 0700 and checks is its own. Per user, in a place only that user can
+// write: no other user can take the address first (a client also checks who
+// serves it, ClientOptions::daemon_uid).
 std::string DefaultAddress();
+
+// Environment variable naming one more uid (or user name) a client accepts
+// as its daemon's, besides its own and root: e.g. the service user of a
+// shared daemon (deploy/systemd: SHMTENSOR_DAEMON_UID=shmtensor).
+inline constexpr char kDaemonUidEnv[] = "SHMTENSOR_DAEMON_UID";
 
 }  // namespace shmtensor
 

@@ -24,15 +24,19 @@ struct ObjectRef {
   uint32_t slot = 0;
   uint32_t generation = 0;
   bool exclusive = false;  // Sealed for hand-off to exactly one consumer.
+  // 64 random bits the daemon drew for the object: a ref cannot be guessed
+  // from slot and generation (listings show refs without it).
+  uint64_t nonce = 0;
 
-  // 18 bytes: a version byte, then the fields little-endian.
+  // 26 bytes: a version byte (2), then the fields little-endian.
   std::string Serialize() const;
   // Inverse of Serialize. INVALID_ARGUMENT for any other input.
   static absl::StatusOr<ObjectRef> Parse(std::string_view bytes);
 
   bool operator==(const ObjectRef& o) const {
     return daemon_epoch == o.daemon_epoch && slot == o.slot &&
-           generation == o.generation && exclusive == o.exclusive;
+           generation == o.generation && exclusive == o.exclusive &&
+           nonce == o.nonce;
   }
 };
 

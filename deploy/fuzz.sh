@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Builds the store fuzzer (tests/fuzz/store_fuzzer.cc) with Debian's clang,
+# libFuzzer, ASan and UBSan, and runs it for a while: the long campaign
+# beside the suite's bounded run (ctest fuzz.store_20000_programs).
+#
+#   deploy/fuzz.sh [SECONDS]      # default 600; corpus kept in build-fuzz/corpus
+#
+# Needs the main build (for the generated protobuf sources) and clang with
+# libFuzzer (Debian: clang, libclang-rt-dev); install-deps.sh installs them.
+# Prints libFuzzer's final stats; exits non-zero on a crash, leaving the
+# input that crashed in build-fuzz/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=${1:-600}
+[[ -f build/proto/shmtensor/v1/shmtensor.pb.cc ]] || ./deploy/build.sh
+if ! command -v clang++ >/dev/null ||
+   ! ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a \
+       >/dev/null 2>&1; then
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends clang \
+    "$(apt-cache show libclang-rt-dev >/dev/null 2>&1 && echo libclang-rt-dev ||
+       echo libclang-rt-14-dev)"
+fi
+out=build-fuzz
+mkdir -p "$out/corpus"
+# The store and what it stands on, compiled with coverage for the fuzzer.
+srcs=(tests/fuzz/store_fuzzer.cc daemon/object_store.cc
+  daemon/range_allocator.cc daemon/layout.cc daemon/peer.cc client/errors.cc
+  build/proto/shmtensor/v1/shmtensor.pb.cc build/proto/shmtensor/v1/monitor.pb.cc)
+# shellcheck disable=SC2046
+clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined \
+  -fno-sanitize-recover=undefined -I. -Iclient/include -Ibuild/proto \
+  "${srcs[@]}" -o "$out/store_fuzzer" \
+  $(pkg-config --libs absl_status absl_statusor absl_strings absl_str_format \
+      absl_synchronization absl_flat_hash_map absl_flat_hash_set absl_time \
+      absl_btree protobuf spdlog)
+cd "$out"
+./store_fuzzer -max_total_time="$seconds" -max_len=4096 -print_final_stats=1 \
+  -timeout=10 corpus 2>&1 | grep -vE "^(\"|######)" | tail -12

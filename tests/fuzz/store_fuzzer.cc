@@ -1,0 +1,249 @@
+// Fuzzer over the daemon's request handling in-process: the input is a
+// program of requests, from three sessions, with sizes, names, layouts
+// (parsed as wire-format Layout messages from the input), leases and refs
+// drawn from what the store handed out, forged, or made up. After every
+// request the store's books must balance; at the end, with every session
+// ended and every name deleted, the pool must be empty.
+//
+// Built two ways: with Debian's clang and libFuzzer (deploy/fuzz.sh, for
+// long campaigns) and, in the suite, with a driver that runs a bounded
+// number of generated programs (standalone_main.cc).
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "daemon/fake_segment.h"
+#include "daemon/object_store.h"
+#include "shmtensor/v1/monitor.pb.h"
+#include "spdlog/spdlog.h"
+
+namespace shmtensor::daemon {
+namespace {
+
+constexpr uint64_t kPage = 4096;
+constexpr uint64_t kPoolPages = 64;
+
+// Reads the program's bytes; past the end, zeros.
+class Input {
+ public:
+  Input(const uint8_t* data, size_t size) : data_(data), size_(size) {}
+  bool done() const { return at_ >= size_; }
+  uint8_t Byte() { return at_ < size_ ? data_[at_++] : 0; }
+  uint64_t U64() {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; ++i) v = v << 8 | Byte();
+    return v;
+  }
+  std::string Bytes(size_t n) {
+    n = std::min(n, size_ - std::min(size_, at_));
+    std::string s(reinterpret_cast<const char*>(data_ + at_), n);
+    at_ += n;
+    return s;
+  }
+
+ private:
+  const uint8_t* data_;
+  size_t size_;
+  size_t at_ = 0;
+};
+
+[[noreturn]] void Broken(const char* what) {
+  std::fprintf(stderr, "store invariant broken: %s\n", what);
+  std::abort();
+}
+
+// The store's books: every listed object's capacity adds up to the pool's
+// use, leases to the total, transfers to the count.
+void CheckBooks(const ObjectStore& store) {
+  const v1::DaemonStatus st = store.Status();
+  uint64_t capacity = 0, leases = 0, pending = 0, listed = 0;
+  uint64_t token = 0;
+  do {
+    v1::ListObjectsResponse page = store.ListObjects(7, token);
+    for (const v1::ObjectStatus& o : page.objects()) {
+      capacity += o.capacity_bytes();
+      leases += o.leases();
+      pending += o.state() == v1::OBJECT_STATE_PENDING_TRANSFER;
+      if (o.ref().nonce() != 0) Broken("a listing shows a usable ref");
+      ++listed;
+    }
+    token = page.next_page_token();
+  } while (token != 0);
+  if (listed != st.objects()) Broken("listing misses objects");
+  if (capacity != st.pools(0).used_bytes()) Broken("pool use != capacities");
+  if (leases != st.leases()) Broken("lease counts differ");
+  if (pending != st.pending_transfers()) Broken("transfer counts differ");
+  if (st.pools(0).used_bytes() > kPoolPages * kPage) Broken("pool overfull");
+  if (st.waiters() != 0) Broken("a waiter left behind");
+}
+
+void Run(const uint8_t* data, size_t size) {
+  Input in(data, size);
+  std::vector<std::unique_ptr<Pool>> pools;
+  pools.push_back(std::make_unique<Pool>(
+      "default", std::make_unique<FakeSegment>(
+                     kPoolPages * kPage, in.Byte() % 2 ? 0 : 16 * kPage)));
+  StoreLimits limits;
+  limits.max_objects = 40;
+  limits.max_leases_per_client = 30;
+  limits.max_bytes_per_uid = (in.Byte() % 2) ? 48 * kPage : 0;
+  limits.max_sessions_per_uid = 6;
+  ObjectStore store(std::move(pools), 7, limits);
+  struct Client {
+    uint64_t id = 0;
+    uint64_t stream = 0;
+    pid_t pid = 0;
+    uint64_t seq = 0;
+  };
+  std::vector<Client> clients(3);
+  auto open = [&](Client& c, pid_t pid) {
+    absl::StatusOr<OpenedSession> s = store.OpenSession(
+        "fuzz", PeerInfo{{pid, 1000, 1000}, OwnerOf(pid, 0), nullptr, ""});
+    c = Client{s.ok() ? s->id : 0, s.ok() ? s->stream : 0, pid, 0};
+  };
+  for (size_t i = 0; i < clients.size(); ++i) open(clients[i], 100 + i);
+  std::vector<uint64_t> leases;
+  std::vector<v1::ObjectRef> refs;
+  const char* names[] = {"a", "b", "c", ""};
+  for (int step = 0; step < 400 && !in.done(); ++step) {
+    const uint8_t op = in.Byte();
+    Client& c = clients[in.Byte() % clients.size()];
+    auto pick_lease = [&]() -> uint64_t {
+      const uint8_t b = in.Byte();
+      if (b < 200 && !leases.empty()) return leases[b % leases.size()];
+      return b == 255 ? in.U64() : b;  // Made up.
+    };
+    switch (op % 13) {
+      case 0:
+      case 11: {  // Create, untyped or with a layout off the wire.
+        CreateArgs a;
+        a.session_id = c.id;
+        if (op % 13 == 11) {
+          a.layout.ParseFromString(in.Bytes(in.Byte() % 24));
+          a.size_bytes = in.Byte() % 3 == 0 ? in.U64() : 0;
+        } else {
+          a.size_bytes = (in.Byte() % 20) * 1000 + in.Byte();
+        }
+        a.name = names[in.Byte() % 4];
+        a.shared_writable = in.Byte() % 7 == 0;
+        absl::StatusOr<Handout> h = store.Create(a);
+        if (h.ok()) {
+          leases.push_back(h->lease_id);
+          refs.push_back(h->ref);
+        }
+        break;
+      }
+      case 1: {
+        absl::StatusOr<SealResult> r =
+            store.Seal(c.id, pick_lease(), in.Byte() % 3 == 0);
+        if (r.ok()) {
+          refs.push_back(r->ref);
+          if (r->lease_id != 0) leases.push_back(r->lease_id);
+        }
+        break;
+      }
+      case 2: {  // Get by a ref: real, or forged from a real one.
+        if (refs.empty()) break;
+        v1::ObjectRef ref = refs[in.Byte() % refs.size()];
+        switch (in.Byte() % 6) {
+          case 0:
+            ref.set_nonce(ref.nonce() ^ (1ull << (in.Byte() % 64)));
+            break;
+          case 1:
+            ref.set_generation(ref.generation() + in.Byte() % 3);
+            break;
+          case 2:
+            ref.set_slot(in.Byte());
+            break;
+          case 3:
+            ref.set_daemon_epoch(in.U64());
+            break;
+          default:
+            break;
+        }
+        absl::StatusOr<Handout> h = store.Get(c.id, ref);
+        if (h.ok()) leases.push_back(h->lease_id);
+        break;
+      }
+      case 3: {
+        absl::StatusOr<Handout> h =
+            store.GetByName(c.id, names[in.Byte() % 4], absl::ZeroDuration());
+        if (h.ok()) leases.push_back(h->lease_id);
+        break;
+      }
+      case 4:
+        store.Release(c.id, pick_lease()).IgnoreError();
+        break;
+      case 5: {
+        std::vector<uint64_t> batch;
+        for (int i = in.Byte() % 5; i > 0; --i) batch.push_back(pick_lease());
+        const uint64_t seq = in.Byte() % 4 == 0 ? in.Byte() : c.seq + 1;
+        if (store.ReleaseBatch(c.id, seq, batch).ok() || true) {
+          if (seq == c.seq + 1) c.seq = seq;
+        }
+        break;
+      }
+      case 6:
+        store.Delete(c.id, names[in.Byte() % 4]).IgnoreError();
+        break;
+      case 7:
+        store.EndSession(c.id);
+        open(c, c.pid);
+        break;
+      case 8:  // Its stream broke: no pidfd here, so the session ends.
+        store.StreamEnded(c.id, c.stream);
+        open(c, c.pid);
+        break;
+      case 9: {  // Resume: by its process, or by another one.
+        const bool other = in.Byte() % 2;
+        absl::StatusOr<OpenedSession> r =
+            store.ResumeSession(c.id, OwnerOf(other ? c.pid + 50 : c.pid, 0));
+        if (other && r.ok()) Broken("another process resumed a session");
+        if (r.ok()) c.stream = r->stream;
+        break;
+      }
+      case 10: {  // Another process acting for this session.
+        if (store.Authorize(c.id, OwnerOf(c.pid + 50, 0)).ok()) {
+          Broken("a session acted for another process");
+        }
+        break;
+      }
+      case 12:
+        store.ListObjects(in.Byte(), in.U64() % 64);
+        store.ListClients();
+        break;
+    }
+    CheckBooks(store);
+  }
+  // Everything ends: nothing may be left but named objects, then nothing.
+  for (Client& c : clients) store.EndSession(c.id);
+  CheckBooks(store);
+  const uint64_t opener =
+      store
+          .OpenSession("end",
+                       PeerInfo{{1, 1000, 1000}, OwnerOf(1, 0), nullptr, ""})
+          ->id;
+  for (const char* n : names) {
+    if (*n) store.Delete(opener, n).IgnoreError();
+  }
+  store.EndSession(opener);
+  const v1::DaemonStatus st = store.Status();
+  if (st.objects() != 0 || st.leases() != 0 || st.pools(0).used_bytes() != 0) {
+    Broken("memory left after every session ended and every name went");
+  }
+}
+
+}  // namespace
+}  // namespace shmtensor::daemon
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static const bool quiet = [] {
+    spdlog::set_level(spdlog::level::off);  // A session a request: too loud.
+    return true;
+  }();
+  (void)quiet;
+  shmtensor::daemon::Run(data, size);
+  return 0;
+}

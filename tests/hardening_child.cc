@@ -1,0 +1,374 @@
+// Test helper for tests/hardening_test.cc: a process that attacks the daemon
+// or serves as its victim, driven by arguments and stdout.
+//
+//   hardening_child [--uid N] COMMAND ARGS...
+//
+// --uid N drops to that uid (and gid) first with setresuid, as a second user
+// of the machine would be. Commands:
+//   victim ADDRESS [break]    makes a 1 MiB object of 0xAA named "victim",
+//                             seals it, holds a view; prints "ready
+//                             SESSION_HEX REF_HEX" (its secrets, as if
+//                             leaked), with "break" breaks its own
+//                             connection ("broken"), then checks its view
+//                             every 10 ms ("CHANGED" if it ever did)
+//   hijack ADDRESS SESSION_HEX MAX_LEASE
+//                             with a raw stub, tries to act for that session:
+//                             Release of leases 1..MAX_LEASE, Stats, Create,
+//                             Delete; prints "accepted N refused M"
+//   squat PATH SECONDS        binds a socket at PATH, accepts for SECONDS and
+//                             prints "bytes N": what clients sent it
+//   hog PATH COUNT            opens COUNT connections to PATH, prints
+//                             "opened N", waits to be killed
+//   producer ADDRESS LOG ID   chaos: publishes objects (refs, names,
+//                             exclusive hand-offs) and appends lines to LOG
+//   consumer ADDRESS LOG ID   chaos: reads LOG, gets what it names, checks
+//                             every byte; prints "checked N bad M" each second
+#include <fcntl.h>
+#include <grpcpp/grpcpp.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "shmtensor/client.h"
+#include "shmtensor/errors.h"
+#include "shmtensor/v1/shmtensor.grpc.pb.h"
+#include "tests/break_connection.h"
+
+namespace {
+
+using shmtensor::Client;
+using shmtensor::ObjectRef;
+
+void Say(const std::string& line) {
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
+int Fail(const absl::Status& s) {
+  Say("error " + s.ToString());
+  return 3;
+}
+
+std::string Hex(const ObjectRef& ref) {
+  return absl::BytesToHexString(ref.Serialize());
+}
+
+int Victim(const std::string& address, bool break_connection) {
+  absl::StatusOr<Client> c = Client::Connect({.address = address});
+  if (!c.ok()) return Fail(c.status());
+  absl::StatusOr<shmtensor::Buffer> buf =
+      c->Create({.size_bytes = 1 << 20, .name = "victim"});
+  if (!buf.ok()) return Fail(buf.status());
+  std::vector<uint8_t> aa(1 << 20, 0xAA);
+  if (absl::Status s = buf->CopyFrom(aa.data(), aa.size()); !s.ok()) {
+    return Fail(s);
+  }
+  absl::StatusOr<shmtensor::SealedRef> ref = buf->Seal();
+  if (!ref.ok()) return Fail(ref.status());
+  absl::StatusOr<shmtensor::View> view = c->Get(ref->ref());
+  if (!view.ok()) return Fail(view.status());
+  Say(absl::StrFormat("ready %016x %s", c->session_id(), Hex(ref->ref())));
+  if (break_connection) {
+    // A live process that lost its connection, and makes no call.
+    shmtensor::testing::BreakDaemonConnections(
+        address, shmtensor::testing::BreakMode::kShutdown);
+    Say("broken");
+  }
+  // Checks its view every 10 ms until killed: a change is contamination.
+  while (true) {
+    const auto* p = static_cast<const uint8_t*>(view->data());
+    for (size_t i = 0; i < aa.size(); ++i) {
+      if (p[i] != 0xAA) {
+        Say(absl::StrCat("CHANGED at ", i));
+        return 4;
+      }
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+}
+
+int Hijack(const std::string& address, uint64_t session, uint64_t max_lease) {
+  auto stub = shmtensor::v1::ObjectStore::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  int accepted = 0, refused = 0;
+  auto count = [&](const grpc::Status& st) {
+    (st.ok() ? accepted : refused)++;
+    if (!st.ok() && refused <= 3) Say("refused: " + st.error_message());
+  };
+  for (uint64_t lease = 1; lease <= max_lease; ++lease) {
+    shmtensor::v1::ReleaseRequest r;
+    r.set_session_id(session);
+    r.set_lease_id(lease);
+    shmtensor::v1::ReleaseResponse resp;
+    grpc::ClientContext ctx;
+    count(stub->Release(&ctx, r, &resp));
+  }
+  {
+    shmtensor::v1::DeleteRequest r;
+    r.set_session_id(session);
+    r.set_name("victim");
+    shmtensor::v1::DeleteResponse resp;
+    grpc::ClientContext ctx;
+    count(stub->Delete(&ctx, r, &resp));
+  }
+  {
+    shmtensor::v1::CreateRequest r;
+    r.set_session_id(session);
+    r.set_size_bytes(4096);
+    shmtensor::v1::CreateResponse resp;
+    grpc::ClientContext ctx;
+    count(stub->Create(&ctx, r, &resp));
+  }
+  {
+    shmtensor::v1::EndSessionRequest r;
+    r.set_session_id(session);
+    shmtensor::v1::EndSessionResponse resp;
+    grpc::ClientContext ctx;
+    count(stub->EndSession(&ctx, r, &resp));
+  }
+  Say(absl::StrCat("accepted ", accepted, " refused ", refused));
+  return 0;
+}
+
+int Squat(const std::string& path, int seconds) {
+  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      listen(fd, 16) != 0) {
+    return Fail(absl::InternalError(std::strerror(errno)));
+  }
+  chmod(path.c_str(), 0777);
+  Say("ready");
+  uint64_t bytes = 0;
+  std::vector<int> conns;
+  const absl::Time end = absl::Now() + absl::Seconds(seconds);
+  while (absl::Now() < end) {
+    std::vector<pollfd> p = {{fd, POLLIN, 0}};
+    for (int c : conns) p.push_back({c, POLLIN, 0});
+    if (poll(p.data(), p.size(), 50) <= 0) continue;
+    if (p[0].revents & POLLIN) conns.push_back(accept(fd, nullptr, nullptr));
+    for (size_t i = 1; i < p.size(); ++i) {
+      if (!(p[i].revents & POLLIN)) continue;
+      char buf[4096];
+      const ssize_t n = read(p[i].fd, buf, sizeof(buf));
+      if (n > 0) bytes += n;
+    }
+  }
+  Say(absl::StrCat("bytes ", bytes));
+  return 0;
+}
+
+int Hog(const std::string& path, int count) {
+  int opened = 0;
+  for (int i = 0; i < count; ++i) {
+    const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+    if (fd >= 0 &&
+        connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+      ++opened;
+    }
+  }
+  Say(absl::StrCat("opened ", opened));
+  while (true) pause();
+}
+
+// The bytes of chaos object `seed`: a pattern no other seed shares at any
+// offset (the seed in every 8-byte word, mixed with the word's index).
+void Fill(uint64_t seed, uint8_t* p, size_t n) {
+  for (size_t i = 0; i + 8 <= n; i += 8) {
+    const uint64_t w = seed * 0x9E3779B97F4A7C15ull ^ i;
+    std::memcpy(p + i, &w, 8);
+  }
+}
+bool Check(uint64_t seed, const uint8_t* p, size_t n) {
+  for (size_t i = 0; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    if (w != (seed * 0x9E3779B97F4A7C15ull ^ i)) return false;
+  }
+  return true;
+}
+
+void Append(const std::string& log, const std::string& line) {
+  const int fd = open(log.c_str(), O_WRONLY | O_APPEND | O_CREAT, 0600);
+  const std::string l = line + "\n";
+  (void)!write(fd, l.data(), l.size());  // One write: atomic in O_APPEND.
+  close(fd);
+}
+
+int Producer(const std::string& address, const std::string& log, int id) {
+  absl::StatusOr<Client> c = Client::Connect({.address = address});
+  if (!c.ok()) return Fail(c.status());
+  std::mt19937_64 rng(id * 7919 + getpid());
+  std::vector<shmtensor::SealedRef> held;  // Keeps recent refs alive.
+  std::vector<std::string> names;
+  std::vector<uint8_t> data(256 << 10);
+  for (uint64_t n = 0;; ++n) {
+    const uint64_t seed = (uint64_t{static_cast<uint32_t>(getpid())} << 32) | n;
+    const size_t size = 4096 * (1 + rng() % 64);
+    const int kind = static_cast<int>(rng() % 3);
+    absl::StatusOr<shmtensor::Buffer> buf =
+        c->Create({.size_bytes = size,
+                   .name = kind == 1 ? absl::StrCat("chaos-", seed) : "",
+                   .timeout = absl::Milliseconds(200)});
+    if (!buf.ok()) continue;  // Pool full, or a resumed connection.
+    // Through data(): a pointer the seal must revoke.
+    Fill(seed, static_cast<uint8_t*>(buf->data()), size);
+    absl::StatusOr<shmtensor::SealedRef> ref = buf->Seal(kind == 2);
+    if (!ref.ok()) continue;
+    const char* tag = kind == 0 ? "R" : kind == 1 ? "N" : "X";
+    Append(log, absl::StrCat(tag, " ", Hex(ref->ref()), " ", seed, " ", size,
+                             " ", absl::StrCat("chaos-", seed)));
+    if (kind == 1) names.push_back(absl::StrCat("chaos-", seed));
+    if (kind != 2) held.push_back(*std::move(ref));
+    if (held.size() > 16) held.erase(held.begin());
+    if (names.size() > 8) {
+      c->Delete(names.front()).IgnoreError();
+      names.erase(names.begin());
+    }
+    // Now and then this live process loses its connection.
+    if (rng() % 50 == 0) {
+      shmtensor::testing::BreakDaemonConnections(
+          address, shmtensor::testing::BreakMode::kShutdown);
+    }
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+}
+
+int Consumer(const std::string& address, const std::string& log, int id) {
+  absl::StatusOr<Client> c = Client::Connect({.address = address});
+  if (!c.ok()) return Fail(c.status());
+  std::mt19937_64 rng(id * 104729 + getpid());
+  uint64_t checked = 0, bad = 0, offset = 0;
+  absl::Time last = absl::Now(), last_recheck = absl::Now();
+  struct Kept {
+    shmtensor::View view;
+    uint64_t seed;
+  };
+  std::vector<Kept> kept;
+  // Every view kept is checked again now and then: memory under a live
+  // view never changes, whatever happened to connections meanwhile.
+  auto recheck = [&] {
+    for (const Kept& k : kept) {
+      ++checked;
+      if (!Check(k.seed, static_cast<const uint8_t*>(k.view.data()),
+                 k.view.size_bytes())) {
+        ++bad;
+        Say(absl::StrCat("CHANGED ", k.seed));
+      }
+    }
+  };
+  while (true) {
+    std::ifstream in(log);
+    in.seekg(static_cast<std::streamoff>(offset));
+    std::string line;
+    while (std::getline(in, line)) {
+      if (in.eof()) break;  // A line still being written.
+      offset += line.size() + 1;
+      std::vector<std::string> f = absl::StrSplit(line, ' ');
+      if (f.size() != 5 || rng() % 2 != 0) continue;
+      uint64_t seed, size;
+      if (!absl::SimpleAtoi(f[2], &seed) || !absl::SimpleAtoi(f[3], &size)) {
+        continue;
+      }
+      absl::StatusOr<shmtensor::View> v =
+          f[0] == "N" ? c->Get(f[4])
+                      : [&]() -> absl::StatusOr<shmtensor::View> {
+        absl::StatusOr<ObjectRef> ref =
+            ObjectRef::Parse(absl::HexStringToBytes(f[1]));
+        if (!ref.ok()) return ref.status();
+        return c->Get(*ref);
+      }();
+      if (!v.ok()) {
+        // Gone, taken, or a resumed connection; a session that could not
+        // be resumed gets a new client (its views are kept and checked).
+        if (shmtensor::IsSessionEnded(v.status())) {
+          absl::StatusOr<Client> again = Client::Connect({.address = address});
+          if (again.ok()) c = *std::move(again);
+        }
+        continue;
+      }
+      ++checked;
+      if (v->size_bytes() != size ||
+          !Check(seed, static_cast<const uint8_t*>(v->data()), size)) {
+        ++bad;
+        Say(absl::StrCat("MISMATCH ", line));
+      }
+      kept.push_back({*std::move(v), seed});
+      if (kept.size() > 8) kept.erase(kept.begin());
+      if (rng() % 80 == 0) {
+        shmtensor::testing::BreakDaemonConnections(
+            address, rng() % 2 ? shmtensor::testing::BreakMode::kShutdown
+                               : shmtensor::testing::BreakMode::kGarbage);
+      }
+    }
+    if (absl::Now() - last_recheck > absl::Milliseconds(50)) {
+      recheck();
+      last_recheck = absl::Now();
+    }
+    if (absl::Now() - last > absl::Milliseconds(500)) {
+      Say(absl::StrCat("checked ", checked, " bad ", bad));
+      last = absl::Now();
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+}
+
+int Run(int argc, char** argv) {
+  int i = 1;
+  if (argc > 2 && std::string(argv[1]) == "--uid") {
+    const int uid = std::atoi(argv[2]);
+    if (setresgid(uid, uid, uid) != 0 || setresuid(uid, uid, uid) != 0) {
+      return Fail(absl::InternalError("setresuid failed"));
+    }
+    i = 3;
+  }
+  if (argc - i < 2) return 2;
+  const std::string cmd = argv[i];
+  const std::vector<std::string> a(argv + i + 1, argv + argc);
+  if (cmd == "victim") return Victim(a[0], a.size() > 1 && a[1] == "break");
+  if (cmd == "hijack" && a.size() == 3) {
+    uint64_t session, max_lease;
+    if (!absl::SimpleHexAtoi(a[1], &session) ||
+        !absl::SimpleAtoi(a[2], &max_lease)) {
+      return 2;
+    }
+    return Hijack(a[0], session, max_lease);
+  }
+  if (cmd == "squat" && a.size() == 2)
+    return Squat(a[0], std::atoi(a[1].c_str()));
+  if (cmd == "hog" && a.size() == 2) return Hog(a[0], std::atoi(a[1].c_str()));
+  if (cmd == "producer" && a.size() == 3) {
+    return Producer(a[0], a[1], std::atoi(a[2].c_str()));
+  }
+  if (cmd == "consumer" && a.size() == 3) {
+    return Consumer(a[0], a[1], std::atoi(a[2].c_str()));
+  }
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return Run(argc, argv); }
