@@ -114,10 +114,16 @@ std::string RenderStatus(const v1::DaemonStatus& s) {
            : bytes ? HumanBytes(v)
                    : absl::StrCat(v);
   };
-  absl::StrAppend(
-      &out, "limits: objects ", limit(l.max_objects(), false),
-      ", leases per client ", limit(l.max_leases_per_client(), false),
-      ", bytes per client ", limit(l.max_bytes_per_client(), true), "\n\n");
+  absl::StrAppend(&out, "limits: objects ", limit(l.max_objects(), false),
+                  ", leases per client ",
+                  limit(l.max_leases_per_client(), false),
+                  ", bytes per client ", limit(l.max_bytes_per_client(), true),
+                  ", leases ", limit(l.max_leases(), false), ", bytes per uid ",
+                  limit(l.max_bytes_per_uid(), true), ", sessions per uid ",
+                  limit(l.max_sessions_per_uid(), false), ", waiters ",
+                  limit(l.max_waiters(), false), "\n");
+  absl::StrAppend(&out, "waiting calls ", s.waiters(), "  detached sessions ",
+                  s.detached_sessions(), "\n\n");
   std::vector<std::vector<std::string>> rows;
   for (const v1::PoolStatus& p : s.pools()) {
     rows.push_back(
