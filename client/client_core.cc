@@ -204,15 +204,10 @@ absl::Status ClientCore::Resume(const std::shared_ptr<Connection>& broken,
 
 absl::Status ClientCore::ResumeLocked(
     const std::shared_ptr<Connection>& broken) {
-  {
-    std::lock_guard<std::mutex> lock(conn_mu_);
-    if (conn_ == nullptr) {
-      // Ended already (by another thread's failed resume).
-    } else if (conn_ != broken) {
-      return absl::OkStatus();  // Another thread resumed it already.
-    }
+  // Another thread resumed it already, or its failed resume ended it.
+  if (std::shared_ptr<Connection> now = CurrentConnection(); now != broken) {
+    return now != nullptr ? absl::OkStatus() : Ended();
   }
-  if (CurrentConnection() == nullptr) return Ended();
   v1::SessionOpened opened;
   absl::StatusOr<std::shared_ptr<Connection>> conn =
       OpenConnection(session_id_, absl::Seconds(2), &opened);
@@ -257,7 +252,6 @@ absl::Status ClientCore::ResumeLocked(
         kReasonSessionEnded);
   }
   conn_ = *std::move(conn);
-  resumes_.fetch_add(1, std::memory_order_relaxed);
   return absl::OkStatus();
 }
 

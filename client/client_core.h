@@ -83,8 +83,6 @@ class ClientCore {
   uint64_t session_id() const { return session_id_; }
   // Public id operators see for this session (shmtensorctl clients).
   uint64_t client_id() const { return client_id_; }
-  // Times the session was resumed after its connection broke.
-  uint64_t resumes() const { return resumes_.load(std::memory_order_relaxed); }
   // True in a child process that inherited this core across fork().
   bool inherited() const;
   // FAILED_PRECONDITION naming the owner pid if inherited(), else OK.
@@ -233,7 +231,6 @@ class ClientCore {
   // set when conn_ goes null.
   std::string ended_why_;
   absl::StatusCode ended_code_ = absl::StatusCode::kFailedPrecondition;
-  std::atomic<uint64_t> resumes_{0};
   uint64_t session_id_ = 0;
   uint64_t client_id_ = 0;
   uint64_t epoch_ = 0;

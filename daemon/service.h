@@ -77,9 +77,6 @@ class ObjectStoreService final : public ObjectStoreServiceBase {
   // server shuts down.
   void EndAllSessions();
 
-  // Calls parked now (for tests and the monitor).
-  size_t waiting() const { return waiting_.size(); }
-
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Session(
       grpc::CallbackServerContext* ctx) override;
   grpc::ServerUnaryReactor* Create(grpc::CallbackServerContext* ctx,
