@@ -1,5 +1,6 @@
 #include "daemon/range_allocator.h"
 
+#include <algorithm>
 #include <random>
 #include <vector>
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages shmtensor needs to build, run and test,
-# skipping those already installed. Debian's archive only; nothing else.
+# Installs the Debian 12 (and 13) packages shmtensor needs to build, run and
+# test, skipping those already installed. Debian's archive only; nothing
+# else.
 set -euo pipefail
 
 PACKAGES=(
@@ -11,6 +12,7 @@ PACKAGES=(
   libtorch-dev
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   pybind11-dev python3-dev python3-numpy python3-torch python3-pytest
+  python3-setuptools  # torch's test utilities import it (tests/torch_suite)
   python3-matplotlib
 )
 

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from shmtensor.torch import DataLoader, PoolCollate, to_tensors
+from shmtensor.torch import DataLoader, PoolCollate
 
 
 class Spirals(Dataset):
@@ -56,25 +56,32 @@ def train(steps=60):
     return loss.item()
 
 
-def _producer(queue, indices):
-    """A loader loop of your own: collate with PoolCollate, send the handle."""
+def _producer(queue, indices, received):
+    """A loader loop of your own: collate with PoolCollate, send the handle.
+    A batch not yet received goes with this process's session, so it stays
+    until the consumer says it has them all."""
     collate = PoolCollate()
     data = Spirals()
     for chunk in indices:
         queue.put(collate([data[i] for i in chunk]))
     queue.put(None)
+    received.wait()
 
 
 def own_loop():
     ctx = mp.get_context("spawn")
     queue = ctx.Queue(maxsize=4)
     chunks = [range(k, k + 256) for k in range(0, 1024, 256)]
-    proc = ctx.Process(target=_producer, args=(queue, chunks))
+    received = ctx.Event()
+    proc = ctx.Process(target=_producer, args=(queue, chunks, received))
     proc.start()
-    while (handle := queue.get()) is not None:
-        batch = to_tensors(handle)  # writable tensors over the pool buffer
+    # Each handle turns into its batch as it is unpickled here: writable
+    # tensors over the pool buffer (to_tensors is for a handle that stayed
+    # in the process that made it).
+    while (batch := queue.get()) is not None:
         print("own loop: batch", tuple(batch["x"].shape),
               "labels", int(batch["y"].sum()), "of", len(batch["y"]))
+    received.set()
     proc.join()
 
 

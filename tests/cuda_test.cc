@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "shmtensor/client.h"
@@ -21,6 +21,7 @@
 #include <cuda_runtime_api.h>
 
 #include "client/cuda_pool_mapping.h"
+#include "tests/ref_hex.h"
 #endif
 
 namespace shmtensor {
@@ -87,10 +88,6 @@ std::string CudaChildPath() {
   return env != nullptr && *env != '\0' ? env : SHMTENSOR_CUDA_CHILD_PATH;
 }
 
-std::string Hex(const ObjectRef& ref) {
-  return absl::BytesToHexString(ref.Serialize());
-}
-
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 
 // A daemon with a small host pool and a 2 GiB CUDA pool on device 0.
@@ -116,8 +113,8 @@ class CudaDaemonTest : public ::testing::Test {
   std::unique_ptr<Subprocess> Child(const std::string& cmd,
                                     const ObjectRef& ref, int byte) {
     absl::StatusOr<std::unique_ptr<Subprocess>> p =
-        Subprocess::Spawn({CudaChildPath(), cmd, daemon_->address(), Hex(ref),
-                           std::to_string(byte)});
+        Subprocess::Spawn({CudaChildPath(), cmd, daemon_->address(),
+                           testing::RefToHex(ref), std::to_string(byte)});
     EXPECT_TRUE(p.ok()) << p.status();
     return p.ok() ? *std::move(p) : nullptr;
   }

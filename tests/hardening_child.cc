@@ -41,7 +41,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -51,11 +50,14 @@
 #include "shmtensor/errors.h"
 #include "shmtensor/v1/shmtensor.grpc.pb.h"
 #include "tests/break_connection.h"
+#include "tests/ref_hex.h"
 
 namespace {
 
 using shmtensor::Client;
 using shmtensor::ObjectRef;
+using shmtensor::testing::RefFromHex;
+using shmtensor::testing::RefToHex;
 
 void Say(const std::string& line) {
   std::printf("%s\n", line.c_str());
@@ -65,10 +67,6 @@ void Say(const std::string& line) {
 int Fail(const absl::Status& s) {
   Say("error " + s.ToString());
   return 3;
-}
-
-std::string Hex(const ObjectRef& ref) {
-  return absl::BytesToHexString(ref.Serialize());
 }
 
 int Victim(const std::string& address, bool break_connection) {
@@ -85,7 +83,7 @@ int Victim(const std::string& address, bool break_connection) {
   if (!ref.ok()) return Fail(ref.status());
   absl::StatusOr<shmtensor::View> view = c->Get(ref->ref());
   if (!view.ok()) return Fail(view.status());
-  Say(absl::StrFormat("ready %016x %s", c->session_id(), Hex(ref->ref())));
+  Say(absl::StrFormat("ready %016x %s", c->session_id(), RefToHex(ref->ref())));
   if (break_connection) {
     // A live process that lost its connection, and makes no call.
     shmtensor::testing::BreakDaemonConnections(
@@ -239,8 +237,8 @@ int Producer(const std::string& address, const std::string& log, int id) {
     absl::StatusOr<shmtensor::SealedRef> ref = buf->Seal(kind == 2);
     if (!ref.ok()) continue;
     const char* tag = kind == 0 ? "R" : kind == 1 ? "N" : "X";
-    Append(log, absl::StrCat(tag, " ", Hex(ref->ref()), " ", seed, " ", size,
-                             " ", absl::StrCat("chaos-", seed)));
+    Append(log, absl::StrCat(tag, " ", RefToHex(ref->ref()), " ", seed, " ",
+                             size, " ", absl::StrCat("chaos-", seed)));
     if (kind == 1) names.push_back(absl::StrCat("chaos-", seed));
     if (kind != 2) held.push_back(*std::move(ref));
     if (held.size() > 16) held.erase(held.begin());
@@ -296,8 +294,7 @@ int Consumer(const std::string& address, const std::string& log, int id) {
       absl::StatusOr<shmtensor::View> v =
           f[0] == "N" ? c->Get(f[4])
                       : [&]() -> absl::StatusOr<shmtensor::View> {
-        absl::StatusOr<ObjectRef> ref =
-            ObjectRef::Parse(absl::HexStringToBytes(f[1]));
+        absl::StatusOr<ObjectRef> ref = RefFromHex(f[1]);
         if (!ref.ok()) return ref.status();
         return c->Get(*ref);
       }();

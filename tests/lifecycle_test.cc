@@ -5,13 +5,13 @@
 #include <cstring>
 #include <thread>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "shmtensor/client.h"
 #include "shmtensor/errors.h"
 #include "shmtensor/torch.h"
+#include "tests/ref_hex.h"
 #include "tests/test_util.h"
 
 namespace shmtensor {
@@ -184,7 +184,7 @@ TEST_F(LifecycleTest, RefRoundTripsThroughBytes) {
 TEST_F(LifecycleTest, ExclusiveTransferToOneConsumerProcess) {
   SealedRef xfer = Put(1 << 20, 8, "", /*exclusive=*/true);
   EXPECT_FALSE(xfer.holds_lease());
-  const std::string hex = absl::BytesToHexString(xfer.ref().Serialize());
+  const std::string hex = testing::RefToHex(xfer.ref());
   std::unique_ptr<Subprocess> taker = Child({"take", hex, "8"});
   EXPECT_EQ(*taker->ReadLine(), "took");
   EXPECT_EQ(WEXITSTATUS(taker->Wait()), 0);
@@ -214,8 +214,7 @@ TEST_F(LifecycleTest, UnclaimedTransferReclaimedWhenCreatorEnds) {
   absl::StatusOr<std::string> line = child->ReadLine();
   ASSERT_TRUE(line.ok() && absl::StartsWith(*line, "sealed ")) << *line;
   EXPECT_EQ(WEXITSTATUS(child->Wait()), 0);
-  absl::StatusOr<ObjectRef> ref =
-      ObjectRef::Parse(absl::HexStringToBytes(line->substr(7)));
+  absl::StatusOr<ObjectRef> ref = testing::RefFromHex(line->substr(7));
   const absl::Time deadline = absl::Now() + absl::Seconds(1);
   while (client_->Stats()->pending_transfers != 0 && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(5));
@@ -259,8 +258,7 @@ TEST_F(LifecycleTest, SharedWritableObjectIsWrittenByAnotherProcess) {
   ASSERT_TRUE(buf.ok()) << buf.status();
   std::memset(buf->data(), 1, 1 << 20);
   std::unique_ptr<Subprocess> child =
-      Child({"share-write", absl::BytesToHexString(buf->info().ref.Serialize()),
-             "9"});
+      Child({"share-write", testing::RefToHex(buf->info().ref), "9"});
   ASSERT_EQ(*child->ReadLine(), "wrote");
   // The child's writes are in this process's buffer: the same memory.
   const auto* p = static_cast<const uint8_t*>(buf->data());

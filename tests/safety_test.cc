@@ -10,12 +10,12 @@
 #include <thread>
 #include <vector>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "client/lease.h"
 #include "gtest/gtest.h"
 #include "shmtensor/client.h"
 #include "shmtensor/errors.h"
+#include "tests/ref_hex.h"
 #include "tests/test_util.h"
 
 namespace shmtensor {
@@ -63,7 +63,7 @@ class SafetyTest : public testing::DaemonTest {
 TEST_F(SafetyTest, ReaderWriteThroughViewFaultsAndChangesNothing) {  // [P1]
   SealedRef ref = Put(1 << 20, 7);
   std::unique_ptr<Subprocess> child =
-      Child({"write-view", absl::BytesToHexString(ref.ref().Serialize())});
+      Child({"write-view", testing::RefToHex(ref.ref())});
   EXPECT_EQ(*child->ReadLine(), "got read-only");
   const int status = child->Wait();
   EXPECT_TRUE(KilledBySegv(status)) << child->ReadAll();
@@ -76,7 +76,7 @@ TEST_F(SafetyTest, ReaderWriteThroughTorchTensorFaults) {  // [P1]
   std::memset(buf->data(), 0, 4096);
   SealedRef ref = *buf->Seal();
   std::unique_ptr<Subprocess> child =
-      Child({"write-tensor", absl::BytesToHexString(ref.ref().Serialize())});
+      Child({"write-tensor", testing::RefToHex(ref.ref())});
   EXPECT_EQ(*child->ReadLine(), "got read-only");
   EXPECT_TRUE(KilledBySegv(child->Wait()));
   EXPECT_TRUE(AllBytes(*client_->Get(ref.ref()), 0));

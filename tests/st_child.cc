@@ -10,13 +10,13 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/time/clock.h"
 #include "client/lease.h"
 #include "shmtensor/client.h"
 #include "shmtensor/errors.h"
 #include "shmtensor/torch.h"
+#include "tests/ref_hex.h"
 
 namespace {
 
@@ -33,13 +33,8 @@ int Fail(const absl::Status& s) {
   return 3;
 }
 
-absl::StatusOr<ObjectRef> RefFromHex(const std::string& hex) {
-  return ObjectRef::Parse(absl::HexStringToBytes(hex));
-}
-
-std::string RefToHex(const ObjectRef& ref) {
-  return absl::BytesToHexString(ref.Serialize());
-}
+using shmtensor::testing::RefFromHex;
+using shmtensor::testing::RefToHex;
 
 int Run(int argc, char** argv) {
   if (argc < 3) return 2;

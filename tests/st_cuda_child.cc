@@ -15,12 +15,14 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "shmtensor/client.h"
 #include "shmtensor/errors.h"
+#include "tests/ref_hex.h"
 
 namespace {
+
+using shmtensor::testing::RefFromHex;
 
 void Say(const std::string& line) {
   std::printf("%s\n", line.c_str());
@@ -53,8 +55,7 @@ int Run(int argc, char** argv) {
   absl::StatusOr<shmtensor::Client> client = shmtensor::Client::Connect(
       {.address = argv[2], .client_name = "st_cuda_child"});
   if (!client.ok()) return Fail(client.status().ToString());
-  absl::StatusOr<shmtensor::ObjectRef> ref =
-      shmtensor::ObjectRef::Parse(absl::HexStringToBytes(argv[3]));
+  absl::StatusOr<shmtensor::ObjectRef> ref = RefFromHex(argv[3]);
   if (!ref.ok()) return Fail(ref.status().ToString());
   absl::StatusOr<shmtensor::View> view = client->Get(*ref);
   if (!view.ok()) {

@@ -162,9 +162,9 @@ absl::StatusOr<py::capsule> BatchRing::Adopt(int slot, uint32_t generation,
         slot, generation));
   }
   if (__atomic_load_n(GenerationWord(slot), __ATOMIC_ACQUIRE) != generation) {
-    // Between the check and the swap another thread of this process freed
-    // the slot (Abandon) and the producer filled and handed it again: that
-    // newer batch stays handed for its own handle.
+    // Between the check and the swap another thread of this process adopted
+    // the same handle, its tensors died and the producer filled and handed
+    // the slot again: that newer batch stays handed for its own handle.
     __atomic_store_n(StateWord(slot), kHanded, __ATOMIC_RELEASE);
     return absl::FailedPreconditionError(
         absl::StrFormat("slot %d changed generation while handed", slot));
@@ -179,20 +179,6 @@ absl::StatusOr<py::capsule> BatchRing::Adopt(int slot, uint32_t generation,
            __atomic_store_n(state, kFree, __ATOMIC_RELEASE);
          }
        }});
-}
-
-bool BatchRing::Abandon(int slot, uint32_t generation) {
-  if (!CheckSlot(slot, 0).ok()) return false;
-  if (__atomic_load_n(GenerationWord(slot), __ATOMIC_ACQUIRE) != generation) {
-    return false;
-  }
-  return Cas(StateWord(slot), kHanded, kFree);
-}
-
-int BatchRing::ReclaimHanded() {
-  int freed = 0;
-  for (int i = 0; i < slots_; ++i) freed += Cas(StateWord(i), kHanded, kFree);
-  return freed;
 }
 
 }  // namespace shmtensor::python

@@ -12,7 +12,6 @@
 //   kFree --Claim (producer)--> kFilling --Hand (producer)--> kHanded
 //   kHanded --Adopt (consumer, generation must match)--> kAdopted
 //   kAdopted --last tensor over the slot dies (consumer)--> kFree
-//   kHanded --Abandon / ReclaimHanded (consumer)--> kFree
 //   kFilling --Unclaim (producer, its fill failed)--> kFree
 //
 // So a slot is written again only after the consumer's last tensor over it
@@ -91,13 +90,6 @@ class BatchRing {
   // when the slot is not handed with that generation.
   absl::StatusOr<py::capsule> Adopt(int slot, uint32_t generation,
                                     uint64_t nbytes);
-  // kHanded -> kFree for a handle that will never be adopted; a no-op when
-  // the slot moved on. Returns whether it freed the slot.
-  bool Abandon(int slot, uint32_t generation);
-  // kHanded -> kFree for every slot: call only when no handle of this ring
-  // can still be adopted (all handed batches were dropped). Returns how many
-  // it freed.
-  int ReclaimHanded();
 
  private:
   BatchRing(const ExportSource& src, int slots, uint64_t slot_bytes,

@@ -200,8 +200,5 @@ PYBIND11_MODULE(_core, m) {
           py::arg("slot"), py::arg("generation"), py::arg("nbytes"),
           "A DLPack capsule (uint8) over a handed slot; the slot is free "
           "again when the last tensor over it dies. Raises for a stale "
-          "handle.")
-      .def("abandon", &BatchRing::Abandon, py::arg("slot"),
-           py::arg("generation"))
-      .def("reclaim_handed", &BatchRing::ReclaimHanded);
+          "handle.");
 }

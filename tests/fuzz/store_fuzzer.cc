@@ -8,6 +8,7 @@
 // Built two ways: with Debian's clang and libFuzzer (deploy/fuzz.sh, for
 // long campaigns) and, in the suite, with a driver that runs a bounded
 // number of generated programs (standalone_main.cc).
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>

@@ -7,6 +7,7 @@ import gc
 import multiprocessing as mp
 import os
 import signal
+import warnings
 
 import numpy as np
 import pytest
@@ -156,15 +157,24 @@ def test_loader_options_work(daemon):
     opts = dict(batch_size=4, shuffle=True, num_workers=2, prefetch_factor=3,
                 persistent_workers=True, timeout=30, pin_memory=True,
                 worker_init_fn=_init_worker)
-    with pytest.warns(UserWarning):  # No CUDA here: nothing to pin.
-        theirs = TorchLoader(RandomPerWorker(),
-                             generator=torch.Generator().manual_seed(5), **opts)
-        ours = st.DataLoader(RandomPerWorker(),
-                             generator=torch.Generator().manual_seed(5),
-                             shmtensor_address=daemon.address, **opts)
-        for _epoch in range(2):  # Persistent workers: two epochs.
-            for a, b in zip(list(theirs), list(ours)):
-                assert_same(a, b)
+    # Without CUDA nothing is pinned (torch 2.x warns so, for both).
+    theirs = TorchLoader(RandomPerWorker(),
+                         generator=torch.Generator().manual_seed(5), **opts)
+    ours = st.DataLoader(RandomPerWorker(),
+                         generator=torch.Generator().manual_seed(5),
+                         shmtensor_address=daemon.address, **opts)
+    for _epoch in range(2):  # Persistent workers: two epochs.
+        with warnings.catch_warnings(record=True) as theirs_warned:
+            warnings.simplefilter("always")
+            a_batches = list(theirs)
+        with warnings.catch_warnings(record=True) as ours_warned:
+            warnings.simplefilter("always")
+            b_batches = list(ours)
+        assert ([str(w.message) for w in ours_warned] ==
+                [str(w.message) for w in theirs_warned])
+        assert len(a_batches) == len(b_batches) == 6
+        for a, b in zip(a_batches, b_batches):
+            assert_same(a, b)
 
 
 def _custom_collate(samples):
@@ -547,4 +557,241 @@ def test_persistent_workers_get_back_the_slots_an_abandoned_epoch_left(daemon):
         assert torch.equal(b[:, 0], torch.tensor([2.0 * i, 2.0 * i + 1])), i
         assert c.stats()["objects"] == 2, (i, c.stats())  # The two rings.
     del b, loader
+    assert wait_until(lambda: used(c) == 0, 5.0), c.stats()
+
+
+# -- P17: batch_size=None, early-finishing workers, custom collate results ------
+
+class Samples(Dataset):
+    """One kind of sample per index, for batch_size=None: torch converts
+    each (NumPy to tensors, tuples to lists) and collates nothing."""
+
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        kind = i % 6
+        if kind == 0:  # An (input, target) pair of same-shape tensors.
+            return torch.full((3,), float(i)), torch.full((3,), -float(i))
+        if kind == 1:
+            return i
+        if kind == 2:
+            return {"x": np.arange(4, dtype=np.float32) + i, "id": f"s{i}"}
+        if kind == 3:
+            return Pair(torch.tensor([i]), i / 2)
+        if kind == 4:
+            return np.float64(i)
+        return [torch.arange(i), "tail"]
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
+def test_p17_batch_size_none_gives_torch_samples(daemon, context):
+    theirs, ours = both(Samples(), daemon, batch_size=None, num_workers=2,
+                        multiprocessing_context=context)
+    assert len(theirs) == len(ours) == 12
+    for i, (a, b) in enumerate(zip(theirs, ours)):
+        assert_same(a, b, f"sample {i}")
+    assert type(ours[0]) is list and len(ours[0]) == 2  # Not stacked.
+    assert in_pool(ours[0][0].data_ptr()) and in_pool(ours[2]["x"].data_ptr())
+
+
+class Shards(torch.utils.data.IterableDataset):
+    """A sharded stream whose shards end at different times: worker 1 has
+    one sample, workers 0 and 2 three each, and take a second over their
+    first. torch keeps worker 1's batch (out of order: batch 0 is worker
+    0's), retires worker 1, whose process exits, and only a second later
+    yields that batch: the first of worker 1's ring, which the training
+    process has not joined yet. With `big`, the batch is too large for a
+    ring (three rings of its slots would take more than half the pool): it
+    goes in a pool object of its own."""
+
+    def __init__(self, big=False):
+        self.big = big
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        if info.id == 1:
+            yield torch.full(((4 << 20) if self.big else 1024,), 1.0)
+            return
+        import time
+        time.sleep(1.0)
+        for k in range(3):
+            yield torch.full((1024,), 10.0 * info.id + k)
+
+
+@pytest.mark.parametrize("big", [False, True], ids=["ring", "pool-object"])
+def test_p17_batch_of_a_retired_worker_stays_valid(daemon, big):
+    theirs, ours = both(Shards(big), daemon, batch_size=1, num_workers=3)
+    assert len(theirs) == len(ours) == 7
+    assert float(ours[1][0, 0]) == 1.0  # Worker 1's, kept back by torch.
+    for i, (a, b) in enumerate(zip(theirs, ours)):
+        assert_same(a, b, f"batch {i}")
+        assert in_pool(b.data_ptr()), i
+    c = shmtensor.connect(daemon.address)
+    del ours, a, b
+    gc.collect()
+    assert wait_until(lambda: used(c) == 0, 5.0), c.stats()
+
+
+def test_p17_uneven_shards_with_persistent_workers_every_epoch(daemon):
+    """Persistent workers whose shards end at different times: torch keeps
+    them (no exit) and starts each epoch again; every epoch has all batches,
+    in torch's order."""
+    loader_args = dict(batch_size=1, num_workers=3, persistent_workers=True)
+    theirs = TorchLoader(Shards(), **loader_args)
+    ours = st.DataLoader(Shards(), shmtensor_address=daemon.address,
+                         **loader_args)
+    for epoch in range(2):
+        a_batches, b_batches = list(theirs), list(ours)
+        assert len(a_batches) == len(b_batches) == 7, epoch
+        for i, (a, b) in enumerate(zip(a_batches, b_batches)):
+            assert_same(a, b, f"epoch {epoch} batch {i}")
+
+
+def test_custom_batch_sampler_of_uneven_batches(daemon):
+    sampler = [[0, 3], [1, 2, 5], [4], list(range(6, 20))]
+    theirs, ours = both(Mixed(), daemon, batch_sampler=sampler, num_workers=2)
+    assert [len(b["label"]) for b in ours] == [2, 3, 1, 14]
+    for i, (a, b) in enumerate(zip(theirs, ours)):
+        assert_same(a, b, f"batch {i}")
+
+
+def _pack_collate(samples):
+    """A collate_fn returning a PackedSequence, whose constructor reads its
+    tensors' devices."""
+    from torch.nn.utils.rnn import pack_sequence
+    seqs = sorted((s[: 1 + int(s[0]) % 5] for s in samples), key=len,
+                  reverse=True)
+    return pack_sequence(seqs)
+
+
+class Checked:
+    """A collate result that checks its tensors in its constructor."""
+
+    def __init__(self, x, names):
+        if not isinstance(x, torch.Tensor) or x.device.type != "cpu":
+            raise TypeError(f"Checked wants a CPU tensor, got {x!r}")
+        self.x, self.names, self.rows = x, names, x.shape[0]
+
+    def __eq__(self, other):
+        return (type(other) is Checked and torch.equal(self.x, other.x)
+                and self.names == other.names and self.rows == other.rows)
+
+
+def _checked_collate(samples):
+    x = torch.stack(samples)
+    return {"checked": Checked(x, [f"n{int(s[0])}" for s in samples]),
+            "view": x[:, :2],  # Another tensor over the same memory.
+            "same": x}
+
+
+@pytest.mark.parametrize("collate", [_pack_collate, _checked_collate],
+                         ids=["PackedSequence", "own-class"])
+def test_p17_custom_collate_results_come_out_as_torch_gives_them(daemon,
+                                                                 collate):
+    theirs, ours = both(RandomPerWorker(), daemon, batch_size=4,
+                        num_workers=2, collate_fn=collate,
+                        worker_init_fn=_init_worker)
+    assert len(theirs) == len(ours) == 6
+    for a, b in zip(theirs, ours):
+        assert type(a) is type(b)
+        if collate is _pack_collate:
+            for field in a._fields:
+                x, y = getattr(a, field), getattr(b, field)
+                assert (x is None and y is None) or torch.equal(x, y), field
+            assert in_pool(b.data.data_ptr())
+        else:
+            assert a["checked"] == b["checked"]
+            assert torch.equal(a["view"], b["view"])
+            assert b["same"] is b["checked"].x  # One tensor stays one.
+            assert in_pool(b["checked"].x.data_ptr())
+
+
+class Point:
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+
+def _collate_points(batch, *, collate_fn_map=None):
+    return torch.tensor([[p.x, p.y] for p in batch])
+
+
+class Points(Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return {"p": Point(i, -i), "t": torch.tensor(float(i))}
+
+
+def test_default_collate_follows_torchs_registry(daemon):
+    """default_collate_fn_map, extended as torch documents it, is used by
+    ours too (fork: the workers see the change)."""
+    from torch.utils.data._utils.collate import default_collate_fn_map
+    default_collate_fn_map[Point] = _collate_points
+    try:
+        theirs, ours = both(Points(), daemon, batch_size=4, num_workers=2,
+                            multiprocessing_context="fork")
+    finally:
+        del default_collate_fn_map[Point]
+    for a, b in zip(theirs, ours):
+        assert_same(a, b)
+    assert in_pool(ours[0]["p"].data_ptr())
+
+
+def test_signature_and_defaults_are_the_installed_torchs():
+    import inspect
+    import typing
+    theirs = inspect.signature(TorchLoader).parameters
+    ours = inspect.signature(st.DataLoader).parameters
+    assert list(ours)[:len(theirs)] == list(theirs)
+    for name, p in theirs.items():
+        assert (ours[name].kind, ours[name].default) == (p.kind, p.default), name
+    assert list(ours)[len(theirs):] == ["shmtensor_address", "pool_timeout"]
+    alias = st.DataLoader[typing.List[torch.Tensor]]  # Generic, like torch's.
+    assert typing.get_origin(alias) is st.DataLoader
+
+
+def _construct(cls, **kwargs):
+    try:
+        cls(RandomPerWorker(), batch_size=4, **kwargs)
+    except Exception as e:  # noqa: BLE001
+        return type(e)
+    return None
+
+
+@pytest.mark.parametrize("kwargs", [
+    {}, {"num_workers": 2, "prefetch_factor": None},
+    {"prefetch_factor": 3}, {"num_workers": 2, "prefetch_factor": 0}],
+    ids=["defaults", "workers-prefetch-None", "prefetch-without-workers",
+         "prefetch-0"])
+def test_arguments_are_checked_as_torch_checks_them(daemon, kwargs):
+    assert (_construct(st.DataLoader, shmtensor_address=daemon.address,
+                       **kwargs) == _construct(TorchLoader, **kwargs))
+
+
+def test_iterator_is_torchs_own(daemon):
+    loader = st.DataLoader(RandomPerWorker(), batch_size=4, num_workers=2,
+                           shmtensor_address=daemon.address)
+    it = iter(loader)
+    assert type(it) is type(iter(TorchLoader(RandomPerWorker(), batch_size=4,
+                                             num_workers=2)))
+    assert len(it) == 6
+    next(it)
+    assert it._num_yielded == 1
+    del it
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="no CUDA: torch pins nothing")
+def test_pin_memory_pins_on_torchs_thread_and_frees_the_pool(daemon):
+    """torch's pin-memory thread receives the batch itself and pins it (the
+    overlap torch has); the pool memory is free again once it is pinned,
+    though the loop holds every batch."""
+    theirs, ours = both(Mixed(), daemon, batch_size=4, num_workers=2,
+                        pin_memory=True)
+    for i, (a, b) in enumerate(zip(theirs, ours)):
+        assert_same(a, b, f"batch {i}")
+        assert b["image"].is_pinned() and not in_pool(b["image"].data_ptr())
+    c = shmtensor.connect(daemon.address)
     assert wait_until(lambda: used(c) == 0, 5.0), c.stats()

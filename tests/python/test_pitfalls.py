@@ -336,3 +336,25 @@ def test_p14_broken_connection_never_changes_a_live_view(daemon):
     ref.release()
     gc.collect()
     assert wait_until(lambda: used(a) == 0)
+
+
+def test_read_only_tensor_warns_nothing_and_saves_as_a_plain_tensor(client,
+                                                                    tmp_path):
+    """torch 2.x: no TypedStorage deprecation warning from our guard, and
+    torch.load (weights_only, 2.6's default) loads a saved read-only view,
+    as a plain tensor in new memory."""
+    import warnings
+    ref = client.put(torch.arange(8.0))
+    t = client.get(ref).tensor()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert float((t[2:] * 2).sum()) == 54
+        with pytest.raises(RuntimeError, match="read-only"):
+            t.add_(1)
+    path = tmp_path / "t.pt"
+    torch.save({"t": t[1:]}, path)
+    loaded = torch.load(path, weights_only=True)["t"]
+    assert type(loaded) is torch.Tensor
+    assert torch.equal(loaded, torch.arange(1.0, 8.0))
+    loaded.add_(1)  # Its own memory.
+    assert torch.equal(t, torch.arange(8.0))

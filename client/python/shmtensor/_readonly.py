@@ -6,7 +6,9 @@ returns a ReadOnlyTensor: a torch.Tensor subclass whose __torch_function__
 refuses every in-place operation on it (``add_``, ``copy_``, ``t[i] = x``,
 ``out=t``, ...) with a RuntimeError, before any byte is touched. Results that
 share its memory (slices, views, transposes, ``.numpy()``) stay read-only;
-results in new memory (``t + 1``, ``t.clone()``) are ordinary tensors.
+results in new memory (``t + 1``, ``t.clone()``) are ordinary tensors, and
+so is what loads from a saved or pickled one (a copy: torch.load's
+weights_only default accepts it).
 
 Out of its reach: torch.from_dlpack(view) gives a plain tensor (write to it
 and the process faults), as do tricks like ``t.as_subclass(torch.Tensor)``.
@@ -31,8 +33,12 @@ def _writes(name):
             and name not in _HARMLESS)
 
 
-def _storage_ptr(t):
-    return t.storage().data_ptr()
+if hasattr(torch.Tensor, "untyped_storage"):  # torch >= 2.0
+    def _storage_ptr(t):
+        return t.untyped_storage().data_ptr()
+else:  # torch 1.13, whose storage() is not deprecated.
+    def _storage_ptr(t):
+        return t.storage().data_ptr()
 
 
 class ReadOnlyTensor(torch.Tensor):
@@ -41,6 +47,14 @@ class ReadOnlyTensor(torch.Tensor):
     @staticmethod
     def wrap(t):
         return torch.Tensor._make_subclass(ReadOnlyTensor, t, False)
+
+    def __reduce_ex__(self, protocol):
+        # Saved (torch.save, pickle) as the plain tensor it is: what is
+        # loaded is a copy in new memory, which nothing keeps read-only, and
+        # which torch.load's weights_only unpickler accepts.
+        with torch._C.DisableTorchFunction():
+            plain = torch.Tensor.as_subclass(self, torch.Tensor)
+        return plain.__reduce_ex__(protocol)
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):

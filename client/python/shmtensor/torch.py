@@ -7,324 +7,213 @@ One-line change for a training job:
     for batch in loader:                          # same batches, same order
         ...
 
-Each worker collates its batch straight into pool memory (torch.stack into
-it: no extra copy) and sends only a small handle through torch's worker
-queue; the training process gets ordinary writable torch tensors over that
-memory, which is reused when the last of those tensors (and of any tensor
-viewing them) dies, never earlier. The memory is a slot of the worker's
-batch ring: one shared-writable pool object per worker, joined once by the
-training process, so a batch costs no call to the daemon at all
-(docs/shm_layout.md, "Batch rings"). A batch that does not fit its worker's
-slots (or finds them all in use) goes into a pool buffer of its own, sealed
-for exclusive hand-off and taken by the training process.
+The arguments, their defaults and the iterator are the installed torch's own
+(the loader is torch's, with only its collate_fn wrapped). Each worker
+collates its batch straight into pool memory (torch.stack into it: no extra
+copy) and sends only a small handle through torch's worker queue; the
+training process receives it as the batch itself: ordinary writable torch
+tensors over that memory, in the structure torch gives, which is reused when
+the last of those tensors (and of any tensor viewing them) dies, never
+earlier, whatever becomes of the worker that made it. The memory is a slot
+of the worker's batch ring: one shared-writable pool object per worker,
+joined once by the training process, so a batch costs no call to the daemon
+at all (docs/shm_layout.md, "Batch rings"). A batch that does not fit its
+worker's slots (or finds them all in use) goes into a pool buffer of its
+own, sealed for exclusive hand-off and taken by the training process.
 
 Without the wrapper, for your own loader loops: `PoolCollate` is a collate_fn
-for the producing side, `to_tensors` turns what it produced back into tensors
-on the consuming side:
+for the producing side; what it returns turns into the batch's tensors where
+it is unpickled (or, in the process that made it, through `to_tensors`):
 
     collate = PoolCollate()                        # in the producer process
     handle = collate([dataset[i] for i in idx])    # picklable, small
     queue.put(handle)
     ...
-    batch = to_tensors(queue.get())                # in the consumer process
+    batch = queue.get()                            # in the consumer process
 
 (PoolCollate on its own hands each batch over as a pool object of its own;
-batch rings need the DataLoader, which knows when no handle of a ring can
-still arrive.)
+batch rings need the DataLoader, which knows which process consumes them.)
 
-What goes into the pool: every tensor that default_collate would produce
-(stacked tensors and NumPy arrays, batched numbers, NumPy scalars). Strings
-and bytes stay Python lists, as with default_collate. With a custom
-`collate_fn`, its output is walked after it ran: each CPU tensor in it is
-copied into the pool (one copy, as torch itself makes when it moves a tensor
-to shared memory); anything else (NumPy arrays, numbers, strings, your own
-objects) is passed through the worker queue as torch would pass it.
+What goes into the pool: with the default collate_fn (or batch_size=None's
+default_convert), torch's own collate runs, each stack of tensors made
+straight in the pool; with your `collate_fn`, its result is taken as it is.
+Either way every CPU tensor of the result (see shmtensor/_batch.py for the
+exact rule) lies in the pool, and everything else (NumPy arrays, numbers,
+strings, tensors on other devices, your own objects around the tensors) is
+passed through the worker queue as torch passes it, so the batch comes out
+equal to torch's.
 """
 
-import collections.abc
+import inspect
+import itertools
 import os
-import sys
+import threading
+import typing
 import weakref
 
 import torch
 import torch.utils.data
 
-from . import _core
+from . import _batch, _core
 from ._local import local_client
 from .errors import Error, InvalidArgumentError, PoolExhaustedError
 
 __all__ = ["DataLoader", "PoolCollate", "to_tensors"]
-
-# Leaves are packed in one buffer at this alignment (cache line, and enough
-# for every dtype's element size).
-_ALIGN = 64
-
-
-# -- the producer side --------------------------------------------------------
-
-class _Leaf:
-    """Placeholder for one tensor inside a pooled batch: where it lies in the
-    batch's buffer."""
-
-    __slots__ = ("offset", "dtype", "shape")
-
-    def __init__(self, offset, dtype, shape):
-        self.offset, self.dtype, self.shape = offset, dtype, tuple(shape)
-
-    def __reduce__(self):
-        return (_Leaf, (self.offset, self.dtype, self.shape))
-
-    @property
-    def nbytes(self):
-        n = torch.Size(self.shape).numel()
-        return n * torch.empty((), dtype=self.dtype).element_size()
-
-
-class _Plan:
-    """Leaves to allocate and how to fill each (collect first, then one
-    buffer, then fill)."""
-
-    def __init__(self):
-        self.fills = []  # (leaf, fill(out_tensor))
-        self.size = 0
-
-    def leaf(self, dtype, shape, fill):
-        self.size = (self.size + _ALIGN - 1) // _ALIGN * _ALIGN
-        leaf = _Leaf(self.size, dtype, shape)
-        self.size += leaf.nbytes
-        self.fills.append((leaf, fill))
-        return leaf
-
-
-def _stack_leaf(plan, tensors):
-    elem = tensors[0]
-    shape = (len(tensors),) + tuple(elem.shape)
-
-    def fill(out):
-        torch.stack(tensors, 0, out=out)  # Raises as default_collate would.
-    return plan.leaf(elem.dtype, shape, fill)
-
-
-def _tensor_leaf(plan, t):
-    t = t.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-
-    def fill(out):
-        out.copy_(t)
-    return plan.leaf(t.dtype, t.shape, fill)
-
-
-_NP_STR_OBJ = ("S", "a", "U", "O")
-_COLLATE_ERR = ("default_collate: batch must contain tensors, numpy arrays, "
-                "numbers, dicts or lists; found {}")
-
-
-def _collate(plan, batch):
-    """default_collate of torch 1.13, with each resulting tensor planned into
-    the pool instead of allocated."""
-    elem = batch[0]
-    elem_type = type(elem)
-    if isinstance(elem, torch.Tensor):
-        return _stack_leaf(plan, batch)
-    if (elem_type.__module__ == "numpy" and elem_type.__name__ != "str_"
-            and elem_type.__name__ != "string_"):
-        if elem_type.__name__ in ("ndarray", "memmap"):
-            if elem.dtype.char in _NP_STR_OBJ or elem.dtype.kind in "SaUO":
-                raise TypeError(_COLLATE_ERR.format(elem.dtype))
-            return _stack_leaf(plan, [torch.as_tensor(b) for b in batch])
-        if elem.shape == ():  # NumPy scalars.
-            return _tensor_leaf(plan, torch.as_tensor(batch))
-    elif isinstance(elem, float):
-        return _tensor_leaf(plan, torch.tensor(batch, dtype=torch.float64))
-    elif isinstance(elem, int):
-        return _tensor_leaf(plan, torch.tensor(batch))
-    elif isinstance(elem, (str, bytes)):
-        return batch
-    elif isinstance(elem, collections.abc.Mapping):
-        try:
-            return elem_type({k: _collate(plan, [d[k] for d in batch])
-                              for k in elem})
-        except TypeError:
-            return {k: _collate(plan, [d[k] for d in batch]) for k in elem}
-    elif isinstance(elem, tuple) and hasattr(elem, "_fields"):  # namedtuple
-        return elem_type(*(_collate(plan, s) for s in zip(*batch)))
-    elif isinstance(elem, collections.abc.Sequence):
-        it = iter(batch)
-        size = len(next(it))
-        if not all(len(e) == size for e in it):
-            raise RuntimeError(
-                "each element in list of batch should be of equal size")
-        transposed = list(zip(*batch))
-        if isinstance(elem, tuple):
-            return [_collate(plan, s) for s in transposed]
-        try:
-            return elem_type([_collate(plan, s) for s in transposed])
-        except TypeError:
-            return [_collate(plan, s) for s in transposed]
-    raise TypeError(_COLLATE_ERR.format(elem_type))
-
-
-def _map_leaves(obj, fn):
-    """`obj` with fn applied to every leaf, containers (mappings,
-    namedtuples, tuples, lists) rebuilt around the results; strings and bytes
-    are leaves."""
-    if isinstance(obj, (str, bytes)):
-        return fn(obj)
-    if isinstance(obj, collections.abc.Mapping):
-        try:
-            return type(obj)({k: _map_leaves(v, fn) for k, v in obj.items()})
-        except TypeError:
-            return {k: _map_leaves(v, fn) for k, v in obj.items()}
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(_map_leaves(v, fn) for v in obj))
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_map_leaves(v, fn) for v in obj)
-    return fn(obj)
-
-
-def _move_tensors(plan, obj):
-    """A custom collate_fn's output with its CPU tensors planned into the
-    pool (copied); everything else as is."""
-    def move(x):
-        if isinstance(x, torch.Tensor) and x.device.type == "cpu":
-            return _tensor_leaf(plan, x)
-        return x
-    return _map_leaves(obj, move)
 
 
 def _client(address):
     return local_client(address)
 
 
+# -- handles: what a worker sends ----------------------------------------------
+
 class PooledBatch:
-    """What a worker sends: the ref of the batch's pool object (sealed for
-    exclusive hand-off) and the batch's structure with _Leaf placeholders.
-    A few hundred bytes, whatever the batch size.
+    """What a producer sends for a batch in a pool object of its own: the
+    object's ref (sealed for exclusive hand-off) and the batch's structure
+    (shmtensor/_batch.py's payload).
+    Where it is unpickled it takes the object and turns into the batch."""
 
-    If the receiving process drops it without calling to_tensors (a loop
-    that broke early, a persistent worker's leftovers), it takes the object
-    and releases it, so the memory goes back at once instead of when the
-    worker exits."""
+    __slots__ = ("_ref", "_payload", "_address", "_consumer")
 
-    __slots__ = ("_ref", "_skeleton", "_address", "_owner_pid", "__weakref__")
-
-    def __init__(self, ref_bytes, skeleton, address):
-        self._ref, self._skeleton, self._address = ref_bytes, skeleton, address
-        self._owner_pid = None  # Set where it is received (unpickled).
+    def __init__(self, ref_bytes, payload, address, consumer):
+        self._ref, self._payload = ref_bytes, payload
+        self._address, self._consumer = address, consumer
 
     def __reduce__(self):
-        return (_received, (self._ref, self._skeleton, self._address))
+        if self._ref is None:
+            raise RuntimeError("this PooledBatch was already turned into "
+                               "tensors")
+        return (_receive_pooled, (self._ref, self._payload, self._address,
+                                  self._consumer))
 
-    def pin_memory(self):  # torch's pin thread: nothing to pin yet.
-        return self
-
-    def _take(self):
+    def _materialize(self, client=None):
         ref_bytes, self._ref = self._ref, None
-        return ref_bytes
-
-    def __del__(self):
-        if self._ref is None or self._owner_pid != os.getpid():
-            return
-        if sys.is_finalizing():
-            # Interpreter teardown: no new connection and no call now (gRPC
-            # may be going away under us). The transfer is reclaimed when
-            # its creator's session ends, at the latest as this job exits.
-            return
-        try:
-            from . import ObjectRef
-            _client(self._address).get(ObjectRef(self._ref),
-                                       writable=False).close()
-        except Exception:  # noqa: BLE001 - best effort at teardown.
-            pass
+        if ref_bytes is None:
+            raise RuntimeError("this PooledBatch was already turned into "
+                               "tensors")
+        return _pooled_batch(ref_bytes, self._payload, self._address, client)
 
 
-def _received(ref_bytes, skeleton, address):
-    b = PooledBatch(ref_bytes, skeleton, address)
-    b._owner_pid = os.getpid()
-    return b
+def _pooled_batch(ref_bytes, payload, address, client=None):
+    from . import ObjectRef
+    c = client if client is not None else _client(address)
+    view = c.get(ObjectRef(ref_bytes))  # The exclusive take: writable.
+    flat = view.tensor()
+    view.close()  # flat (and every tensor cut from it) holds the lease.
+    return _batch.unpack(payload, flat)
+
+
+def _receive_pooled(ref_bytes, payload, address, consumer):
+    return _deliver(consumer, _pooled_batch, (ref_bytes, payload, address))
 
 
 class RingBatch:
     """What a DataLoader worker sends for a batch it collated into a slot of
-    its batch ring (see PoolCollate): the ring's ref and shape, the slot and
-    its generation, and the batch's structure. No daemon call on either side
-    per batch: the training process joins each worker's ring once, and a slot
-    is free for the worker again when the last tensor over it dies.
+    its batch ring: the ring's ref and shape, the slot and its generation,
+    and the batch's structure (shmtensor/_batch.py's payload). Where it is unpickled it adopts the slot (no
+    daemon call; the first batch of a ring joins the ring, one call) and
+    turns into the batch: from then on the batch's memory is the receiving
+    process's, whatever becomes of the worker. A slot is free for the worker
+    again when the last tensor over it dies."""
 
-    A handle dropped unused where it was received (a loop that broke early,
-    torch discarding an abandoned epoch's batches) frees its slot at once if
-    this process has joined the ring; else the slot is reclaimed when no
-    handle can still arrive (the next epoch of persistent workers, or the
-    ring's end)."""
-
-    __slots__ = ("_ring", "_slots", "_slot_bytes", "_align", "_slot", "_gen",
-                 "_nbytes", "_skeleton", "_address", "_used", "_owner_pid")
+    __slots__ = ("_args", "_used")
 
     def __init__(self, ring, slots, slot_bytes, align, slot, gen, nbytes,
-                 skeleton, address):
-        self._ring, self._slots, self._slot_bytes = ring, slots, slot_bytes
-        self._align = align
-        self._slot, self._gen, self._nbytes = slot, gen, nbytes
-        self._skeleton, self._address = skeleton, address
+                 payload, address, consumer):
+        self._args = (ring, slots, slot_bytes, align, slot, gen, nbytes,
+                      payload, address, consumer)
         self._used = False
-        self._owner_pid = None  # Set where it is received (unpickled).
 
     def __reduce__(self):
-        return (_ring_received, (self._ring, self._slots, self._slot_bytes,
-                                 self._align, self._slot, self._gen,
-                                 self._nbytes, self._skeleton, self._address))
+        return (_receive_ring, self._args)
 
-    def __del__(self):
-        if self._used or self._owner_pid != os.getpid():
-            return
-        ring = _joined_rings.get(self._ring)
-        if ring is not None:
-            ring.abandon(self._slot, self._gen)  # No-op if it moved on.
-
-    def pin_memory(self):  # torch's pin thread: nothing to pin yet.
-        return self
-
-    def _adopt(self, rings, client):
-        """The batch's tensors, over its slot; `rings` caches this process's
-        joined rings by ref."""
+    def _materialize(self, client=None):
         if self._used:
-            raise RuntimeError("this RingBatch was already turned into tensors")
+            raise RuntimeError("this RingBatch was already turned into "
+                               "tensors")
         self._used = True
-        ring = rings.get(self._ring)
-        if ring is None:
-            from . import ObjectRef
-            c = client if client is not None else _client(self._address)
-            view = c.get(ObjectRef(self._ring))  # Writable: shared-writable.
-            ring = _core.BatchRing.join(view, self._slots, self._slot_bytes,
-                                        self._align)
-            view.close()  # The ring, and each tensor from it, holds the lease.
-            rings[self._ring] = ring
-            _joined_rings[self._ring] = ring
-        flat = torch.from_dlpack(ring.adopt(self._slot, self._gen,
-                                            max(self._nbytes, 1)))
-        return _rebuild(self._skeleton, flat)
+        return _ring_batch(*self._args, client=client)
 
 
-def _ring_received(*args):
-    b = RingBatch(*args)
-    b._owner_pid = os.getpid()
-    return b
+def _ring_batch(ring_ref, slots, slot_bytes, align, slot, gen, nbytes,
+                payload, address, consumer, client=None):
+    cache = _caches.get(consumer) if consumer is not None else None
+    if cache is None or cache.pid != os.getpid():
+        cache = _RingCache(register=False)  # Joined for this batch only.
+    ring = cache.ring(ring_ref, slots, slot_bytes, align, address, client)
+    flat = torch.from_dlpack(ring.adopt(slot, gen, max(nbytes, 1)))
+    return _batch.unpack(payload, flat)
 
 
-# The rings this process joined and still holds (by ref), for handles dropped
-# unused: weak, the DataLoader iterators' own dicts keep them.
-_joined_rings = weakref.WeakValueDictionary()
+def _receive_ring(*args):
+    return _deliver(args[9], _ring_batch, args)
 
+
+def _deliver(consumer, make, args):
+    """make(*args), the batch. In a DataLoader (`consumer` set) a failure
+    becomes torch's ExceptionWrapper, which torch's iterator re-raises for
+    this batch (as for a worker's error) instead of the receiving thread
+    (torch's pin-memory thread, perhaps) dying of it."""
+    if consumer is None:
+        return make(*args)
+    try:
+        return make(*args)
+    except Exception:  # noqa: BLE001 - re-raised by torch, with traceback.
+        from torch._utils import ExceptionWrapper
+        return ExceptionWrapper(
+            where="in the training process, taking a batch shmtensor handed "
+                  "over")
+
+
+class _RingCache:
+    """The batch rings one consumer joined, by ref: each is joined (a daemon
+    call) once and kept while the cache lives, which is while the DataLoader
+    iterator lives (persistent workers: the loader). Every tensor adopted
+    from a ring also holds it, so batches outlive the cache. A cache is
+    found by its token, which the DataLoader gives its workers' collate_fn.
+    Thread-safe (torch's pin-memory thread receives batches too)."""
+
+    _serial = itertools.count(1)
+
+    def __init__(self, register=True):
+        self.pid = os.getpid()
+        self.token = f"{self.pid}.{next(self._serial)}"
+        self._rings = {}
+        self._lock = threading.Lock()
+        if register:
+            _caches[self.token] = self
+
+    def ring(self, ring_ref, slots, slot_bytes, align, address, client=None):
+        """The joined ring of `ring_ref`: joined now (through `client`, or
+        this process's client of `address`) if it was not yet."""
+        with self._lock:
+            ring = self._rings.get(ring_ref)
+            if ring is None:
+                from . import ObjectRef
+                c = client if client is not None else _client(address)
+                view = c.get(ObjectRef(ring_ref))  # Shared-writable.
+                ring = _core.BatchRing.join(view, slots, slot_bytes, align)
+                view.close()  # The ring, and each tensor from it, holds it.
+                self._rings[ring_ref] = ring
+            return ring
+
+
+# Ring caches of this process's live DataLoader iterators, by token.
+_caches = weakref.WeakValueDictionary()
+
+
+# -- the producer side ---------------------------------------------------------
 
 class PoolCollate:
     """A collate_fn that collates into a shmtensord pool buffer and returns
-    a small, picklable PooledBatch; `to_tensors` turns it into tensors in
-    the process that receives it (once: the hand-off is exclusive).
+    a small, picklable handle, which turns into the batch (writable tensors
+    over the pool memory) where it is unpickled; in the process that made
+    it, `to_tensors` does that (once: the hand-off is exclusive).
 
     address: the daemon (None: $SHMTENSOR_ADDRESS or the default).
-    collate_fn: None for default_collate semantics (tensors go straight into
-      the pool); else your function, whose CPU tensors are then copied in.
+    collate_fn: None for the installed torch's default_collate, with its
+      stacks made straight in the pool; else your function, whose result's
+      CPU tensors are then copied in (see the module docstring).
     pool_timeout: seconds to wait for pool memory when the pool is full (the
       training loop may be holding batches) before PoolExhaustedError says
       how large the pool should be.
@@ -342,6 +231,8 @@ class PoolCollate:
         self._ring_slots = 0
         self._ring = None  # (BatchRing, ref bytes), or False: none to be had.
         self._ring_pid = None
+        # The token of the consumer's ring cache (the DataLoader sets it).
+        self._consumer = None
 
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -377,8 +268,8 @@ class PoolCollate:
                 pass  # Pool too full now: batch by batch.
         return self._ring or None
 
-    def _into_ring(self, client, plan, skeleton):
-        """The batch collated into a free slot of this worker's ring, as a
+    def _into_ring(self, client, plan, payload):
+        """The batch filled into a free slot of this worker's ring, as a
         RingBatch; None when it has no ring, the batch does not fit a slot
         or every slot is in use."""
         got = self._ring_for(client, plan.size)
@@ -391,25 +282,27 @@ class PoolCollate:
         if slot < 0:
             return None
         try:
-            _fill(plan, torch.from_dlpack(ring.target(slot, plan.size)))
+            _batch.fill(plan, torch.from_dlpack(ring.target(slot, plan.size)))
         except BaseException:
             ring.unclaim(slot)
             raise
         gen = ring.generation(slot)
         ring.hand(slot)
         return RingBatch(ref, ring.slots, ring.slot_bytes, ring.align, slot,
-                         gen, plan.size, skeleton, self.address)
+                         gen, plan.size, payload, self.address,
+                         self._consumer)
 
     def __call__(self, samples):
-        plan = _Plan()
+        plan = _batch.Plan()
         if self.collate_fn is None:
-            skeleton = _collate(plan, samples)
+            batch = plan.collate(samples)
         else:
-            skeleton = _move_tensors(plan, self.collate_fn(samples))
-        if not plan.fills:
-            return skeleton  # Nothing for the pool (strings only, ...).
+            batch = self.collate_fn(samples)
+        payload = _batch.pack(plan, batch)
+        if not plan:
+            return batch  # Nothing for the pool: as torch passes it.
         client = _client(self.address)
-        ringed = self._into_ring(client, plan, skeleton)
+        ringed = self._into_ring(client, plan, payload)
         if ringed is not None:
             return ringed
         try:
@@ -421,9 +314,9 @@ class PoolCollate:
             if "exceeds pool" not in str(e):
                 raise
             raise PoolExhaustedError(self._advice(plan.size, str(e))) from None
-        _fill(plan, buf.tensor())
+        _batch.fill(plan, buf.tensor())
         ref = buf.seal(exclusive=True)
-        return PooledBatch(bytes(ref), skeleton, self.address)
+        return PooledBatch(bytes(ref), payload, self.address, self._consumer)
 
     def _advice(self, nbytes, error):
         info = torch.utils.data.get_worker_info()
@@ -455,103 +348,46 @@ class PoolCollate:
                 f"or prefetch_factor)")
 
 
-def _fill(plan, flat):
-    """Runs the plan's fills into `flat` (uint8, at least plan.size long);
-    keeps no reference to it."""
-    for leaf, fill in plan.fills:
-        n = leaf.nbytes
-        out = flat[leaf.offset:leaf.offset + n]
-        if n:
-            out = out.view(leaf.dtype)
-        else:
-            out = torch.empty(0, dtype=leaf.dtype)
-        fill(out.view(leaf.shape))
-
-
 def _pool_size_arg(nbytes):
     """A --pool-size value of at least `nbytes`, in whole MiB or GiB."""
     mib = -(-nbytes // (1 << 20))
     return f"{-(-mib // 1024)}GiB" if mib >= 1024 else f"{mib}MiB"
 
 
-# -- the consumer side ---------------------------------------------------------
-
-def _rebuild(obj, flat):
-    """The skeleton with each _Leaf replaced by its tensor, cut from `flat`."""
-    def tensor(x):
-        if not isinstance(x, _Leaf):
-            return x
-        n = x.nbytes
-        if n == 0:
-            return torch.empty(x.shape, dtype=x.dtype)
-        return flat[x.offset:x.offset + n].view(x.dtype).view(x.shape)
-    return _map_leaves(obj, tensor)
-
-
-def to_tensors(batch, client=None, rings=None):
-    """The tensors of a PooledBatch or RingBatch (anything else is returned
-    as is): ordinary writable CPU tensors over the pool memory, in the
-    structure the collate function produced. The memory returns to the pool
-    (a ring slot: to its worker) when the last of them (or of tensors viewing
-    them) dies. Works once per batch. `rings`: a dict in which the batch rings
-    this process joined are kept (the DataLoader's iterator passes its own;
-    without one, each RingBatch joins its ring anew, a daemon call)."""
-    if isinstance(batch, RingBatch):
-        return batch._adopt({} if rings is None else rings, client)
-    if not isinstance(batch, PooledBatch):
-        return batch
-    from . import ObjectRef
-    ref_bytes = batch._take()
-    if ref_bytes is None:
-        raise RuntimeError("this PooledBatch was already turned into tensors")
-    c = client if client is not None else _client(batch._address)
-    view = c.get(ObjectRef(ref_bytes))  # The exclusive take: writable.
-    flat = view.tensor()
-    view.close()  # flat (and every tensor cut from it) holds the lease.
-    return _rebuild(batch._skeleton, flat)
+def to_tensors(batch, client=None):
+    """The batch of a PooledBatch or RingBatch that this process made and
+    did not send (anything else, a batch that came through a queue included,
+    is returned as is): ordinary writable CPU tensors over the pool memory,
+    in the structure the collate function produced. The memory returns to
+    the pool (a ring slot: to its worker) when the last of them (or of
+    tensors viewing them) dies. Works once per handle."""
+    if isinstance(batch, (PooledBatch, RingBatch)):
+        return batch._materialize(client)
+    return batch
 
 
 # -- the drop-in DataLoader ----------------------------------------------------
 
-class _Iter:
-    """Wraps torch's iterator: turns each PooledBatch into tensors."""
-
-    def __init__(self, inner, pin, rings):
-        self._inner, self._pin, self._rings = inner, pin, rings
-
-    def __iter__(self):
-        return self
-
-    def __len__(self):
-        return len(self._inner)
-
-    def __next__(self):
-        batch = to_tensors(next(self._inner), rings=self._rings)
-        if self._pin:
-            from torch.utils.data._utils.pin_memory import pin_memory
-            batch = pin_memory(batch)
-        return batch
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
+_T_co = typing.TypeVar("_T_co", covariant=True)
+_TorchLoader = torch.utils.data.DataLoader
 
 
-class DataLoader(torch.utils.data.DataLoader):
+class DataLoader(_TorchLoader[_T_co]):
     """torch.utils.data.DataLoader with batches handed over through a
-    shmtensord pool. Same arguments, same batches in the same order (the
-    sampler, workers and seeds are torch's own), plus:
+    shmtensord pool. The installed torch's arguments and defaults (see
+    inspect.signature), its iterator, the same batches in the same order
+    (the sampler, workers and seeds are torch's own), plus, keyword-only:
 
     shmtensor_address: the daemon (None: $SHMTENSOR_ADDRESS or the default).
     pool_timeout: seconds a worker waits for pool memory before
       PoolExhaustedError says how large the pool should be (default 30).
 
     With num_workers=0 there is no other process to hand batches to, and it
-    behaves exactly like torch's DataLoader. pin_memory=True pins the
-    tensors after the hand-off when CUDA is available (a copy into page-
-    locked memory, as torch makes); without CUDA torch's warning applies and
-    nothing is pinned. A worker that dies, or a loop that stops early, leaves
-    nothing behind in the pool (the daemon reclaims what the worker held;
-    batches received but never used are given back).
+    is torch's DataLoader. pin_memory=True pins as torch does, on torch's
+    pin-memory thread (a copy into page-locked memory, after which the pool
+    memory is free again). A worker that dies, or a loop that stops early,
+    leaves nothing behind in the pool (the daemon reclaims what the worker
+    held; batches received and dropped give their memory back at once).
 
     Pool memory: each worker keeps a batch ring of prefetch_factor + 2 slots
     the size of its first batch (when all the rings' slots take at most half
@@ -560,50 +396,51 @@ class DataLoader(torch.utils.data.DataLoader):
     slot while a tensor over it does.
     """
 
-    def __init__(self, dataset, batch_size=1, shuffle=None, sampler=None,
-                 batch_sampler=None, num_workers=0, collate_fn=None,
-                 pin_memory=False, drop_last=False, timeout=0,
-                 worker_init_fn=None, multiprocessing_context=None,
-                 generator=None, *, prefetch_factor=2,
-                 persistent_workers=False, pin_memory_device="",
-                 shmtensor_address=None, pool_timeout=30.0):
-        self._pool = num_workers > 0
-        self._pin = bool(pin_memory) and torch.cuda.is_available()
-        # Batch rings joined, for persistent workers (whose rings outlive an
-        # epoch); else each epoch's iterator has its own.
-        self._rings = {}
-        if self._pool:
-            collate_fn = PoolCollate(shmtensor_address, collate_fn,
-                                     pool_timeout,
-                                     in_flight=num_workers * prefetch_factor)
-            # Each worker's ring: its prefetched batches, and two more for
-            # its batches the training loop holds (the one in hand, and the
-            # last one until the loop variable moves on). A batch that finds
-            # every slot taken goes through the pool instead.
-            collate_fn._ring_slots = prefetch_factor + 2
-        super().__init__(
-            dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler,
-            batch_sampler=batch_sampler, num_workers=num_workers,
-            collate_fn=collate_fn,
-            pin_memory=pin_memory and not self._pool, drop_last=drop_last,
-            timeout=timeout, worker_init_fn=worker_init_fn,
-            multiprocessing_context=multiprocessing_context,
-            generator=generator, prefetch_factor=prefetch_factor,
-            persistent_workers=persistent_workers,
-            pin_memory_device=pin_memory_device)
-        if self._pool and pin_memory and not self._pin:
-            import warnings
-            warnings.warn("pin_memory=True but CUDA is not available: "
-                          "nothing is pinned")
+    def __init__(self, *args, shmtensor_address=None, pool_timeout=30.0,
+                 **kwargs):
+        # torch checks and defaults every argument of its own.
+        super().__init__(*args, **kwargs)
+        self._shmtensor_rings = None  # Persistent workers': the loader's.
+        if self.num_workers == 0:
+            return
+        collate_fn = self.collate_fn  # torch's choice when it was None.
+        if collate_fn is torch.utils.data.default_collate:
+            collate_fn = None  # The same, with stacks made in the pool.
+        prefetch = self.prefetch_factor or 2
+        pool = PoolCollate(shmtensor_address, collate_fn, pool_timeout,
+                           in_flight=self.num_workers * prefetch)
+        # Each worker's ring: its prefetched batches, and two more for its
+        # batches the training loop holds (the one in hand, and the last one
+        # until the loop variable moves on). A batch that finds every slot
+        # taken goes through the pool instead.
+        pool._ring_slots = prefetch + 2
+        self.collate_fn = pool
 
     def __iter__(self):
-        if not self._pool:
+        pool = self.collate_fn
+        if self.num_workers == 0 or not isinstance(pool, PoolCollate):
             return super().__iter__()
-        if not self.persistent_workers:
-            return _Iter(super().__iter__(), self._pin, {})
-        # Persistent workers: a new epoch drops whatever the last one left
-        # handed and unread (torch discards it while resetting its
-        # iterator), so those slots are free again.
-        for ring in self._rings.values():
-            ring.reclaim_handed()
-        return _Iter(super().__iter__(), self._pin, self._rings)
+        if self.persistent_workers:
+            # The workers outlive the epoch, and so do their rings.
+            if self._shmtensor_rings is None:
+                self._shmtensor_rings = _RingCache()
+            pool._consumer = self._shmtensor_rings.token
+            return super().__iter__()
+        rings = _RingCache()
+        pool._consumer = rings.token  # Workers start with the iterator.
+        it = super().__iter__()
+        it._shmtensor_rings = rings  # Held as long as the iterator lives.
+        return it
+
+
+def _signature():
+    """torch's DataLoader signature, and ours after it."""
+    sig = inspect.signature(_TorchLoader.__init__)
+    ours = [inspect.Parameter("shmtensor_address",
+                              inspect.Parameter.KEYWORD_ONLY, default=None),
+            inspect.Parameter("pool_timeout", inspect.Parameter.KEYWORD_ONLY,
+                              default=30.0)]
+    return sig.replace(parameters=list(sig.parameters.values()) + ours)
+
+
+DataLoader.__init__.__signature__ = _signature()

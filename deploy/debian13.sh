@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Builds and tests this tree on Debian 13 (trixie: Python 3.13, torch 2.6,
+# NumPy 2, gcc 14) in a debootstrapped root, from Debian's archive only.
+#
+#   deploy/debian13.sh [ROOT] [-- COMMAND...]
+#
+# ROOT (default /var/tmp/shmtensor-trixie) is made with debootstrap on first
+# use and kept for the next run. The tree (tracked files and untracked ones
+# git does not ignore) is copied to ROOT/src; then COMMAND runs there in the
+# root, by default ./deploy/test.sh (which installs the packages it needs
+# with apt-get, builds and runs every test); ROOT/src/build stays from one
+# run to the next, so a rebuild is incremental. Inside the root: /proc, /sys,
+# /dev (a recursive bind, made a slave so nothing propagates back) and a
+# tmpfs of its own on /dev/shm; unmounted in reverse order on exit. Needs
+# root. $DEBIAN_MIRROR overrides http://deb.debian.org/debian.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+ROOT=/var/tmp/shmtensor-trixie
+if [ $# -gt 0 ] && [ "$1" != "--" ]; then
+  ROOT=$1
+  shift
+fi
+[ "${1:-}" = "--" ] && shift
+if [ $# -eq 0 ]; then
+  set -- ./deploy/test.sh
+fi
+MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "debian13: needs root (debootstrap, mounts, chroot)" >&2
+  exit 1
+fi
+if ! command -v debootstrap >/dev/null; then
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends debootstrap
+fi
+if [ ! -x "$ROOT/usr/bin/apt-get" ]; then
+  echo "debian13: making a trixie root in $ROOT"
+  mkdir -p "$ROOT"
+  debootstrap --variant=minbase trixie "$ROOT" "$MIRROR"
+fi
+cp /etc/resolv.conf "$ROOT/etc/resolv.conf" 2>/dev/null || true
+
+mounted=()
+cleanup() {
+  local i
+  for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do
+    umount -R "${mounted[$i]}" 2>/dev/null || umount -l "${mounted[$i]}" || true
+  done
+}
+trap cleanup EXIT
+mount_in() {  # mount_in TARGET ARGS...
+  local target=$ROOT$1
+  shift
+  mount "$@" "$target"
+  mounted+=("$target")
+}
+mount_in /proc -t proc proc
+mount_in /sys -t sysfs sys
+mount_in /dev --rbind /dev
+mount --make-rslave "$ROOT/dev"
+mount_in /dev/shm -t tmpfs -o size=50%,mode=1777 tmpfs
+
+echo "debian13: copying the tree to $ROOT/src (its build/ is kept)"
+mkdir -p "$ROOT/src"
+find "$ROOT/src" -mindepth 1 -maxdepth 1 ! -name build -exec rm -rf {} +
+git ls-files -co --exclude-standard -z | tar --null -T - -cf - | tar -xf - -C "$ROOT/src"
+
+chroot "$ROOT" /usr/bin/env -i HOME=/root PATH=/usr/sbin:/usr/bin:/sbin:/bin \
+  LANG=C.UTF-8 DEBIAN_FRONTEND=noninteractive CI="${CI:-}" \
+  bash -c 'cd /src && "$@"' debian13 "$@"
