@@ -14,13 +14,19 @@
 # tmpfs of its own on /dev/shm; unmounted in reverse order on exit. Needs
 # root. $DEBIAN_MIRROR overrides http://deb.debian.org/debian.
 set -euo pipefail
-cd "$(dirname "$0")/.."
 
 ROOT=/var/tmp/shmtensor-trixie
 if [ $# -gt 0 ] && [ "$1" != "--" ]; then
-  ROOT=$1
+  ROOT=$(realpath -m "$1")  # Before the cd: relative to where it was run.
   shift
 fi
+cd "$(dirname "$0")/.."
+case "$ROOT/" in
+  "$(pwd)"/*)
+    echo "debian13: the root must be outside the tree (got $ROOT)" >&2
+    exit 1
+    ;;
+esac
 [ "${1:-}" = "--" ] && shift
 if [ $# -eq 0 ]; then
   set -- ./deploy/test.sh
@@ -35,10 +41,14 @@ if ! command -v debootstrap >/dev/null; then
   apt-get update -q
   apt-get install -y -q --no-install-recommends debootstrap
 fi
-if [ ! -x "$ROOT/usr/bin/apt-get" ]; then
+# The marker is written only once debootstrap succeeded: a root it left
+# half made is made again.
+if [ ! -f "$ROOT/.shmtensor-debootstrap-done" ]; then
   echo "debian13: making a trixie root in $ROOT"
+  rm -rf "$ROOT"
   mkdir -p "$ROOT"
   debootstrap --variant=minbase trixie "$ROOT" "$MIRROR"
+  touch "$ROOT/.shmtensor-debootstrap-done"
 fi
 cp /etc/resolv.conf "$ROOT/etc/resolv.conf" 2>/dev/null || true
 
@@ -53,6 +63,9 @@ trap cleanup EXIT
 mount_in() {  # mount_in TARGET ARGS...
   local target=$ROOT$1
   shift
+  if mountpoint -q "$target"; then  # Left by a run that was killed.
+    umount -R "$target" || umount -l "$target"
+  fi
   mount "$@" "$target"
   mounted+=("$target")
 }
@@ -65,7 +78,9 @@ mount_in /dev/shm -t tmpfs -o size=50%,mode=1777 tmpfs
 echo "debian13: copying the tree to $ROOT/src (its build/ is kept)"
 mkdir -p "$ROOT/src"
 find "$ROOT/src" -mindepth 1 -maxdepth 1 ! -name build -exec rm -rf {} +
-git ls-files -co --exclude-standard -z | tar --null -T - -cf - | tar -xf - -C "$ROOT/src"
+# Tracked files deleted in the work tree are listed too: skipped.
+git ls-files -co --exclude-standard -z |
+  tar --null --ignore-failed-read -T - -cf - | tar -xf - -C "$ROOT/src"
 
 chroot "$ROOT" /usr/bin/env -i HOME=/root PATH=/usr/sbin:/usr/bin:/sbin:/bin \
   LANG=C.UTF-8 DEBIAN_FRONTEND=noninteractive CI="${CI:-}" \

@@ -716,27 +716,43 @@ def _collate_points(batch, *, collate_fn_map=None):
     return torch.tensor([[p.x, p.y] for p in batch])
 
 
+class Scaled:
+    def __init__(self, t):
+        self.t = t
+
+
+def _collate_scaled(batch, *, collate_fn_map=None):
+    """Computes on what the registry's tensor entry returns (in place)."""
+    from torch.utils.data._utils.collate import collate
+    return collate([s.t for s in batch], collate_fn_map=collate_fn_map).div_(2)
+
+
 class Points(Dataset):
     def __len__(self):
         return 8
 
     def __getitem__(self, i):
-        return {"p": Point(i, -i), "t": torch.tensor(float(i))}
+        return {"p": Point(i, -i), "t": torch.tensor(float(i)),
+                "s": Scaled(torch.full((3,), float(i)))}
 
 
 def test_default_collate_follows_torchs_registry(daemon):
     """default_collate_fn_map, extended as torch documents it, is used by
-    ours too (fork: the workers see the change)."""
+    ours too (fork: the workers see the change), and a function of the
+    user's there computes on real tensors."""
     from torch.utils.data._utils.collate import default_collate_fn_map
     default_collate_fn_map[Point] = _collate_points
+    default_collate_fn_map[Scaled] = _collate_scaled
     try:
         theirs, ours = both(Points(), daemon, batch_size=4, num_workers=2,
                             multiprocessing_context="fork")
     finally:
-        del default_collate_fn_map[Point]
+        del default_collate_fn_map[Point], default_collate_fn_map[Scaled]
     for a, b in zip(theirs, ours):
         assert_same(a, b)
+    assert torch.equal(ours[1]["s"][0], torch.full((3,), 2.0))  # 4 / 2.
     assert in_pool(ours[0]["p"].data_ptr())
+    assert in_pool(ours[0]["s"].data_ptr())
 
 
 def test_signature_and_defaults_are_the_installed_torchs():
@@ -780,6 +796,12 @@ def test_iterator_is_torchs_own(daemon):
     next(it)
     assert it._num_yielded == 1
     del it
+    # collate_fn stays torch's, for code that reads or rebuilds the loader;
+    # without workers the loader is torch's, batches and all.
+    assert loader.collate_fn is torch.utils.data.default_collate
+    loader.num_workers = 0
+    batch = next(iter(loader))
+    assert type(batch) is torch.Tensor and batch.shape == (4, 4)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(),

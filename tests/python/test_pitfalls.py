@@ -351,6 +351,10 @@ def test_read_only_tensor_warns_nothing_and_saves_as_a_plain_tensor(client,
         assert float((t[2:] * 2).sum()) == 54
         with pytest.raises(RuntimeError, match="read-only"):
             t.add_(1)
+    # An empty read-only tensor guards no other (empty) tensor.
+    empty = client.get(client.put(torch.zeros(0))).tensor()
+    out = torch.empty(0)
+    torch.add(empty, torch.zeros(0), out=out)
     path = tmp_path / "t.pt"
     torch.save({"t": t[1:]}, path)
     loaded = torch.load(path, weights_only=True)["t"]

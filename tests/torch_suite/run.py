@@ -157,6 +157,23 @@ def _outcomes(results):
             done)
 
 
+def _left_in_pool(address, timeout=10.0):
+    """What the pool still holds (objects, bytes) after a run whose processes
+    are all gone, as text; "" when it is empty. Waits up to `timeout` for
+    the daemon to reap the last sessions."""
+    import shmtensor
+    client = shmtensor.connect(address)
+    deadline = time.monotonic() + timeout
+    while True:
+        stats = client.stats()
+        # This client's session is the only one left.
+        objects, used = stats["objects"], stats["pools"][0]["used_bytes"]
+        if (objects == 0 and used == 0) or time.monotonic() > deadline:
+            return "" if objects == 0 and used == 0 else (
+                f"{objects} objects, {used} bytes")
+        time.sleep(0.1)
+
+
 def _counts(outcome):
     values = list(outcome.values())
     return (len(values), values.count("pass"), values.count("fail"),
@@ -251,6 +268,11 @@ def _run(args, say):
         suspects = sorted(t for t, o in theirs.items()
                           if o == "pass" and ours.get(t) != "pass")
         regressions = []
+        if not finished["ours"]:
+            # A hang or a crash of ours: no test alone excuses it.
+            say("shmtensor's run did not finish:\n" + _tail(runs["ours"][2]))
+            say(f"logs kept in {work}")
+            return 1
         for t in suspects:  # Once more, alone, before it counts.
             name = t.split(".", 1)[1] if t.startswith("__main__.") else t
             proc, res, log = _start("ours", local, work, daemon.address,
@@ -270,8 +292,11 @@ def _run(args, say):
         if both_fail:
             say("fail with torch's DataLoader too (not counted): " +
                 ", ".join(both_fail))
-        if not finished["ours"]:
-            say(_tail(runs["ours"][2]))
+        left = _left_in_pool(daemon.address)
+        if left:
+            say(f"shmtensor's run left {left} in the pool once every test "
+                f"and worker was gone")
+            return 1
         if regressions:
             say("torch passes, ours does not:")
             for t, log in regressions:

@@ -90,10 +90,16 @@ class Plan:
         registry as it stands, default_collate_fn_map changes included) with
         each stack of tensors planned into the pool: the stack comes back as
         a placeholder on the meta device, and is made straight into the
-        buffer by `fill`. Raises what default_collate raises for the same
-        samples (torch.stack's own errors: from `fill`)."""
+        buffer by `fill`. Only while the registry holds torch's functions
+        alone: with one of the user's, torch's collate runs as it is (its
+        tensors are copied in). Raises what default_collate raises for the
+        same samples (torch.stack's own errors: from `fill`)."""
         registry = _torch_collate.default_collate_fn_map
-        if registry.get(torch.Tensor) is not _torch_collate.collate_tensor_fn:
+        if not all(getattr(fn, "__module__", None) == _torch_collate.__name__
+                   for fn in registry.values()):
+            # A collate function of the user's may compute on what a stack
+            # returns; it gets real tensors (copied in by `pack`), never a
+            # placeholder.
             return _torch_collate.collate(samples, collate_fn_map=registry)
         if type(samples[0]) is torch.Tensor:  # What collate() does first.
             return self._stack(samples)

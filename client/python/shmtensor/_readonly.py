@@ -62,8 +62,9 @@ class ReadOnlyTensor(torch.Tensor):
         name = getattr(func, "__name__", "")
         # Everything below runs on plain tensors: no recursion into here.
         with torch._C.DisableTorchFunction():
+            # An empty tensor's storage is at 0: it guards nothing.
             guarded = {_storage_ptr(a) for a in _tensors(args, kwargs)
-                       if isinstance(a, ReadOnlyTensor)}
+                       if isinstance(a, ReadOnlyTensor)} - {0}
             target = kwargs.get("out")
             if target is None and _writes(name) and args:
                 target = args[0]

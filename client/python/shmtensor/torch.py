@@ -398,38 +398,52 @@ class DataLoader(_TorchLoader[_T_co]):
 
     def __init__(self, *args, shmtensor_address=None, pool_timeout=30.0,
                  **kwargs):
-        # torch checks and defaults every argument of its own.
+        # torch checks and defaults every argument of its own; collate_fn
+        # stays what torch made it (for code that reads or replaces it).
         super().__init__(*args, **kwargs)
+        self._shmtensor_options = (shmtensor_address, pool_timeout)
+        self._shmtensor_pool = None   # (the collate_fn wrapped, PoolCollate)
         self._shmtensor_rings = None  # Persistent workers': the loader's.
-        if self.num_workers == 0:
-            return
-        collate_fn = self.collate_fn  # torch's choice when it was None.
-        if collate_fn is torch.utils.data.default_collate:
-            collate_fn = None  # The same, with stacks made in the pool.
-        prefetch = self.prefetch_factor or 2
-        pool = PoolCollate(shmtensor_address, collate_fn, pool_timeout,
-                           in_flight=self.num_workers * prefetch)
-        # Each worker's ring: its prefetched batches, and two more for its
-        # batches the training loop holds (the one in hand, and the last one
-        # until the loop variable moves on). A batch that finds every slot
-        # taken goes through the pool instead.
-        pool._ring_slots = prefetch + 2
-        self.collate_fn = pool
+
+    def _pool_collate(self):
+        """The PoolCollate over the loader's collate_fn as it stands now."""
+        fn = self.collate_fn
+        if self._shmtensor_pool is None or self._shmtensor_pool[0] is not fn:
+            address, timeout = self._shmtensor_options
+            prefetch = self.prefetch_factor or 2
+            # torch's default_collate: the same, with stacks made in the pool.
+            wrapped = None if fn is torch.utils.data.default_collate else fn
+            pool = PoolCollate(address, wrapped, timeout,
+                               in_flight=self.num_workers * prefetch)
+            # Each worker's ring: its prefetched batches, and two more for
+            # its batches the training loop holds (the one in hand, and the
+            # last one until the loop variable moves on). A batch that finds
+            # every slot taken goes through the pool instead.
+            pool._ring_slots = prefetch + 2
+            self._shmtensor_pool = (fn, pool)
+        return self._shmtensor_pool[1]
 
     def __iter__(self):
-        pool = self.collate_fn
-        if self.num_workers == 0 or not isinstance(pool, PoolCollate):
+        """torch's iterator; with workers, one whose workers collate into
+        the pool. Not to be called from two threads at once (it hands the
+        workers' collate_fn to torch through the loader's attribute)."""
+        if self.num_workers == 0:
             return super().__iter__()
-        if self.persistent_workers:
-            # The workers outlive the epoch, and so do their rings.
-            if self._shmtensor_rings is None:
-                self._shmtensor_rings = _RingCache()
-            pool._consumer = self._shmtensor_rings.token
-            return super().__iter__()
+        if self.persistent_workers and self._iterator is not None:
+            return super().__iter__()  # torch resets it; workers stay.
         rings = _RingCache()
-        pool._consumer = rings.token  # Workers start with the iterator.
-        it = super().__iter__()
-        it._shmtensor_rings = rings  # Held as long as the iterator lives.
+        pool = self._pool_collate()
+        pool._consumer = rings.token
+        own = self.collate_fn
+        self.collate_fn = pool  # What torch's iterator gives its workers.
+        try:
+            it = super().__iter__()
+        finally:
+            self.collate_fn = own
+        if self.persistent_workers:
+            self._shmtensor_rings = rings  # The rings outlive the epoch.
+        else:
+            it._shmtensor_rings = rings  # Held while the iterator lives.
         return it
 
 
