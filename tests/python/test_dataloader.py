@@ -416,22 +416,28 @@ def test_p8_pool_batches_take_no_page_faults_once_warm(daemon):
     assert took < P8_PAGES + 64, took
 
 
-def _producer(address, q):
+def _producer(address, q, received):
     collate = st.PoolCollate(address)
     for k in range(3):
         q.put(collate([torch.full((2, 3), float(k + j)) for j in range(4)]))
+    received.wait(60)  # A hand-off not yet received goes with this session.
 
 
 def test_without_the_wrapper_collate_fn_and_to_tensors(daemon):
     ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    p = ctx.Process(target=_producer, args=(daemon.address, q))
+    q, received = ctx.Queue(), ctx.Event()
+    p = ctx.Process(target=_producer, args=(daemon.address, q, received))
     p.start()
-    batches = [st.to_tensors(q.get(timeout=60)) for _ in range(3)]
+    # Each handle is the batch once unpickled here; to_tensors passes a
+    # batch through as it is.
+    batches = [q.get(timeout=60) for _ in range(3)]
+    received.set()
     p.join(60)
     for k, b in enumerate(batches):
-        assert b.shape == (4, 2, 3)
+        assert type(b) is torch.Tensor and b.shape == (4, 2, 3)
+        assert st.to_tensors(b) is b
         assert torch.equal(b[:, 0, 0], torch.arange(4.0) + k)
+        assert in_pool(b.data_ptr())
     handle = st.PoolCollate(daemon.address)([torch.ones(2)])
     assert st.to_tensors(handle).sum() == 2
     with pytest.raises(RuntimeError, match="already turned into tensors"):
