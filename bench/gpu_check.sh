@@ -36,13 +36,13 @@ prepare() {
   rm -rf "$G" && mkdir -p "$G"/bin "$G"/lib "$G"/include
   cp build/bin/shmtensord build/bin/cuda_test build/bin/st_cuda_child "$G"/bin/
   # The binding's link line, with every library copied into .gpu/lib.
-  local link=build/client/python/CMakeFiles/shmtensor_python.dir/link.txt
+  local link=build/python/CMakeFiles/shmtensor_python.dir/link.txt
   local args=() tok f
   for tok in $(sed 's/.* -o [^ ]* //' "$link"); do
     case "$tok" in
       CMakeFiles/*.o) ;;                       # Rebuilt there.
       *.a|*.so|*.so.*)
-        f=$(cd build/client/python && readlink -f "$tok")
+        f=$(cd build/python && readlink -f "$tok")
         cp -n "$f" "$G"/lib/
         args+=("\$G/lib/$(basename "$f")") ;;
       -l*)
@@ -101,22 +101,22 @@ run() {
   # pybind11's headers: the pip package's there, /usr/include/pybind11 here.
   pyb=$($py -c 'import pybind11; print("-isystem", pybind11.get_include())' 2>/dev/null)
   mkdir -p "$G"/python/shmtensor
-  cp client/python/shmtensor/*.py "$G"/python/shmtensor/
+  cp python/shmtensor/*.py "$G"/python/shmtensor/
   local build=0 cxx
   cxx=${CXX:-$(command -v g++ || command -v c++ || command -v clang++)}
   [[ -n "$cxx" ]] || echo "gpu_check: no C++ compiler here: Python part skipped"
   # shellcheck disable=SC2046
   [[ -n "$cxx" ]] && "$cxx" -O2 -fPIC -fvisibility=hidden -std=c++17 -shared \
       -I. -Iclient/include -isystem "$G"/include $pyb -isystem "$inc" \
-      client/python/*.cc \
+      python/src/*.cc \
       -o "$G/python/shmtensor/_core$ext" $(G=$G eval echo "$(cat "$G"/link_args)") \
       2>&1 | tail -20 || true
   [[ -f "$G/python/shmtensor/_core$ext" ]] && build=1
 
   local pytest=1
   if [[ $build == 1 ]]; then
-    echo "== 3. CUDA pytest (tests/python/test_cuda.py)"
-    (cd tests/python && SHMTENSOR_PYTHONPATH=$G/python PYTHONPATH=$G/python \
+    echo "== 3. CUDA pytest (python/tests/test_cuda.py)"
+    (cd python/tests && SHMTENSOR_PYTHONPATH=$G/python PYTHONPATH=$G/python \
       $py -m pytest -q -rs -p no:cacheprovider test_cuda.py 2>&1 | tee "$out"/pytest.log | tail -15)
     pytest=$?
     echo "== 4. GPU benchmark (bench/gpu_bench.py)"

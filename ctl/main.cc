@@ -227,6 +227,10 @@ int Delete(const Options& o) {
 int main(int argc, char** argv) {
   CLI::App app{"shmtensorctl: inspect a running shmtensord"};
   app.require_subcommand(1);
+  // Global flags go before or after the subcommand (shmtensorctl objects
+  // --address X), as with kubectl and docker: subcommands made below
+  // inherit this and hand the flags they lack to the app.
+  app.fallthrough();
   Options o;
   o.address = shmtensor::DefaultAddress();
   app.add_option("--address", o.address,

@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "spdlog/spdlog.h"
 
 namespace shmtensor::daemon {
 namespace bip = boost::interprocess;
@@ -86,12 +87,28 @@ absl::Status CheckDirectory(const std::string& directory) {
   return absl::OkStatus();
 }
 
-// Size of the PMD-level transparent huge page, or 0 when the kernel has none.
-uint64_t PmdHugePageSize() {
-  std::ifstream in("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size");
+constexpr char kPmdSizeFile[] =
+    "/sys/kernel/mm/transparent_hugepage/hpage_pmd_size";
+
+// Size of the PMD-level transparent huge page; NOT_FOUND saying why the
+// kernel tells none (no /sys mounted, as in a bare chroot; a kernel without
+// transparent huge pages).
+absl::StatusOr<uint64_t> PmdHugePageSize() {
+  std::ifstream in(kPmdSizeFile);
+  if (!in) {
+    return absl::NotFoundError(absl::StrFormat(
+        "cannot read %s (%s; is /sys mounted?), so the huge-page size is "
+        "unknown",
+        kPmdSizeFile, std::strerror(errno)));
+  }
   uint64_t size = 0;
   in >> size;
-  return (size & (size - 1)) == 0 ? size : 0;
+  if (!in || size == 0 || (size & (size - 1)) != 0) {
+    return absl::NotFoundError(absl::StrFormat(
+        "%s holds no power-of-two size, so the huge-page size is unknown",
+        kPmdSizeFile));
+  }
+  return size;
 }
 
 // Maps the first `huge` bytes of `fd` at a `huge`-aligned address, faults
@@ -240,8 +257,18 @@ absl::StatusOr<std::unique_ptr<HostSegment>> HostSegment::Create(
   }
   uint64_t huge = 0;
   if (options.huge_pages != HugePages::kOff) {
-    const uint64_t pmd = PmdHugePageSize();
-    if (pmd > page && size_bytes >= pmd && ProbeHugePages(fd, pmd)) huge = pmd;
+    const absl::StatusOr<uint64_t> pmd = PmdHugePageSize();
+    if (!pmd.ok()) {
+      if (options.huge_pages == HugePages::kRequire) {
+        return fail(absl::FailedPreconditionError(absl::StrFormat(
+            "pool directory %s: huge_pages = \"require\", but %s", dir,
+            pmd.status().message())));
+      }
+      spdlog::info("pool file {}: {}; serving 4 KiB pages", path,
+                   std::string(pmd.status().message()));
+    } else if (*pmd > page && size_bytes >= *pmd && ProbeHugePages(fd, *pmd)) {
+      huge = *pmd;
+    }
     if (huge == 0 && options.huge_pages == HugePages::kRequire) {
       return fail(absl::FailedPreconditionError(absl::StrFormat(
           "pool directory %s gives no huge pages to a %d-byte pool (huge_pages "

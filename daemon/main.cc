@@ -1,4 +1,5 @@
 // shmtensord: parse flags and config, start the daemon, wait for a signal.
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
 
@@ -12,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "daemon/config.h"
 #include "daemon/daemon.h"
+#include "daemon/stop_waiter.h"
 #include "google/protobuf/stubs/logging.h"
 #include "spdlog/spdlog.h"
 
@@ -47,6 +49,15 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingFile);
   app.add_option("--log-level", log_level,
                  "trace, debug, info, warn, error or off");
+  std::optional<pid_t> owner_pid;
+  app.add_option("--owner-pid", owner_pid,
+                 "serve one job as its private daemon: exit (cleaning up as "
+                 "on SIGTERM) when process PID, which must be this daemon's "
+                 "parent, ends, however it ends");
+  std::optional<int> ready_fd;
+  app.add_option("--ready-fd", ready_fd,
+                 "once serving, write \"ready\\n\" to this inherited "
+                 "descriptor and close it (for whoever starts the daemon)");
   CLI11_PARSE(app, argc, argv);
 
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ shmtensord[%P] %v");
@@ -112,13 +123,19 @@ int main(int argc, char** argv) {
     }
   }
 
-  // Block the stop signals in every thread (gRPC's included) and take them
-  // synchronously below.
-  sigset_t stop;
-  sigemptyset(&stop);
-  sigaddset(&stop, SIGTERM);
-  sigaddset(&stop, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  if (ready_fd.has_value() &&
+      (*ready_fd < 0 || fcntl(*ready_fd, F_GETFD) < 0)) {
+    spdlog::error("--ready-fd {}: not an open descriptor", *ready_fd);
+    return 2;
+  }
+  // Blocks the stop signals in every thread (gRPC's included): they are
+  // taken synchronously below, with the owner's end.
+  absl::StatusOr<shmtensor::daemon::StopWaiter> waiter =
+      shmtensor::daemon::StopWaiter::Create(owner_pid);
+  if (!waiter.ok()) {
+    spdlog::error("--owner-pid: {}", waiter.status().ToString());
+    return 2;
+  }
   signal(SIGPIPE, SIG_IGN);
 
   absl::StatusOr<std::unique_ptr<shmtensor::daemon::Daemon>> daemon =
@@ -127,9 +144,12 @@ int main(int argc, char** argv) {
     spdlog::error("cannot start: {}", daemon.status().ToString());
     return 1;
   }
-  int sig = 0;
-  sigwait(&stop, &sig);
-  spdlog::info("received {}", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  if (ready_fd.has_value()) {
+    (void)!write(*ready_fd, "ready\n", 6);
+    close(*ready_fd);
+  }
+  const std::string why = waiter->Wait();
+  spdlog::info("stopping on {}", why);
   (*daemon)->Shutdown();
   daemon->reset();
   return 0;

@@ -12,9 +12,19 @@ PACKAGES=(
   libtorch-dev
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   pybind11-dev python3-dev python3-numpy python3-torch python3-pytest
-  python3-setuptools  # torch's test utilities import it (tests/torch_suite)
+  python3-setuptools  # torch's test utilities import it (python/tests/torch_suite)
   python3-matplotlib
+  # The package build (pyproject.toml) and its install into a virtualenv.
+  python3-venv python3-pip python3-wheel
+  ninja-build  # scikit-build-core's generator: a parallel build.
 )
+# The Python build backend: scikit-build-core where Debian has it (13 and
+# later); on Debian 12 setuptools drives CMake (setup.py).
+. /etc/os-release
+case "${VERSION_ID:-}" in
+  12) ;;
+  *) PACKAGES+=(python3-scikit-build-core) ;;
+esac
 
 missing=()
 for p in "${PACKAGES[@]}"; do

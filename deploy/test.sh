@@ -2,7 +2,7 @@
 # Installs what is missing, builds, and runs every test through ctest: the
 # GoogleTest unit and multi-process tests, the Python tests (pytest, one
 # ctest entry per file) and torch's own DataLoader tests against ours
-# (tests/torch_suite).
+# (python/tests/torch_suite).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./deploy/install-deps.sh

@@ -439,6 +439,60 @@ TEST(PoolDirectoryTest, RequiredHugePagesRefuseATmpfsWithout) {
   EXPECT_TRUE(SegmentsIn(tmpfs->path(), address).empty());  // Cleaned up.
 }
 
+// Where the kernel tells no huge-page size (no /sys mounted, as in a bare
+// chroot; a kernel without transparent huge pages), "auto" serves 4 KiB
+// pages and says so in its log, and "require" refuses to start, naming the
+// file it could not read. The daemon runs in a mount namespace of its own
+// with an empty tmpfs over /sys/kernel/mm/transparent_hugepage.
+TEST(PoolDirectoryTest, UnknownHugePageSizeIsLoggedAndRefusedWhenRequired) {
+  MOUNT_TMPFS_OR_SKIP(tmpfs, "huge=always,size=16m,mode=0700");
+  const std::string hide =
+      "unshare --mount --propagation private sh -c 'mount -t tmpfs -o "
+      "size=64k shmtensor-nosys /sys/kernel/mm/transparent_hugepage && ";
+  auto run = [&](const std::string& then) {
+    absl::StatusOr<std::unique_ptr<testing::Subprocess>> p =
+        testing::Subprocess::Spawn({"/bin/sh", "-c", hide + then + "' 2>&1"});
+    EXPECT_TRUE(p.ok()) << p.status();
+    std::string out = (*p)->ReadAll(absl::Seconds(30));
+    const int status = (*p)->Wait();
+    return std::make_pair(WIFEXITED(status) ? WEXITSTATUS(status) : -1, out);
+  };
+  if (auto [code, out] = run("test ! -e /sys/kernel/mm/transparent_hugepage/"
+                             "hpage_pmd_size");
+      code != 0) {
+    GTEST_SKIP() << "cannot hide /sys in a mount namespace here: " << out;
+  }
+  for (const char* mode : {"auto", "require"}) {
+    const std::string path =
+        absl::StrCat(::testing::TempDir(), "/shmtensord_nosys_", mode, ".toml");
+    std::ofstream(path) << "[[pool]]\nname = \"p\"\nsize = \"8MiB\"\n"
+                        << "directory = \"" << tmpfs->path() << "\"\n"
+                        << "huge_pages = \"" << mode << "\"\n";
+    const std::string address = testing::FreshAddress();
+    // "auto" serves until timeout's SIGTERM, then exits 0 (timeout: 124).
+    auto [code, out] =
+        run(absl::StrCat("exec timeout -s TERM 2 ", DaemonPath(), " --listen ",
+                         address, " --config ", path));
+    if (std::string(mode) == "auto") {
+      EXPECT_EQ(code, 124) << out;
+      EXPECT_TRUE(absl::StrContains(
+          out,
+          "cannot read /sys/kernel/mm/transparent_hugepage/hpage_pmd_size"))
+          << out;
+      EXPECT_TRUE(absl::StrContains(out, "is /sys mounted?")) << out;
+      EXPECT_TRUE(absl::StrContains(out, "serving 4 KiB pages")) << out;
+    } else {
+      EXPECT_EQ(code, 1) << out;
+      EXPECT_TRUE(absl::StrContains(
+          out,
+          "huge_pages = \"require\", but cannot read "
+          "/sys/kernel/mm/transparent_hugepage/hpage_pmd_size"))
+          << out;
+    }
+    EXPECT_TRUE(SegmentsIn(tmpfs->path(), address).empty()) << mode;
+  }
+}
+
 // CUDA pools on this machine: served where a GPU is, reported unavailable
 // (with the host pools served) where none is.
 TEST(CudaPoolTest, HostPoolsServeAndStatusSaysWhyACudaPoolIsMissing) {

@@ -323,6 +323,28 @@ TEST_F(MonitorTest, CtlSaysClearlyWhenTheDaemonIsDown) {
   EXPECT_EQ(rc, 1) << out;
 }
 
+TEST_F(MonitorTest, GlobalFlagsGoBeforeOrAfterTheSubcommand) {
+  std::vector<uint8_t> data(4096, 1);
+  ASSERT_TRUE(
+      client_->Put(data.data(), {.size_bytes = 4096, .name = "flags"}).ok());
+  const std::string ctl = SHMTENSOR_CTL_PATH;
+  const std::string at = " --address " + daemon_->address();
+  for (const std::string& cmd :
+       {ctl + at + " objects --json", ctl + " objects" + at + " --json",
+        ctl + " objects --json" + at + " --timeout 5",
+        ctl + " --timeout 5 objects --json" + at}) {
+    auto [rc, out] = Sh(cmd);
+    EXPECT_EQ(rc, 0) << cmd << ": " << out;
+    EXPECT_TRUE(absl::StrContains(out, "\"flags\"")) << cmd << ": " << out;
+  }
+  // A flag no command knows is still refused, after the subcommand too.
+  auto [rc, out] = Sh(ctl + " objects" + at + " --no-such-flag");
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_TRUE(absl::StrContains(out, "--no-such-flag")) << out;
+  std::tie(rc, out) = Sh(ctl + " delete flags" + at);
+  EXPECT_EQ(rc, 0) << out;
+}
+
 TEST_F(MonitorTest, DeleteUnbindsAName) {
   std::vector<uint8_t> data(4096, 1);
   ASSERT_TRUE(

@@ -1,0 +1,321 @@
+"""shmtensor: zero-copy NumPy arrays and torch tensors out of shmtensord pools.
+
+    import shmtensor, numpy as np
+    client = shmtensor.connect()              # $SHMTENSOR_ADDRESS, the default,
+                                              # or a daemon of its own
+    buf = client.create((64, 1024), "float32")
+    np.asarray(buf)[:] = 1.0                  # zero-copy, writable
+    ref = buf.seal()                          # immutable from here on
+    view = client.get(ref)                    # in any process (refs pickle)
+    a = np.asarray(view)                      # zero-copy, read-only (and
+                                              # memoryview(view): a View
+                                              # exports the buffer protocol)
+    t = view.tensor()                         # zero-copy torch tensor
+
+Lifetimes follow Python's: an object stays alive while the ref returned by
+seal()/put() lives, while any view of it lives, and while any array or tensor
+made from one lives; then its memory goes back to the pool. A pickled ref
+holds nothing until get(). Errors are shmtensor.Error subclasses (see
+shmtensor.errors). Blocking calls release the GIL.
+
+Timeouts are in seconds; None waits without limit (Ctrl-C still works), 0
+does not wait.
+"""
+
+import atexit as _atexit
+
+import numpy as _np
+
+from . import errors
+from ._core import Buffer, View, default_address
+from . import _core
+from . import _autostart
+
+from . import _dtypes
+from .errors import (AlreadyExistsError, AlreadyTakenError,
+                     DaemonUnavailableError, Error, InvalidArgumentError,
+                     NotFoundError, PermissionDeniedError, PoolExhaustedError,
+                     PreconditionError, StaleReferenceError, TimeoutError)
+
+# At interpreter exit, live clients are kept rather than torn down: gRPC
+# finishes a channel's teardown on its own threads, and that raced with the
+# process's static destructors (a crash after everything else had passed).
+# Their sessions end as the process exits.
+_atexit.register(_core._keep_clients_alive_until_exit)
+
+__version__ = "0.1.0"
+__all__ = [
+    "connect", "Client", "Buffer", "View", "ObjectRef", "default_address",
+    "Error", "InvalidArgumentError", "NotFoundError", "StaleReferenceError",
+    "AlreadyExistsError", "PreconditionError", "AlreadyTakenError",
+    "PermissionDeniedError", "PoolExhaustedError", "TimeoutError",
+    "DaemonUnavailableError",
+]
+
+
+def _unpickle_ref(ref_bytes):
+    return ObjectRef(ref_bytes)
+
+
+class ObjectRef:
+    """A reference to a sealed object: small, hashable, picklable.
+
+    The ref that seal()/put() return holds a lease, so the object lives at
+    least as long as that ref (or until release()). A copy made by pickling
+    holds nothing until some process calls get() with it; if the object is
+    gone by then, get() raises StaleReferenceError, never another object's
+    bytes.
+    """
+
+    __slots__ = ("_bytes", "_owner", "__weakref__")
+
+    def __init__(self, ref_bytes, owner=None):
+        _core.parse_ref(ref_bytes)  # Validates.
+        self._bytes = bytes(ref_bytes)
+        self._owner = owner
+
+    def __reduce__(self):
+        return (_unpickle_ref, (self._bytes,))
+
+    def __bytes__(self):
+        return self._bytes
+
+    def __eq__(self, other):
+        return isinstance(other, ObjectRef) and other._bytes == self._bytes
+
+    def __hash__(self):
+        return hash(self._bytes)
+
+    def __repr__(self):
+        _, slot, gen, excl = _core.parse_ref(self._bytes)
+        return (f"ObjectRef(slot={slot}, generation={gen}"
+                f"{', exclusive' if excl else ''}"
+                f"{', holds lease' if self.holds_lease else ''})")
+
+    @property
+    def exclusive(self):
+        """True for a ref sealed for hand-off to exactly one consumer."""
+        return _core.parse_ref(self._bytes)[3]
+
+    @property
+    def holds_lease(self):
+        """True while this ref keeps its object alive."""
+        return self._owner is not None and self._owner.holds_lease
+
+    def release(self):
+        """Drops the lease this ref holds (if any); the ref stays usable as a
+        plain reference. If nothing else of this process holds the lease,
+        waits for the daemon, so the memory is back in the pool for every
+        process on return. (Dropping the last reference to the ref instead
+        releases without waiting: this client sees it at once, other
+        processes a moment later.)"""
+        if self._owner is not None:
+            self._owner.reset()
+            self._owner = None
+
+
+def connect(address=None, client_name=None, connect_timeout=5.0):
+    """Connects to shmtensord and opens a session.
+
+    address: "unix:/path" or "host:port"; None means $SHMTENSOR_ADDRESS, else
+    the daemon's default address if a daemon answers there, else a private
+    daemon started for this process (and its children), which ends when
+    this process ends; $SHMTENSOR_AUTOSTART=0 turns that off (see
+    shmtensor._autostart). Raises DaemonUnavailableError if no daemon
+    answers within connect_timeout seconds. After fork(), call connect()
+    again in the child: a client does not cross fork (the child gets its own
+    session).
+    """
+    resolved = _autostart.resolve(address)
+    try:
+        return Client(resolved, client_name or "", float(connect_timeout))
+    except DaemonUnavailableError as e:
+        why = _autostart.why_unavailable(resolved)
+        if why is None:
+            raise
+        raise DaemonUnavailableError(f"{e} ({why})", e.code, e.reason) from e
+
+
+def _device_name(device):
+    """'cpu' or 'cuda:N' for a device given as None, a string, an int (a CUDA
+    ordinal) or a torch.device."""
+    if device is None:
+        return "cpu"
+    if isinstance(device, int) and not isinstance(device, bool):
+        return f"cuda:{device}"
+    name = str(device)
+    if name == "cuda":  # torch's "current CUDA device".
+        torch = _dtypes._torch()
+        index = 0
+        if torch is not None and torch.cuda.is_available():
+            index = torch.cuda.current_device()
+        return f"cuda:{index}"
+    return name
+
+
+def _current_stream(device_name):
+    """torch's current stream on a CUDA device, as a handle (0: the legacy
+    default stream)."""
+    torch = _dtypes._torch()
+    if torch is None or not device_name.startswith("cuda"):
+        return 0
+    return torch.cuda.current_stream(torch.device(device_name)).cuda_stream
+
+
+class Client(_core.Client):
+    """A session with shmtensord. Thread-safe. Use shmtensor.connect().
+
+    create(), create_bytes(), get(), delete(), stats() and the properties
+    session_id, address and daemon_epoch are the native base class's (see
+    help(shmtensor.Client.create)); put() and has_pool_on() are here.
+    """
+
+    __slots__ = ()
+
+    def has_pool_on(self, device):
+        """True when the daemon has a pool on `device` ("cpu", "cuda:N")."""
+        return self._has_pool_on(_device_name(device))
+
+    def put(self, obj, name=None, exclusive=False, timeout=None, device=None):
+        """Copies an array or tensor in and seals it; returns the ref.
+
+        Into host memory the copy goes in through the kernel (pwrite): the
+        new object is never writable in this process, not even for an
+        instant.
+
+        device: where the object goes. None: a CUDA tensor goes to a CUDA
+        pool of its own device when the daemon has one (a device-to-device
+        copy, queued on torch's current stream after the work that produced
+        the tensor, and finished before the seal), else to the host; anything
+        else goes to the host. "cpu" or "cuda:N" choose explicitly (host data
+        is copied to the GPU, GPU data to the host).
+
+        Rules: a tensor is detached (no autograd graph is kept); bfloat16
+        keeps its dtype. Non-contiguous
+        data (slices, transposes) is stored C-contiguous: values and shape
+        round-trip, strides do not. A big-endian array, or a dtype one side
+        lacks, raises InvalidArgumentError saying what to do. Anything else
+        NumPy can make an array of (lists, scalars) is stored as that array.
+        """
+        torch = _dtypes._torch()
+        target = None if device is None else _device_name(device)
+        stream = 0
+        if torch is not None and isinstance(obj, torch.Tensor):
+            t = obj.detach()
+            own = f"cuda:{t.device.index}" if t.device.type == "cuda" else None
+            if own is not None and target is None:
+                target = own if self._has_pool_on(own) else "cpu"
+            if own is not None and target == "cpu":
+                t = t.to("cpu")
+            code = _dtypes.code_of_torch(t.dtype)
+            t = t.resolve_conj().resolve_neg().contiguous()
+            if own is not None and target == own:
+                # The copy is queued after the work that produced t.
+                stream = _current_stream(own)
+            elif own is not None and target != "cpu":
+                # Another device's pool: the copy runs on that device's
+                # stream, so t's producer must be done first.
+                torch.cuda.current_stream(t.device).synchronize()
+            shape, nbytes, ptr, keep = (list(t.shape),
+                                        t.numel() * t.element_size(),
+                                        t.data_ptr(), t)
+        else:
+            a = _np.asarray(obj)
+            code = _dtypes.code_of_numpy(a.dtype)
+            if not a.flags.c_contiguous:  # (ascontiguousarray makes 0-d 1-d)
+                a = a.copy(order="C")
+            shape, nbytes, ptr, keep = (list(a.shape), a.nbytes,
+                                        a.__array_interface__["data"][0], a)
+        ref = self._put(ptr, shape, code, nbytes, name or "",
+                        bool(exclusive), timeout, target or "cpu", stream)
+        del keep
+        return ref
+
+
+# seal() and put() return ObjectRefs; create() reads dtypes and devices with
+# these helpers.
+_core._bind_package(ObjectRef, _dtypes.dtype_code, _dtypes._CACHE,
+                    _device_name)
+
+
+# -- Methods added to the C++ Buffer and View types ---------------------------
+
+def _dtype(self):
+    """The NumPy dtype, or torch.bfloat16 for bfloat16 objects."""
+    dt = _dtypes.numpy_dtype(self.dtype_code)
+    if dt is not None:
+        return dt
+    if self.dtype_code == 0:
+        return _np.dtype(_np.uint8)
+    return _dtypes.torch_dtype(self.dtype_code)
+
+
+def _numpy(self):
+    """numpy.asarray(self): zero-copy, keeps the object alive."""
+    return _np.asarray(self)
+
+
+def _to_tensor(obj, read_only):
+    import torch
+    t = torch.from_dlpack(obj)
+    if obj.dtype_code == _dtypes.BOOL:
+        t = t.view(torch.bool)  # DLPack carries bools as uint8 for torch.
+    if read_only:
+        from ._readonly import ReadOnlyTensor
+        t = ReadOnlyTensor.wrap(t)
+    return t
+
+
+def _view_tensor(self):
+    """A zero-copy torch tensor that keeps the object alive while it lives.
+
+    For a read-only view this is a ReadOnlyTensor: in-place operations on it
+    raise RuntimeError (torch 1.13 has no read-only tensors, and a write into
+    the read-only mapping would kill the process). For the consumer of an
+    exclusive hand-off it is an ordinary writable tensor. TypeError for
+    uint16/32/64, which torch 1.13 lacks (use numpy.asarray)."""
+    return _to_tensor(self, read_only=not self.writable)
+
+
+def _buffer_tensor(self):
+    """A zero-copy writable torch tensor over the unsealed buffer."""
+    return _to_tensor(self, read_only=False)
+
+
+def _view_ref(self):
+    """The object's ObjectRef (holding nothing)."""
+    return ObjectRef(self.ref_bytes)
+
+
+def _view_exit(self, *exc):
+    self.close()
+    return False
+
+
+def _buffer_exit(self, *exc):
+    if self.valid:
+        self.discard()
+    return False
+
+
+def _repr(self):
+    kind = type(self).__name__
+    try:
+        return (f"<shmtensor.{kind} shape={self.shape} dtype={_dtype(self)}"
+                f"{' writable' if kind == 'Buffer' or self.writable else ''}>")
+    except Error:
+        return f"<shmtensor.{kind} (closed)>"
+
+
+Buffer.tensor = _buffer_tensor
+Buffer.__enter__ = lambda self: self
+Buffer.__exit__ = _buffer_exit
+View.tensor = _view_tensor
+View.ref = property(_view_ref)
+View.__enter__ = lambda self: self
+View.__exit__ = _view_exit
+for _cls in (Buffer, View):
+    _cls.dtype = property(_dtype)
+    _cls.numpy = _numpy
+    _cls.__repr__ = _repr
+del _cls

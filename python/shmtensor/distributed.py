@@ -1,0 +1,299 @@
+"""Rank-0 broadcast with one copy per node (P11).
+
+    import shmtensor.distributed as sd
+    weights = sd.broadcast(weights if rank == 0 else None, src=0)
+
+Called on every rank of a torch.distributed group, like
+torch.distributed.broadcast. Every rank gets a read-only, zero-copy view of
+the same data: a NumPy array for a NumPy source, a torch tensor
+(shmtensor's ReadOnlyTensor) for a torch source, dtype and shape intact.
+
+How: ranks that share a shmtensord (same host, same daemon instance) form a
+node. The source publishes the data once into its node's daemon. Each other
+node has a leader (its lowest rank) that receives the bytes from the source
+over torch.distributed (a broadcast in a process group of the source and
+the leaders: Gloo on CPU) straight into a buffer of its own daemon's pool,
+and seals it. Every rank then maps its node's copy read-only. No rank holds a
+private copy; on each node the data exists once, and between ranks of one
+node it crosses no socket.
+
+Where the data lands: when the source is a CUDA tensor and every rank's
+daemon has a CUDA pool on that rank's current device (torch.cuda), the copy
+of each node lives in GPU memory: the source puts it device to device into
+its own pool, the other leaders receive it over an NCCL group of the source
+and the leaders straight into their pools, and every rank gets a read-only
+CUDA tensor over its node's copy (on the device of the leader's pool; other
+GPUs of the node read it through CUDA IPC). Otherwise the data lands in
+host memory: a CUDA source tensor is copied to the host once, on the
+source, every rank gets a CPU tensor, and the bytes between nodes go over a
+Gloo group of the source and the leaders, whatever the job's own backend.
+
+Daemons: each rank uses the daemon `address` names, else
+$SHMTENSOR_ADDRESS, else the default one; where none answers, the ranks of
+a host share a private daemon their lowest rank starts (shmtensor._autostart)
+and which ends with that rank's process, so the ranks of a torchrun job
+need no daemon started for them.
+
+Lifetime: the object lives while any rank holds its view (array, tensor, or
+anything viewing them), then returns to its pool. Every call makes a new
+object: a later broadcast under the same name gets a new version, and views
+of the old version stay valid and unchanged. `name` identifies the call:
+ranks that pass different names or sources fail at once with ValueError
+naming the ranks and values. A rank that dies makes the others fail with
+RuntimeError (from the process group, within its timeout), not hang.
+"""
+
+import collections
+import os
+import socket
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from . import _autostart
+from ._local import local_client
+from .errors import DaemonUnavailableError
+
+__all__ = ["broadcast", "plan", "Plan"]
+
+Plan = collections.namedtuple("Plan", "nodes leaders node leader")
+Plan.__doc__ = """Who shares a daemon and who leads: `nodes` lists each
+node's global ranks (sorted), `leaders` one rank per node (the source on
+its node, else the node's lowest rank), `node` and `leader` this rank's."""
+
+# Process groups of source + leaders, made once per distinct set (new_group is
+# collective: every rank makes the same calls in the same order).
+_leader_groups = {}
+
+
+def _describe(obj):
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach()
+        return {"kind": "torch", "dtype": str(t.dtype).replace("torch.", ""),
+                "shape": tuple(t.shape), "nbytes": t.numel() * t.element_size(),
+                "device": t.device.type}
+    a = np.asarray(obj)
+    return {"kind": "numpy", "dtype": a.dtype.str, "shape": a.shape,
+            "nbytes": a.nbytes}
+
+
+def _gather(info, group, step, name):
+    out = [None] * dist.get_world_size(group)
+    try:
+        dist.all_gather_object(out, info, group=group)
+    except RuntimeError as e:
+        raise RuntimeError(
+            f"shmtensor.distributed.broadcast(name={name!r}) failed while "
+            f"{step}: a rank is gone or unreachable ({e})") from e
+    return out
+
+
+def _plan_from(infos, src):
+    nodes = collections.defaultdict(list)
+    for info in infos:
+        nodes[(info["host"], info["epoch"])].append(info["rank"])
+    node_list = sorted(sorted(r) for r in nodes.values())
+    leaders = [src if src in n else n[0] for n in node_list]
+    return node_list, leaders
+
+
+def _node_address(address, group, name):
+    """The daemon this rank uses (a collective): `address`, else as
+    shmtensor.connect() resolves it, except that the ranks of one host that
+    find no daemon share the private one their lowest rank starts (one copy
+    per node, not one per rank; it lives as long as that rank's process).
+    The others take its address as $SHMTENSOR_ADDRESS, for their own
+    children too."""
+    host = _sharing_key()
+    found = _autostart.resolve(address, start=False)
+    infos = _gather({"rank": dist.get_rank(), "host": host,
+                     "found": found is not None}, group, "finding the daemons",
+                    name)
+    if all(i["found"] for i in infos):
+        return found
+    # Decided from what every rank reported: alike on all.
+    starters = {}
+    for i in sorted(infos, key=lambda i: i["rank"]):
+        if not i["found"]:
+            starters.setdefault(i["host"], i["rank"])
+    started = None
+    if starters.get(host) == dist.get_rank():
+        try:
+            started = {"address": _autostart.resolve(address)}
+        except Exception as e:  # noqa: BLE001 - every rank raises it below.
+            started = {"error": f"{type(e).__name__}: {e}"}
+    outs = _gather({"rank": dist.get_rank(), "started": started}, group,
+                   "starting a daemon for the node", name)
+    by_rank = {o["rank"]: o["started"] for o in outs}
+    failed = [(r, s["error"]) for r, s in sorted(by_rank.items())
+              if s is not None and "error" in s]
+    if failed:
+        raise DaemonUnavailableError(
+            "shmtensor.distributed: no daemon answers, and starting one for "
+            "the node failed: " + "; ".join(f"rank {r}: {e}" for r, e in failed),
+            "UNAVAILABLE")
+    taken, took = None, found is None
+    if took:
+        found = by_rank[starters[host]]["address"]
+        if not _autostart._answers(found):
+            taken = f"{found} does not answer here"
+    # Every rank learns whether every taker reached its host's daemon, and
+    # all raise together if one did not (none waits for the others then).
+    outs = _gather({"rank": dist.get_rank(), "error": taken}, group,
+                   "reaching the node's daemon", name)
+    failed = [(o["rank"], o["error"]) for o in outs if o["error"]]
+    if failed:
+        raise DaemonUnavailableError(
+            "shmtensor.distributed: ranks cannot reach the daemon their "
+            "host's lowest rank started: " +
+            "; ".join(f"rank {r}: {e}" for r, e in sorted(failed)),
+            "UNAVAILABLE")
+    if took:
+        os.environ[_autostart.ADDRESS_ENV] = found
+    return found
+
+
+def _sharing_key():
+    """What ranks that can share a private daemon have in common: the
+    machine (host name and boot), the mount namespace (the same socket
+    path) and the user (the daemon's directory is 0700)."""
+    parts = [socket.gethostname(), str(os.getuid())]
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            parts.append(f.read().strip())
+        parts.append(str(os.stat("/proc/self/ns/mnt").st_ino))
+    except OSError:
+        pass
+    return "/".join(parts)
+
+
+def plan(src=0, group=None, address=None):
+    """The node layout broadcast uses, computed from the group (a
+    collective: call it on every rank). Nodes are ranks on one host using one
+    daemon instance (its epoch), so two daemons on one host are two nodes."""
+    c = local_client(_node_address(address, group, None))
+    infos = _gather({"rank": dist.get_rank(), "host": socket.gethostname(),
+                     "epoch": c.daemon_epoch}, group, "planning", None)
+    nodes, leaders = _plan_from(infos, src)
+    me = dist.get_rank()
+    k = next(i for i, n in enumerate(nodes) if me in n)
+    return Plan(nodes, leaders, nodes[k], leaders[k])
+
+
+def _gpu_of_rank(c):
+    """This rank's current CUDA device if its daemon has a pool there."""
+    if not torch.cuda.is_available():
+        return None
+    device = f"cuda:{torch.cuda.current_device()}"
+    return device if c.has_pool_on(device) else None
+
+
+def _bytes_of_source(obj, on_gpu):
+    """The source's bytes as a flat uint8 tensor: on its GPU for the GPU
+    path, else on the CPU (no copy if already contiguous there)."""
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach()
+        t = (t if on_gpu else t.cpu()).contiguous().reshape(-1)
+        return t.view(torch.uint8) if t.numel() else t.to(torch.uint8)
+    a = np.ascontiguousarray(obj)
+    return torch.from_numpy(a.reshape(-1).view(np.uint8))
+
+
+def _receive_buffer(c, meta, device):
+    """A pool buffer of the source's layout on `device`, and a flat uint8
+    tensor over it to receive into."""
+    if meta["kind"] == "torch":
+        buf = c.create(meta["shape"], getattr(torch, meta["dtype"]),
+                       device=device)
+        flat = buf.tensor().reshape(-1)
+        return buf, flat.view(torch.uint8) if flat.numel() else flat
+    buf = c.create(meta["shape"], np.dtype(meta["dtype"]))
+    return buf, torch.from_numpy(np.asarray(buf).reshape(-1).view(np.uint8))
+
+
+def broadcast(tensor_or_array, src=0, group=None, name=None, address=None):
+    """Broadcasts from global rank `src` to every rank of `group` (None: the
+    default group) with one copy per node; returns a read-only zero-copy
+    view on every rank (the source's too). Non-source ranks may pass None.
+    `address`: this rank's daemon (None: $SHMTENSOR_ADDRESS, the default,
+    else one the host's ranks share, which their lowest rank starts). See
+    the module docstring for nodes, lifetime and errors."""
+    me = dist.get_rank()
+    c = local_client(_node_address(address, group, name))
+    meta = _describe(tensor_or_array) if me == src else None
+    infos = _gather({"rank": me, "host": socket.gethostname(),
+                     "epoch": c.daemon_epoch, "name": name, "src": src,
+                     "meta": meta, "gpu": _gpu_of_rank(c)}, group,
+                    "agreeing on the call", name)
+    calls = {(i["name"], i["src"]) for i in infos}
+    if len(calls) > 1:
+        detail = "; ".join(f"rank {i['rank']}: name={i['name']!r} "
+                           f"src={i['src']}" for i in infos)
+        raise ValueError(f"mismatched shmtensor.distributed.broadcast "
+                         f"calls: {detail}")
+    source = next((i for i in infos if i["rank"] == src), None)
+    if source is None:
+        raise ValueError(f"src {src} is not a rank of the group "
+                         f"(ranks {sorted(i['rank'] for i in infos)})")
+    meta = source["meta"]
+    nodes, leaders = _plan_from(infos, src)
+    my_leader = next(l for n, l in zip(nodes, leaders) if me in n)
+    # The GPU path, decided from what every rank reported (so alike on all).
+    on_gpu = (meta["kind"] == "torch" and meta.get("device") == "cuda"
+              and all(i["gpu"] for i in infos)
+              and (len(leaders) == 1 or dist.is_nccl_available()))
+    my_gpu = next(i["gpu"] for i in infos if i["rank"] == me)
+    target = my_gpu if on_gpu else "cpu"
+
+    # 1. The source publishes once into its node's daemon.
+    ref = None
+    if me == src:
+        # Host memory unless the GPU path was chosen (module docstring),
+        # even where the daemon has a CUDA pool on the tensor's device.
+        ref = c.put(tensor_or_array, device=target)
+    # 2. Each other node's leader receives the bytes over the process group
+    #    straight into its own pool, then seals.
+    if len(leaders) > 1:
+        ranks = tuple(sorted(leaders))
+        # Whatever the job's backend: Gloo between host pools, NCCL between
+        # GPU pools.
+        backend = "nccl" if on_gpu else "gloo"
+        key = (ranks, backend)
+        if key not in _leader_groups:
+            _leader_groups[key] = dist.new_group(ranks=list(ranks),
+                                                 backend=backend)
+        if me in ranks:
+            if me == src:
+                data = _bytes_of_source(tensor_or_array, on_gpu)
+            else:
+                buf, data = _receive_buffer(c, meta, target)
+            if meta["nbytes"]:
+                try:
+                    dist.broadcast(data, src, group=_leader_groups[key])
+                except RuntimeError as e:
+                    raise RuntimeError(
+                        f"shmtensor.distributed.broadcast(name={name!r}) "
+                        f"failed sending the data between nodes: {e}") from e
+            del data
+            if me != src:
+                ref = buf.seal()  # On the GPU: after the NCCL receive.
+                del buf
+    # 3. Every rank maps its node's copy.
+    refs = _gather({"rank": me, "ref": bytes(ref) if ref is not None else None},
+                   group, "exchanging refs", name)
+    mine = next(i["ref"] for i in refs if i["rank"] == my_leader)
+    from . import ObjectRef
+    view = c.get(ObjectRef(mine))
+    out = np.asarray(view) if meta["kind"] == "numpy" else view.tensor()
+    view.close()  # `out` holds the lease.
+    # 4. Leaders keep their ref until every rank holds a view.
+    try:
+        dist.barrier(group)
+    except RuntimeError as e:
+        raise RuntimeError(
+            f"shmtensor.distributed.broadcast(name={name!r}) failed waiting "
+            f"for every rank to map the data: {e}") from e
+    if ref is not None:
+        ref.release()
+    return out

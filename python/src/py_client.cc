@@ -1,0 +1,489 @@
+#include "python/src/py_client.h"
+
+#include <Python.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "python/src/py_objects.h"
+#include "python/src/py_support.h"
+#include "shmtensor/errors.h"
+
+namespace shmtensor::python {
+namespace {
+
+struct ClientObject {
+  PyObject ob_base;  // PyObject_HEAD
+  Client* client;    // Owned; set by ClientNew right after allocation.
+};
+
+PyTypeObject* g_client_type = nullptr;
+
+// The package's helpers (BindPackage): strong references, never dropped.
+PyObject* g_dtype_code = nullptr;
+PyObject* g_dtype_cache = nullptr;
+PyObject* g_device_name = nullptr;
+
+Client& Self(PyObject* self) {
+  return *reinterpret_cast<ClientObject*>(self)->client;
+}
+
+std::string Repr(PyObject* obj) {
+  return py::repr(py::handle(obj)).cast<std::string>();
+}
+
+// Python seconds (None: wait without limit) to a duration.
+absl::Duration Timeout(PyObject* seconds) {
+  if (IsNone(seconds)) return absl::InfiniteDuration();
+  const double s = PyFloat_AsDouble(seconds);
+  if (s == -1.0 && PyErr_Occurred()) {
+    PyErr_Clear();
+    throw py::type_error("timeout must be None or a number of seconds, got " +
+                         Repr(seconds));
+  }
+  if (std::isinf(s) && s > 0) return absl::InfiniteDuration();
+  if (std::isnan(s) || s < 0) {
+    throw py::value_error("timeout must be None or >= 0 seconds, got " +
+                          Repr(seconds));
+  }
+  return absl::Seconds(s);
+}
+
+// A str argument (None: empty).
+std::string Text(const char* what, PyObject* obj) {
+  if (IsNone(obj)) return std::string();
+  if (!PyUnicode_Check(obj)) {
+    throw py::type_error(std::string(what) + " must be a str or None, got " +
+                         Py_TYPE(obj)->tp_name);
+  }
+  Py_ssize_t size = 0;
+  const char* utf8 = PyUnicode_AsUTF8AndSize(obj, &size);
+  if (utf8 == nullptr) throw py::error_already_set();
+  return std::string(utf8, size);
+}
+
+// One dimension: an int or anything with __index__ (numpy integers).
+int64_t Dimension(PyObject* shape, PyObject* dim) {
+  long long d;
+  if (PyLong_CheckExact(dim)) {
+    d = PyLong_AsLongLong(dim);
+  } else {
+    PyObject* index = PyNumber_Index(dim);
+    d = index == nullptr ? -1 : PyLong_AsLongLong(index);
+    Py_XDECREF(index);
+  }
+  if (d == -1 && PyErr_Occurred()) {
+    const bool overflow = PyErr_ExceptionMatches(PyExc_OverflowError);
+    PyErr_Clear();
+    if (overflow) {
+      throw py::value_error("shape " + Repr(shape) +
+                            ": a dimension does not fit in 64 bits");
+    }
+    throw py::type_error("shape " + Repr(shape) +
+                         ": dimensions must be integers");
+  }
+  return d;
+}
+
+// create_bytes()'s size: an int (or anything with __index__) >= 0.
+uint64_t ByteCount(PyObject* size) {
+  py::object index = py::reinterpret_steal<py::object>(PyNumber_Index(size));
+  if (!index) {
+    PyErr_Clear();
+    throw py::type_error("size must be an int, got " + Repr(size));
+  }
+  const unsigned long long n = PyLong_AsUnsignedLongLong(index.ptr());
+  if (n == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+    PyErr_Clear();
+    throw py::value_error(
+        "size must be a byte count >= 0 that fits in 64 "
+        "bits, got " +
+        Repr(size));
+  }
+  return n;
+}
+
+// A shape given as an int or a sequence of ints.
+std::vector<int64_t> Shape(PyObject* shape) {
+  if (PyLong_Check(shape) ||
+      (PyIndex_Check(shape) && !PyTuple_Check(shape) && !PyList_Check(shape))) {
+    return {Dimension(shape, shape)};
+  }
+  if (!PySequence_Check(shape)) {
+    throw py::type_error("shape must be an int or a sequence of ints, got " +
+                         Repr(shape));
+  }
+  py::object seq = py::reinterpret_steal<py::object>(
+      PySequence_Fast(shape, "shape must be an int or a sequence of ints"));
+  if (!seq) throw py::error_already_set();
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.ptr());
+  PyObject** items = PySequence_Fast_ITEMS(seq.ptr());
+  std::vector<int64_t> dims(n);
+  for (Py_ssize_t i = 0; i < n; ++i) dims[i] = Dimension(shape, items[i]);
+  return dims;
+}
+
+// The wire code of a dtype in any spelling: the package's cache first, its
+// dtype_code() for a spelling not seen before.
+DType DTypeOf(PyObject* dtype) {
+  PyObject* code = PyDict_GetItemWithError(g_dtype_cache, dtype);  // Borrowed.
+  py::object made;
+  if (code == nullptr) {
+    PyErr_Clear();  // Not there, or unhashable: dtype_code() handles both.
+    made = py::reinterpret_steal<py::object>(
+        PyObject_CallOneArg(g_dtype_code, dtype));
+    if (!made) throw py::error_already_set();
+    code = made.ptr();
+  }
+  const long c = PyLong_AsLong(code);
+  if (c == -1 && PyErr_Occurred()) throw py::error_already_set();
+  return static_cast<DType>(c);
+}
+
+Device DeviceOf(PyObject* device) {
+  if (IsNone(device)) return Device::Host();
+  py::object name = py::reinterpret_steal<py::object>(
+      PyObject_CallOneArg(g_device_name, device));
+  if (!name) throw py::error_already_set();
+  return Check(ParseDevice(name.cast<std::string>()));
+}
+
+// Runs `attempt(wait)` in slices of at most one second until it succeeds,
+// fails with something other than `retry_code`, or `timeout` has passed,
+// so that a long wait (timeout=None waits without limit) still answers
+// Ctrl-C. The GIL is released while an attempt runs.
+template <typename T, typename Attempt>
+T WaitInSlices(absl::Duration timeout, absl::StatusCode retry_code,
+               Attempt attempt) {
+  const bool forever = timeout == absl::InfiniteDuration();
+  const absl::Time deadline =
+      forever ? absl::InfiniteFuture() : absl::Now() + timeout;
+  while (true) {
+    const absl::Duration slice =
+        forever ? absl::Seconds(1)
+                : std::clamp(deadline - absl::Now(), absl::ZeroDuration(),
+                             absl::Seconds(1));
+    std::optional<absl::StatusOr<T>> r;
+    {
+      ReleaseGil release;
+      r = attempt(slice);
+    }
+    if (r->ok() || r->status().code() != retry_code) {
+      return Check(*std::move(r));
+    }
+    if (!forever && absl::Now() >= deadline) {
+      if (timeout <= absl::Seconds(1)) return Check(*std::move(r));
+      throw StatusError{absl::Status(
+          r->status().code(),
+          absl::StrCat(r->status().message(), " (waited ",
+                       absl::FormatDuration(timeout), " in all)"))};
+    }
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+  }
+}
+
+PyObject* NewBufferFor(Client& c, CreateOptions& o, PyObject* timeout) {
+  return NewBuffer(WaitInSlices<Buffer>(Timeout(timeout),
+                                        absl::StatusCode::kResourceExhausted,
+                                        [&](absl::Duration slice) {
+                                          o.timeout = slice;
+                                          return c.Create(o);
+                                        }))
+      .release()
+      .ptr();
+}
+
+PyObject* ClientCreate(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
+                       PyObject* kwnames) {
+  return Guarded([&] {
+    PyObject* a[6];
+    BindArgs("create()", args, nargs, kwnames,
+             {"shape", "dtype", "name", "timeout", "device", "shared_writable"},
+             2, a);
+    CreateOptions o;
+    o.shape = Shape(a[0]);
+    o.dtype = DTypeOf(a[1]);
+    o.name = Text("name", a[2]);
+    o.device = DeviceOf(a[4]);
+    o.shared_writable = Truth(a[5], false);
+    return NewBufferFor(Self(self), o, a[3]);
+  });
+}
+
+PyObject* ClientCreateBytes(PyObject* self, PyObject* const* args,
+                            Py_ssize_t nargs, PyObject* kwnames) {
+  return Guarded([&] {
+    PyObject* a[4];
+    BindArgs("create_bytes()", args, nargs, kwnames,
+             {"size", "name", "timeout", "shared_writable"}, 1, a);
+    CreateOptions o;
+    o.size_bytes = ByteCount(a[0]);
+    o.name = Text("name", a[1]);
+    o.shared_writable = Truth(a[3], false);
+    return NewBufferFor(Self(self), o, a[2]);
+  });
+}
+
+PyObject* ClientGet(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
+                    PyObject* kwnames) {
+  return Guarded([&] {
+    PyObject* a[3];
+    BindArgs("get()", args, nargs, kwnames,
+             {"ref_or_name", "timeout", "writable"}, 1, a);
+    Client& c = Self(self);
+    if (PyObject* bytes = RefBytesOf(a[0]); bytes != nullptr) {
+      const ObjectRef ref = Check(ObjectRef::Parse(
+          std::string_view(PyBytes_AS_STRING(bytes), PyBytes_GET_SIZE(bytes))));
+      const bool writable = Truth(a[2], true);
+      std::optional<absl::StatusOr<View>> v;
+      {
+        ReleaseGil release;
+        v = c.Get(ref, writable);
+      }
+      return NewView(Check(*std::move(v))).release().ptr();
+    }
+    if (PyUnicode_Check(a[0])) {
+      const std::string name = Text("name", a[0]);
+      return NewView(
+                 WaitInSlices<View>(
+                     Timeout(a[1]), absl::StatusCode::kDeadlineExceeded,
+                     [&](absl::Duration slice) { return c.Get(name, slice); }))
+          .release()
+          .ptr();
+    }
+    throw py::type_error(
+        std::string("get() takes an ObjectRef or a name, not ") +
+        Py_TYPE(a[0])->tp_name);
+  });
+}
+
+PyObject* ClientNew(PyTypeObject* type, PyObject* args, PyObject* kwds) {
+  static const char* kKeywords[] = {"address", "client_name", "connect_timeout",
+                                    nullptr};
+  const char* address = "";
+  const char* name = "";
+  double connect_timeout = 5.0;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "|ssd:Client",
+                                   const_cast<char**>(kKeywords), &address,
+                                   &name, &connect_timeout)) {
+    return nullptr;
+  }
+  return Guarded([&]() -> PyObject* {
+    if (std::isnan(connect_timeout) || connect_timeout < 0) {
+      throw py::value_error("connect_timeout must be >= 0 seconds, got " +
+                            std::to_string(connect_timeout));
+    }
+    ClientOptions o;
+    o.address = address;
+    o.client_name = name;
+    o.connect_timeout = absl::Seconds(connect_timeout);
+    // Every pointer this package hands out into a writable buffer or view is
+    // an array or tensor it counts (PyBuffer, MakeArray, MakeDLPack), and a
+    // lease is released only when the last is gone; where one is alive at a
+    // seal, PyBuffer::Seal asks for kImmediate.
+    o.write_revocation = WriteRevocation::kDeferred;
+    std::optional<absl::StatusOr<Client>> c;
+    {
+      ReleaseGil release;
+      c = Client::Connect(o);
+    }
+    auto client = std::make_unique<Client>(Check(*std::move(c)));
+    PyObject* obj = type->tp_alloc(type, 0);
+    if (obj == nullptr) throw py::error_already_set();
+    reinterpret_cast<ClientObject*>(obj)->client = client.release();
+    return obj;
+  });
+}
+
+void ClientDealloc(PyObject* self) {
+  Client* client = reinterpret_cast<ClientObject*>(self)->client;
+  if (client != nullptr) {
+    ReleaseGil release;  // Closing the session may wait for the daemon.
+    delete client;
+  }
+  PyTypeObject* type = Py_TYPE(self);
+  type->tp_free(self);
+  Py_DECREF(type);
+}
+
+PyMethodDef kClientMethods[] = {
+    {"create", FastMethod(ClientCreate), METH_FASTCALL | METH_KEYWORDS,
+     "create(shape, dtype, name=None, timeout=None, device=None, "
+     "shared_writable=False)\n--\n\n"
+     "A writable buffer of `shape` (an int or a sequence of ints) and "
+     "`dtype` (NumPy dtype or type, torch dtype, or a name). Fill it through "
+     "numpy.asarray(buf) or buf.tensor(), then seal() it. `name` binds a "
+     "name visible once sealed. When the pool is full, waits up to `timeout` "
+     "seconds for memory (None: without limit), then raises "
+     "PoolExhaustedError.\n\n"
+     "device: None or \"cpu\" for host shared memory; \"cuda:N\" (or a "
+     "torch.device, or N) for a CUDA pool of that device, whose buffers give "
+     "CUDA tensors (buf.tensor(), torch.from_dlpack) and no NumPy arrays. "
+     "NotFoundError listing the daemon's pools if it has none there.\n\n"
+     "shared_writable=True makes an object for processes that order their "
+     "writes to it themselves: it is never sealed (seal() raises), every "
+     "get() of its ref, in any process, gives a writable view, and it lives "
+     "while any of them (or this buffer) holds it. No name."},
+    {"create_bytes", FastMethod(ClientCreateBytes),
+     METH_FASTCALL | METH_KEYWORDS,
+     "create_bytes(size, name=None, timeout=None, shared_writable=False)\n--"
+     "\n\nAn untyped writable buffer of `size` bytes (viewed as uint8); "
+     "shared_writable as for create()."},
+    {"get", FastMethod(ClientGet), METH_FASTCALL | METH_KEYWORDS,
+     "get(ref_or_name, timeout=None, writable=True)\n--\n\n"
+     "A view of a sealed object, by ObjectRef or by name.\n\n"
+     "Read-only for a shared object; writable for the one consumer of an "
+     "exclusive hand-off (a second get raises AlreadyTakenError), and for "
+     "every holder of a shared-writable object. Pass writable=False to take "
+     "an exclusive hand-off read-only: still yours alone, but no writable "
+     "range is opened, which is cheaper when you only read it. For a name, "
+     "waits up to `timeout` seconds for an object of that name to be sealed "
+     "(None: without limit; 0: NotFoundError at once; else TimeoutError)."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+py::dict StatsDict(const StoreStats& s) {
+  py::dict d;
+  py::list pools;
+  for (const PoolUsage& p : s.pools) {
+    py::dict pd;
+    pd["name"] = p.name;
+    pd["size_bytes"] = p.size_bytes;
+    pd["used_bytes"] = p.used_bytes;
+    pd["free_bytes"] = p.free_bytes;
+    pd["largest_free_bytes"] = p.largest_free_bytes;
+    pd["huge_page_size"] = p.huge_page_size;
+    pd["objects"] = p.objects;
+    pools.append(pd);
+  }
+  d["pools"] = pools;
+  d["sessions"] = s.sessions;
+  d["objects"] = s.objects;
+  d["named_objects"] = s.named_objects;
+  d["leases"] = s.leases;
+  d["pending_transfers"] = s.pending_transfers;
+  return d;
+}
+
+void AddClientAttributes() {
+  DefProperty(
+      g_client_type, "session_id",
+      [](py::handle s) { return ClientOf(s).session_id(); },
+      "This session's id at the daemon.");
+  DefProperty(
+      g_client_type, "daemon_epoch",
+      [](py::handle s) { return ClientOf(s).daemon_epoch(); },
+      "Random id of the daemon instance: clients with the same epoch share "
+      "its pools (the same node).");
+  DefProperty(
+      g_client_type, "address",
+      [](py::handle s) { return ClientOf(s).address(); },
+      "The daemon's address.");
+  Def(
+      g_client_type, "_has_pool_on",
+      [](py::handle s, const std::string& device) {
+        return ClientOf(s).HasPoolOn(Check(ParseDevice(device)));
+      },
+      py::arg("device"),
+      "True when the daemon has a pool on `device` (\"cpu\", \"cuda:N\").");
+  Def(
+      g_client_type, "_put",
+      [](py::handle s, uintptr_t src, std::vector<int64_t> shape, int dtype,
+         uint64_t nbytes, const std::string& name, bool exclusive,
+         py::handle timeout, const std::string& device, CudaStream stream) {
+        Client& c = ClientOf(s);
+        CreateOptions o;
+        o.device = Check(ParseDevice(device));
+        o.shape = std::move(shape);
+        o.dtype = static_cast<DType>(dtype);
+        // Exactly the bytes at `src`: the daemon refuses a layout that needs
+        // more, so Put never reads past the caller's data.
+        o.size_bytes = nbytes;
+        o.name = name;
+        // The caller keeps `src` alive and unchanged for this call.
+        return NewObjectRef(WaitInSlices<SealedRef>(
+            Timeout(timeout.ptr()), absl::StatusCode::kResourceExhausted,
+            [&](absl::Duration slice) {
+              o.timeout = slice;
+              return c.Put(reinterpret_cast<const void*>(src), o, exclusive,
+                           stream);
+            }));
+      },
+      py::arg("src"), py::arg("shape"), py::arg("dtype"), py::arg("nbytes"),
+      py::arg("name"), py::arg("exclusive"), py::arg("timeout"),
+      py::arg("device") = "cpu", py::arg("stream") = 0,
+      "Creates on `device`, copies `nbytes` from address `src` (host memory, "
+      "or for a CUDA pool device memory, copied on `stream`), seals.");
+  Def(
+      g_client_type, "delete",
+      [](py::handle s, const std::string& name) {
+        Client& c = ClientOf(s);
+        ReleaseGil release;
+        Check(c.Delete(name));
+      },
+      py::arg("name"),
+      "Unbinds `name`. The memory is freed once nothing uses it (deferred "
+      "while views are alive). NotFoundError if unbound.");
+  Def(
+      g_client_type, "stats",
+      [](py::handle s) {
+        Client& c = ClientOf(s);
+        std::optional<absl::StatusOr<StoreStats>> st;
+        {
+          ReleaseGil release;
+          st = c.Stats();
+        }
+        return StatsDict(Check(*std::move(st)));
+      },
+      "Pool, session, object and lease counters, as a dict.");
+}
+
+}  // namespace
+
+void AddClientType(py::module_& m) {
+  PyType_Slot slots[] = {
+      {Py_tp_new, reinterpret_cast<void*>(ClientNew)},
+      {Py_tp_dealloc, reinterpret_cast<void*>(ClientDealloc)},
+      {Py_tp_methods, kClientMethods},
+      {Py_tp_doc,
+       const_cast<char*>(
+           "Client(address='', client_name='', connect_timeout=5.0)\n--\n\n"
+           "A session with shmtensord (use shmtensor.connect()).")},
+      {0, nullptr},
+  };
+  PyType_Spec spec = {"shmtensor._core.Client", sizeof(ClientObject), 0,
+                      Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE, slots};
+  PyObject* type = PyType_FromSpec(&spec);
+  if (type == nullptr) throw py::error_already_set();
+  g_client_type = reinterpret_cast<PyTypeObject*>(type);
+  m.add_object("Client", py::handle(type));
+  AddClientAttributes();
+}
+
+void BindPackage(py::handle dtype_code, py::handle dtype_cache,
+                 py::handle device_name) {
+  if (!PyDict_Check(dtype_cache.ptr())) {
+    throw py::type_error("dtype_cache must be a dict");
+  }
+  g_dtype_code = dtype_code.inc_ref().ptr();
+  g_dtype_cache = dtype_cache.inc_ref().ptr();
+  g_device_name = device_name.inc_ref().ptr();
+}
+
+Client& ClientOf(py::handle obj) {
+  if (!PyObject_TypeCheck(obj.ptr(), g_client_type) ||
+      reinterpret_cast<ClientObject*>(obj.ptr())->client == nullptr) {
+    throw py::type_error(std::string("expected a shmtensor Client, got ") +
+                         Py_TYPE(obj.ptr())->tp_name);
+  }
+  return Self(obj.ptr());
+}
+
+}  // namespace shmtensor::python

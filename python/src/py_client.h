@@ -1,0 +1,44 @@
+// shmtensor._core.Client: a session with shmtensord as a native Python type,
+// which the package's shmtensor.Client subclasses (adding put() and the
+// methods that need Python-level dtype or device handling).
+//
+// create(), create_bytes() and get() are hand-written CPython
+// (py_support.h says why): they convert their arguments themselves, ask
+// the package only for what it alone knows (a dtype or device spelt in a
+// way not seen before: BindPackage), and release the GIL while they wait
+// for the daemon. The other methods are pybind11 functions.
+//
+// Ownership: the instance owns its Client; dropping it closes the session
+// (with the GIL released).
+//
+// Thread safety: a Client may be used from several Python threads at once
+// (the C++ Client is thread-safe; every call holds the GIL except while it
+// waits).
+#ifndef SHMTENSOR_PYTHON_SRC_PY_CLIENT_H_
+#define SHMTENSOR_PYTHON_SRC_PY_CLIENT_H_
+
+#include <pybind11/pybind11.h>
+
+#include "shmtensor/client.h"
+
+namespace shmtensor::python {
+
+namespace py = pybind11;
+
+// Creates the type and adds it to `m` as Client.
+void AddClientType(py::module_& m);
+
+// The package's helpers, once at import: `dtype_code(dtype)` (the wire code
+// of any dtype spelling, or InvalidArgumentError), `dtype_cache` (a dict it
+// fills, spelling -> code, read first), and `device_name(device)` ("cpu" or
+// "cuda:N" for any device spelling).
+void BindPackage(py::handle dtype_code, py::handle dtype_cache,
+                 py::handle device_name);
+
+// The Client of `obj` (a _core.Client, or an instance of a subclass);
+// TypeError otherwise.
+Client& ClientOf(py::handle obj);
+
+}  // namespace shmtensor::python
+
+#endif  // SHMTENSOR_PYTHON_SRC_PY_CLIENT_H_

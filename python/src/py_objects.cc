@@ -1,0 +1,683 @@
+#include "python/src/py_objects.h"
+
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+#include <structmember.h>
+
+#include <cstddef>
+#include <cstring>
+#include <functional>
+#include <new>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "client/lease_address.h"
+#include "python/src/py_support.h"
+
+namespace shmtensor::python {
+namespace {
+
+// -- The native objects --------------------------------------------------
+
+// A native instance holding a C++ `Value`: constructed in place after
+// tp_alloc (NewInstance), destroyed in tp_dealloc (Dealloc). Standard
+// layout, so that offsetof(weakrefs) is well defined.
+template <typename Value>
+struct Native {
+  PyObject ob_base;  // PyObject_HEAD
+  PyObject* weakrefs;
+  alignas(Value) unsigned char storage[sizeof(Value)];
+
+  Value* value() { return std::launder(reinterpret_cast<Value*>(storage)); }
+};
+
+// What a SealedRef holds: the creator's ref, dropped with the GIL released
+// (its lease share is usually the last one: the release goes out then).
+struct CreatorRef {
+  explicit CreatorRef(SealedRef r) : ref(std::move(r)) {}
+  ~CreatorRef() {
+    if (!ref.holds_lease()) return;
+    ReleaseGil release;
+    ref.Reset();
+  }
+  CreatorRef(const CreatorRef&) = delete;
+  CreatorRef& operator=(const CreatorRef&) = delete;
+
+  SealedRef ref;
+};
+
+using BufferObject = Native<PyBuffer>;
+using ViewObject = Native<PyView>;
+using SealedRefObject = Native<CreatorRef>;
+
+template <typename Value>
+Value& ValueOf(PyObject* obj) {
+  return *reinterpret_cast<Native<Value>*>(obj)->value();
+}
+
+PyTypeObject* g_buffer_type = nullptr;
+PyTypeObject* g_view_type = nullptr;
+PyTypeObject* g_sealed_ref_type = nullptr;
+
+// shmtensor.ObjectRef (a strong reference, never dropped) and where its
+// slots _bytes and _owner are in an instance.
+PyTypeObject* g_ref_type = nullptr;
+Py_ssize_t g_ref_bytes_offset = 0;
+Py_ssize_t g_ref_owner_offset = 0;
+
+PyObject*& Slot(PyObject* obj, Py_ssize_t offset) {
+  return *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj) + offset);
+}
+
+// A new instance of `type` holding Value(args...); on an exception the
+// instance is freed unconstructed.
+template <typename Value, typename... Args>
+py::object NewInstance(PyTypeObject* type, Args&&... args) {
+  PyObject* obj = type->tp_alloc(type, 0);  // Zeroed; holds a type ref.
+  if (obj == nullptr) throw py::error_already_set();
+  try {
+    new (reinterpret_cast<Native<Value>*>(obj)->storage)
+        Value(std::forward<Args>(args)...);
+  } catch (...) {
+    type->tp_free(obj);
+    Py_DECREF(type);
+    throw;
+  }
+  return py::reinterpret_steal<py::object>(obj);
+}
+
+template <typename Value>
+void Dealloc(PyObject* self) {
+  auto* o = reinterpret_cast<Native<Value>*>(self);
+  if (o->weakrefs != nullptr) PyObject_ClearWeakRefs(self);
+  o->value()->~Value();
+  PyTypeObject* type = Py_TYPE(self);
+  type->tp_free(self);
+  Py_DECREF(type);
+}
+
+py::bytes RefBytes(const ObjectRef& ref) { return py::bytes(ref.Serialize()); }
+
+// The keywords DLPack 1.0 consumers may pass besides `stream`: max_version
+// (the legacy "dltensor" capsule is returned, which they accept), dl_device
+// (must be where the bytes are) and copy (a copy cannot be made here).
+void CheckDlpackKeywords(const ObjectInfo& info, const py::object& dl_device,
+                         const py::object& copy) {
+  if (!copy.is_none() && copy.cast<bool>()) {
+    throw py::buffer_error(
+        "__dlpack__(copy=True): shmtensor exports its bytes without a copy "
+        "only; copy the resulting tensor instead");
+  }
+  if (dl_device.is_none()) return;
+  const auto want = dl_device.cast<std::pair<int, int>>();
+  const std::pair<int, int> have = info.device.is_cuda()
+                                       ? std::make_pair(2, info.device.index)
+                                       : std::make_pair(1, 0);
+  if (want != have) {
+    throw py::buffer_error("__dlpack__(dl_device=(" +
+                           std::to_string(want.first) + ", " +
+                           std::to_string(want.second) +
+                           ")): the bytes are on " + DeviceName(info.device));
+  }
+}
+
+// The consumer stream of a __dlpack__(stream=...) call, for a CUDA export:
+// None means the legacy default stream; -1 means the consumer asks for no
+// synchronisation (its use is then its own to order); any other integer is
+// a stream handle (1 and 2: the legacy and per-thread default streams).
+void DeclareDlpackStream(const py::object& stream,
+                         const std::function<void(CudaStream)>& use) {
+  if (stream.is_none()) return;  // The legacy default stream always counts.
+  const long long s = stream.cast<long long>();
+  if (s == -1) return;
+  if (s < 0) {
+    throw py::value_error(
+        "__dlpack__: stream must be None, -1 or a stream "
+        "handle, got " +
+        std::to_string(s));
+  }
+  use(static_cast<CudaStream>(s));
+}
+
+// A CUDA stream given as None (0: all of this process's work), a handle, or
+// an object with a cuda_stream handle (torch.cuda.Stream).
+CudaStream StreamHandle(PyObject* stream) {
+  if (IsNone(stream)) return 0;
+  py::handle h(stream);
+  if (py::isinstance<py::int_>(h)) return h.cast<CudaStream>();
+  if (!py::hasattr(h, "cuda_stream")) {
+    throw py::type_error(
+        std::string("stream must be None, a stream handle or a "
+                    "torch.cuda.Stream, got ") +
+        Py_TYPE(stream)->tp_name);
+  }
+  return h.attr("cuda_stream").cast<CudaStream>();
+}
+
+// numpy's __array__(dtype=None): the array, converted when a dtype is
+// given. (numpy >= 2 may pass copy=; a copy is then numpy's to make.)
+PyObject* ArrayAs(py::array a, PyObject* dtype) {
+  if (IsNone(dtype)) return a.release().ptr();
+  return a.attr("astype")(py::handle(dtype)).release().ptr();
+}
+
+// -- Native methods -----------------------------------------------------
+
+PyObject* BufferSeal(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
+                     PyObject* kwnames) {
+  return Guarded([&] {
+    PyObject* a[2];
+    BindArgs("seal()", args, nargs, kwnames, {"exclusive", "stream"}, 0, a);
+    const bool exclusive = Truth(a[0], false);
+    const CudaStream stream = StreamHandle(a[1]);
+    return NewObjectRef(ValueOf<PyBuffer>(self).Seal(exclusive, stream))
+        .release()
+        .ptr();
+  });
+}
+
+PyObject* BufferArray(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
+                      PyObject* kwnames) {
+  return Guarded([&] {
+    PyObject* a[2];
+    BindArgs("__array__()", args, nargs, kwnames, {"dtype", "copy"}, 0, a);
+    return ArrayAs(ValueOf<PyBuffer>(self).Array(), a[0]);
+  });
+}
+
+PyObject* ViewArray(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
+                    PyObject* kwnames) {
+  return Guarded([&] {
+    PyObject* a[2];
+    BindArgs("__array__()", args, nargs, kwnames, {"dtype", "copy"}, 0, a);
+    return ArrayAs(MakeArray(ValueOf<PyView>(self).Source()), a[0]);
+  });
+}
+
+// tp_getattro of Buffer: Python's own lookup, except that the two
+// attributes numpy.asarray(buffer) probes for before it calls __array__
+// (__array_struct__, __array_interface__; a Buffer has neither, see
+// PyBuffer::Array) fail with an AttributeError that is not formatted:
+// formatting the usual message for each probe took longer than making the
+// array.
+PyObject* BufferGetAttr(PyObject* self, PyObject* name) {
+  PyObject* r = _PyObject_GenericGetAttrWithDict(self, name, nullptr,
+                                                 /*suppress=*/1);
+  if (r != nullptr || PyErr_Occurred()) return r;
+  static PyObject* const kStruct =
+      PyUnicode_InternFromString("__array_struct__");
+  static PyObject* const kInterface =
+      PyUnicode_InternFromString("__array_interface__");
+  if (name == kStruct || name == kInterface) {
+    PyErr_SetObject(PyExc_AttributeError, name);
+    return nullptr;
+  }
+  return PyObject_GenericGetAttr(self, name);  // Raises the usual error.
+}
+
+// bf_getbuffer of View: numpy.asarray(view) and memoryview(view) take the
+// buffer protocol first, with no attribute lookups and no call, so this is
+// the cheap way to an array (PyView::Source, FillBuffer). Errors are
+// BufferErrors; NumPy then falls back to __array__, which raises the
+// precise shmtensor error (a closed view, a CUDA object, bfloat16).
+int ViewGetBuffer(PyObject* self, Py_buffer* out, int flags) {
+  out->obj = nullptr;
+  try {
+    return FillBuffer(ValueOf<PyView>(self).Source(), out, flags);
+  } catch (const StatusError& e) {
+    PyErr_SetString(PyExc_BufferError, std::string(e.status.message()).c_str());
+  } catch (...) {
+    RaiseCurrentException();
+  }
+  return -1;
+}
+
+PyObject* SealedRefHoldsLease(PyObject* self, void*) {
+  return PyBool_FromLong(ValueOf<CreatorRef>(self).ref.holds_lease());
+}
+
+PyObject* SealedRefBytes(PyObject* self, void*) {
+  return Guarded([&] {
+    return RefBytes(ValueOf<CreatorRef>(self).ref.ref()).release().ptr();
+  });
+}
+
+PyObject* SealedRefReset(PyObject* self, PyObject*) {
+  SealedRef& ref = ValueOf<CreatorRef>(self).ref;
+  SealedRef share = ref;  // With the GIL held; `ref` keeps the ref.
+  ref.Reset();
+  {
+    ReleaseGil release;
+    share.Release().IgnoreError();  // Explicit: waits (last holder).
+  }
+  Py_RETURN_NONE;
+}
+
+// The native methods' docstrings are the API reference; the package's
+// README section points here.
+const char kSealDoc[] =
+    "seal(exclusive=False, stream=None)\n--\n\n"
+    "Makes the object immutable and returns its ObjectRef.\n\n"
+    "CUDA buffers: first waits until the GPU work that filled the buffer is "
+    "done: all of this process's work on the device, or only the work on "
+    "`stream` (a torch.cuda.Stream, or its handle) when given. A consumer "
+    "never sees the object before that.\n\n"
+    "A shared seal returns a ref that keeps the object alive; arrays made "
+    "from the buffer stay readable but not writable (a write through a "
+    "torch tensor made from the buffer would fault: drop those first). With "
+    "exclusive=True the object goes to exactly one consumer: the returned "
+    "ref holds nothing, this process can no longer write it, and arrays or "
+    "tensors made from the buffer must be gone (else BufferError).\n\n"
+    "When no array or tensor of the buffer is alive at seal, its memory is "
+    "not write-protected again in this process (nothing can reach it), "
+    "which saves two page-table changes per buffer when the memory is "
+    "reused here; views always read through a read-only mapping "
+    "(docs/shm_layout.md, \"Deferred closing\").";
+
+PyMethodDef kBufferMethods[] = {
+    {"seal", FastMethod(BufferSeal), METH_FASTCALL | METH_KEYWORDS, kSealDoc},
+    {"__array__", FastMethod(BufferArray), METH_FASTCALL | METH_KEYWORDS,
+     "__array__(dtype=None)\n--\n\nA zero-copy writable ndarray."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyMethodDef kViewMethods[] = {
+    {"__array__", FastMethod(ViewArray), METH_FASTCALL | METH_KEYWORDS,
+     "__array__(dtype=None)\n--\n\nA zero-copy ndarray (read-only unless "
+     "writable). It keeps the object alive while it lives."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyMethodDef kSealedRefMethods[] = {
+    {"reset", SealedRefReset, METH_NOARGS,
+     "Drops the lease; waits for the daemon if it was the last share."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyGetSetDef kSealedRefGetSet[] = {
+    {"holds_lease", SealedRefHoldsLease, nullptr,
+     "True while this keeps its object alive.", nullptr},
+    {"ref_bytes", SealedRefBytes, nullptr, "The serialised ObjectRef.",
+     nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr},
+};
+
+PyMemberDef kBufferMembers[] = {
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(BufferObject, weakrefs),
+     READONLY, nullptr},
+    {nullptr, 0, 0, 0, nullptr},
+};
+
+PyMemberDef kViewMembers[] = {
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(ViewObject, weakrefs), READONLY,
+     nullptr},
+    {nullptr, 0, 0, 0, nullptr},
+};
+
+// `name` is the qualified name ("shmtensor._core.Buffer"), a literal:
+// Python 3.11 keeps pointing into it (tp_name) for the type's life.
+PyTypeObject* MakeType(py::module_& m, const char* name, const char* doc,
+                       int basicsize, destructor dealloc, PyMethodDef* methods,
+                       PyMemberDef* members, PyGetSetDef* getset,
+                       getbufferproc getbuffer, getattrofunc getattro) {
+  std::vector<PyType_Slot> slots = {
+      {Py_tp_dealloc, reinterpret_cast<void*>(dealloc)},
+      {Py_tp_doc, const_cast<char*>(doc)},
+      {Py_tp_methods, methods},
+  };
+  if (members != nullptr) slots.push_back({Py_tp_members, members});
+  if (getset != nullptr) slots.push_back({Py_tp_getset, getset});
+  if (getattro != nullptr) {
+    slots.push_back({Py_tp_getattro, reinterpret_cast<void*>(getattro)});
+  }
+  if (getbuffer != nullptr) {
+    slots.push_back({Py_bf_getbuffer, reinterpret_cast<void*>(getbuffer)});
+  }
+  slots.push_back({0, nullptr});
+  // Made here only (NewBuffer, NewView, NewObjectRef), never from Python.
+#ifdef Py_TPFLAGS_DISALLOW_INSTANTIATION  // Python >= 3.10.
+  const unsigned flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION;
+#else
+  const unsigned flags = Py_TPFLAGS_DEFAULT;
+#endif
+  PyType_Spec spec = {name, basicsize, 0, flags, slots.data()};
+  PyObject* type = PyType_FromSpec(&spec);
+  if (type == nullptr) throw py::error_already_set();
+#ifndef Py_TPFLAGS_DISALLOW_INSTANTIATION
+  reinterpret_cast<PyTypeObject*>(type)->tp_new = nullptr;
+#endif
+  // The module's own reference; `type`'s is kept for the process's life.
+  m.add_object(std::strrchr(name, '.') + 1, py::handle(type));
+  return reinterpret_cast<PyTypeObject*>(type);
+}
+
+template <typename T>
+py::tuple Tuple(const std::vector<T>& v) {
+  py::tuple t(v.size());
+  for (size_t i = 0; i < v.size(); ++i) t[i] = v[i];
+  return t;
+}
+
+// Properties shared by Buffer and View; `info(self)` is the ObjectInfo.
+template <typename Info>
+void AddInfoProperties(PyTypeObject* type, Info info) {
+  DefProperty(
+      type, "shape", [info](py::handle s) { return Tuple(info(s).shape); },
+      "Elements per dimension.");
+  DefProperty(
+      type, "strides",
+      [info](py::handle s) { return Tuple(info(s).strides_bytes); },
+      "Bytes between elements per dimension (NumPy convention).");
+  DefProperty(
+      type, "dtype_code",
+      [info](py::handle s) { return static_cast<int>(info(s).dtype); },
+      "The shmtensor.v1.DType value.");
+  DefProperty(
+      type, "nbytes", [info](py::handle s) { return info(s).size_bytes; },
+      "Bytes the data spans.");
+  DefProperty(
+      type, "ref_bytes", [info](py::handle s) { return RefBytes(info(s).ref); },
+      "The serialised ObjectRef of the object.");
+  DefProperty(
+      type, "device",
+      [info](py::handle s) { return DeviceName(info(s).device); },
+      "Where the bytes are: 'cpu' or 'cuda:N'.");
+  Def(type, "__dlpack_device__", [info](py::handle s) {
+    const Device& d = info(s).device;
+    // DLPack: kDLCPU = 1, kDLCUDA = 2.
+    return d.is_cuda() ? py::make_tuple(2, d.index) : py::make_tuple(1, 0);
+  });
+}
+
+void AddBufferAttributes(PyTypeObject* type) {
+  AddInfoProperties(type, [](py::handle s) -> const ObjectInfo& {
+    return BufferOf(s).get().info();
+  });
+  DefProperty(
+      type, "valid", [](py::handle s) { return BufferOf(s).valid(); },
+      "False once sealed or discarded.");
+  DefProperty(
+      type, "address",
+      [](py::handle s) {
+        return reinterpret_cast<uintptr_t>(BufferOf(s).get().data());
+      },
+      "Address of the first byte in this process, for identity checks. Not "
+      "a view: it keeps nothing alive, and after seal() a write through it "
+      "is undefined (arrays and tensors are the way to write).");
+  Def(
+      type, "__dlpack__",
+      [](py::handle s, py::object stream, py::object max_version,
+         py::object dl_device, py::object copy) {
+        PyBuffer& b = BufferOf(s);
+        CheckDlpackKeywords(b.get().info(), dl_device, copy);
+        return b.DLPack(stream);
+      },
+      py::arg("stream") = py::none(), py::arg("max_version") = py::none(),
+      py::arg("dl_device") = py::none(), py::arg("copy") = py::none(),
+      "A DLPack capsule (zero-copy).");
+  Def(
+      type, "discard", [](py::handle s) { BufferOf(s).Discard(); },
+      "Discards the unsealed object.");
+}
+
+void AddViewAttributes(PyTypeObject* type) {
+  AddInfoProperties(type, [](py::handle s) -> const ObjectInfo& {
+    return ViewOf(s).get().info();
+  });
+  DefProperty(
+      type, "writable", [](py::handle s) { return ViewOf(s).get().writable(); },
+      "True only for the consumer of an exclusive hand-off.");
+  DefProperty(
+      type, "closed", [](py::handle s) { return ViewOf(s).closed(); },
+      "True once close() was called.");
+  DefProperty(
+      type, "address",
+      [](py::handle s) {
+        return reinterpret_cast<uintptr_t>(ViewOf(s).get().data());
+      },
+      "Address of the first byte in this process.");
+  Def(
+      type, "__dlpack__",
+      [](py::handle s, py::object stream, py::object max_version,
+         py::object dl_device, py::object copy) {
+        PyView& v = ViewOf(s);
+        const View& view = v.get();
+        CheckDlpackKeywords(view.info(), dl_device, copy);
+        DeclareDlpackStream(stream,
+                            [&](CudaStream cs) { view.UseOnStream(cs); });
+        return MakeDLPack(v.Source());
+      },
+      py::arg("stream") = py::none(), py::arg("max_version") = py::none(),
+      py::arg("dl_device") = py::none(), py::arg("copy") = py::none(),
+      "A DLPack capsule (zero-copy).");
+  Def(
+      type, "close", [](py::handle s) { ViewOf(s).Close(); },
+      "Drops this view's share of the lease. Arrays and tensors made from it "
+      "keep their own share: the lease ends when the last one dies. When "
+      "this was the last share, waits for the daemon, so the memory is back "
+      "in the pool for every process on return.");
+}
+
+}  // namespace
+
+// -- PyBuffer -----------------------------------------------------------
+
+PyBuffer::~PyBuffer() {
+  arrays_.clear();
+  if (!buffer_.valid()) return;  // Sealed or discarded: nothing to send.
+  ReleaseGil release;
+  buffer_ = Buffer();
+}
+
+const Buffer& PyBuffer::get() const {
+  if (!buffer_.valid()) {
+    throw StatusError{absl::FailedPreconditionError(
+        "buffer was sealed or discarded; get() the ref for a view")};
+  }
+  return buffer_;
+}
+
+py::array PyBuffer::Array() {
+  const Buffer& b = get();
+  py::array arr = MakeArray({&b.info(), internal::LeaseAddress(*b.lease()),
+                             b.lease(), /*writable=*/true, nullptr});
+  arrays_.push_back(py::weakref(arr));
+  return arr;
+}
+
+py::capsule PyBuffer::DLPack(const py::object& stream) {
+  const Buffer& b = get();
+  DeclareDlpackStream(stream, [&](CudaStream s) { b.UseOnStream(s); });
+  return MakeDLPack(Source());  // Counted in dlpack_.
+}
+
+SealedRef PyBuffer::Seal(bool exclusive, CudaStream stream) {
+  get();
+  if (buffer_.shared_writable()) {  // Before anything changes.
+    throw StatusError{absl::FailedPreconditionError(
+        "a shared-writable object is never sealed; drop or discard the "
+        "buffer when done")};
+  }
+  std::vector<py::object> live;
+  for (const py::weakref& w : arrays_) {
+    py::object a = w();
+    if (!a.is_none()) live.push_back(a);
+  }
+  const int tensors = dlpack_ == nullptr ? 0 : dlpack_->load();
+  if (exclusive && (!live.empty() || tensors > 0)) {
+    throw py::buffer_error(
+        std::to_string(live.size() + tensors) +
+        " arrays or tensors made from this buffer are still alive; delete "
+        "them before seal(exclusive=True): the consumer will own the memory");
+  }
+  // Arrays made before a shared seal stay readable, no longer writable; a
+  // write through one (or through a tensor, which torch cannot make
+  // read-only) faults, so their memory is closed at once. With none alive,
+  // nothing can write here any more: the range may stay open.
+  const WriteRevocation revocation = live.empty() && tensors == 0
+                                         ? WriteRevocation::kDeferred
+                                         : WriteRevocation::kImmediate;
+  for (py::object& a : live) {
+    py::detail::array_proxy(a.ptr())->flags &=
+        ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+  }
+  arrays_.clear();
+  // Taken out with the GIL held (another thread may be exporting it); given
+  // back if the seal did not happen.
+  Buffer b = std::move(buffer_);
+  buffer_ = Buffer();
+  std::optional<absl::StatusOr<SealedRef>> sealed;
+  {
+    ReleaseGil release;
+    sealed = b.Seal(exclusive, stream, revocation);
+  }
+  if (!sealed->ok() && b.valid()) buffer_ = std::move(b);
+  return Check(*std::move(sealed));
+}
+
+void PyBuffer::Discard() {
+  get();
+  arrays_.clear();
+  Buffer b = std::move(buffer_);  // With the GIL held, as in Seal.
+  buffer_ = Buffer();
+  ReleaseGil release;
+  Check(b.Discard());
+}
+
+ExportSource PyBuffer::Source() {
+  const Buffer& b = get();
+  if (dlpack_ == nullptr) dlpack_ = std::make_shared<std::atomic<int>>(0);
+  return {&b.info(), internal::LeaseAddress(*b.lease()), b.lease(), true,
+          dlpack_};
+}
+
+// -- PyView -------------------------------------------------------------
+
+PyView::~PyView() {
+  // Only the last share of the lease sends a release (see DropWithoutGil).
+  if (view_.lease() != nullptr && view_.lease().use_count() > 1) return;
+  ReleaseGil release;
+  view_ = View();
+}
+
+const View& PyView::get() const {
+  if (!view_.valid()) {
+    throw StatusError{absl::FailedPreconditionError(
+        "view was closed; arrays and tensors made from it stay valid")};
+  }
+  return view_;
+}
+
+ExportSource PyView::Source() const {
+  const View& v = get();
+  return {&v.info(), const_cast<void*>(v.data()), v.lease(), v.writable(),
+          nullptr};
+}
+
+void PyView::Close() {
+  // Taken out with the GIL held: another thread may be exporting it.
+  View v = std::move(view_);
+  view_ = View();
+  ReleaseGil release;
+  if (v.valid()) v.Release().IgnoreError();
+}
+
+// -- The types ------------------------------------------------------------
+
+void AddObjectTypes(py::module_& m) {
+  g_buffer_type =
+      MakeType(m, "shmtensor._core.Buffer",
+               "A writable buffer, visible to nobody until sealed.",
+               sizeof(BufferObject), Dealloc<PyBuffer>, kBufferMethods,
+               kBufferMembers, nullptr, nullptr, BufferGetAttr);
+  g_view_type =
+      MakeType(m, "shmtensor._core.View", "A view of a sealed object.",
+               sizeof(ViewObject), Dealloc<PyView>, kViewMethods, kViewMembers,
+               nullptr, ViewGetBuffer, nullptr);
+  g_sealed_ref_type =
+      MakeType(m, "shmtensor._core.SealedRef",
+               "The creator's ref; holds a lease while alive.",
+               sizeof(SealedRefObject), Dealloc<CreatorRef>, kSealedRefMethods,
+               nullptr, kSealedRefGetSet, nullptr, nullptr);
+  AddBufferAttributes(g_buffer_type);
+  AddViewAttributes(g_view_type);
+}
+
+py::object NewBuffer(Buffer b) {
+  return NewInstance<PyBuffer>(g_buffer_type, std::move(b));
+}
+
+py::object NewView(View v) {
+  return NewInstance<PyView>(g_view_type, std::move(v));
+}
+
+PyBuffer& BufferOf(py::handle obj) {
+  if (Py_TYPE(obj.ptr()) != g_buffer_type) {
+    throw py::type_error(std::string("expected a shmtensor Buffer, got ") +
+                         Py_TYPE(obj.ptr())->tp_name);
+  }
+  return ValueOf<PyBuffer>(obj.ptr());
+}
+
+PyView& ViewOf(py::handle obj) {
+  if (Py_TYPE(obj.ptr()) != g_view_type) {
+    throw py::type_error(std::string("expected a shmtensor View, got ") +
+                         Py_TYPE(obj.ptr())->tp_name);
+  }
+  return ValueOf<PyView>(obj.ptr());
+}
+
+void SetRefClass(py::handle cls) {
+  if (!PyType_Check(cls.ptr())) throw py::type_error("a class");
+  auto offset_of = [&](const char* slot) {
+    PyObject* d = PyDict_GetItemString(
+        reinterpret_cast<PyTypeObject*>(cls.ptr())->tp_dict, slot);
+    if (d == nullptr || !PyObject_TypeCheck(d, &PyMemberDescr_Type)) {
+      throw py::type_error(std::string("the ref class has no slot ") + slot);
+    }
+    PyMemberDef* member = reinterpret_cast<PyMemberDescrObject*>(d)->d_member;
+    if (member->type != T_OBJECT_EX) {
+      throw py::type_error(std::string("slot ") + slot + " is not an object");
+    }
+    return member->offset;
+  };
+  g_ref_bytes_offset = offset_of("_bytes");
+  g_ref_owner_offset = offset_of("_owner");
+  g_ref_type = reinterpret_cast<PyTypeObject*>(cls.inc_ref().ptr());
+}
+
+py::object NewObjectRef(SealedRef ref) {
+  if (g_ref_type == nullptr) {
+    throw std::logic_error("shmtensor._core: _set_ref_class was not called");
+  }
+  py::bytes bytes = RefBytes(ref.ref());
+  py::object owner = py::none();
+  if (ref.holds_lease()) {
+    owner = NewInstance<CreatorRef>(g_sealed_ref_type, std::move(ref));
+  }
+  py::object obj =
+      py::reinterpret_steal<py::object>(g_ref_type->tp_alloc(g_ref_type, 0));
+  if (!obj) throw py::error_already_set();
+  // What ObjectRef.__init__ would store, without its parse (the bytes were
+  // just made from a valid ref).
+  Slot(obj.ptr(), g_ref_bytes_offset) = bytes.release().ptr();
+  Slot(obj.ptr(), g_ref_owner_offset) = owner.release().ptr();
+  return obj;
+}
+
+PyObject* RefBytesOf(PyObject* obj) {
+  if (g_ref_type == nullptr || !PyObject_TypeCheck(obj, g_ref_type)) {
+    return nullptr;
+  }
+  PyObject* bytes = Slot(obj, g_ref_bytes_offset);
+  if (bytes == nullptr || !PyBytes_Check(bytes)) {
+    throw py::type_error(
+        "ObjectRef without its bytes (made by ObjectRef.__new__ alone); "
+        "make refs with ObjectRef(bytes) or take them from seal()/put()");
+  }
+  return bytes;
+}
+
+}  // namespace shmtensor::python

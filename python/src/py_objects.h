@@ -1,0 +1,120 @@
+// The objects a lifecycle makes, as native Python types of shmtensor._core:
+//
+//   Buffer     a writable, unsealed buffer (PyBuffer);
+//   View       a view of a sealed object (PyView);
+//   SealedRef  the lease a creator's ObjectRef holds (shmtensor.SealedRef).
+//
+// and the shmtensor.ObjectRef that seal() and put() return, made here
+// (the class is the package's; SetRefClass hands it over).
+//
+// Their allocation, deallocation and the calls a lifecycle makes on them
+// (Buffer.seal, numpy.asarray of either) are hand-written CPython
+// (py_support.h says why); every other method and property is a pybind11
+// function attached to the type (AddObjectTypes).
+//
+// Ownership: a Buffer owns its unsealed buffer (dropping it discards the
+// object); a View owns one share of its lease, a SealedRef the creator's.
+// Arrays and tensors made from either own shares of their own, so they
+// outlive the object they came from. Deallocation of the last share sends
+// the release with the GIL released.
+//
+// Thread safety: call with the GIL held.
+#ifndef SHMTENSOR_PYTHON_SRC_PY_OBJECTS_H_
+#define SHMTENSOR_PYTHON_SRC_PY_OBJECTS_H_
+
+#include <Python.h>
+#include <pybind11/pybind11.h>
+
+#include <atomic>
+#include <memory>
+#include <vector>
+
+#include "python/src/exports.h"
+#include "shmtensor/object_ref.h"
+#include "shmtensor/view.h"
+
+namespace shmtensor::python {
+
+namespace py = pybind11;
+
+// What a Buffer holds. Its arrays and DLPack tensors take the address from
+// the lease, not Buffer::data(): they are counted here, and Seal chooses
+// the revocation from them, so they mark nothing exposed.
+class PyBuffer {
+ public:
+  explicit PyBuffer(Buffer b) : buffer_(std::move(b)) {}
+  ~PyBuffer();
+  PyBuffer(const PyBuffer&) = delete;
+  PyBuffer& operator=(const PyBuffer&) = delete;
+
+  // The buffer; FAILED_PRECONDITION (as StatusError) once sealed or
+  // discarded.
+  const Buffer& get() const;
+  bool valid() const { return buffer_.valid(); }
+
+  // A writable ndarray over the buffer, counted for Seal.
+  py::array Array();
+  // A DLPack capsule over the buffer, counted for Seal; `stream` as
+  // __dlpack__'s.
+  py::capsule DLPack(const py::object& stream);
+  // Seals: see Buffer.seal's docstring (py_objects.cc).
+  SealedRef Seal(bool exclusive, CudaStream stream);
+  void Discard();
+  // What an export of the buffer needs; its DLPack exports are counted for
+  // Seal.
+  ExportSource Source();
+
+ private:
+  Buffer buffer_;
+  std::vector<py::weakref> arrays_;  // NumPy arrays exported.
+  // Live DLPack exports; made at the first.
+  std::shared_ptr<std::atomic<int>> dlpack_;
+};
+
+// What a View holds.
+class PyView {
+ public:
+  explicit PyView(View v) : view_(std::move(v)) {}
+  ~PyView();
+  PyView(const PyView&) = delete;
+  PyView& operator=(const PyView&) = delete;
+
+  // The view; FAILED_PRECONDITION (as StatusError) once closed.
+  const View& get() const;
+  ExportSource Source() const;
+  // Drops this view's share of the lease; the last share waits for the
+  // daemon (see View::Release).
+  void Close();
+  bool closed() const { return !view_.valid(); }
+
+ private:
+  View view_;
+};
+
+// Creates Buffer, View and SealedRef and adds them to `m`.
+void AddObjectTypes(py::module_& m);
+
+// New Python objects owning `b` / `v`.
+py::object NewBuffer(Buffer b);
+py::object NewView(View v);
+
+// The Buffer or View that `obj` is; TypeError naming the type otherwise.
+PyBuffer& BufferOf(py::handle obj);
+PyView& ViewOf(py::handle obj);
+
+// For the package, once: shmtensor.ObjectRef, a class with the slots
+// _bytes and _owner. TypeError if it has not.
+void SetRefClass(py::handle cls);
+
+// A new shmtensor.ObjectRef for `ref`: its serialised bytes in _bytes, and
+// in _owner a SealedRef holding the lease, or None when `ref` holds none.
+py::object NewObjectRef(SealedRef ref);
+
+// The serialised ref (bytes, borrowed) of `obj` if it is a
+// shmtensor.ObjectRef, else null. TypeError for an ObjectRef that has none
+// (never initialised).
+PyObject* RefBytesOf(PyObject* obj);
+
+}  // namespace shmtensor::python
+
+#endif  // SHMTENSOR_PYTHON_SRC_PY_OBJECTS_H_

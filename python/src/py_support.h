@@ -1,0 +1,134 @@
+// Support for the binding's hand-written CPython methods (py_objects.h,
+// py_client.h): status errors on their way to Python, GIL release, one
+// exception barrier per entry point, and argument binding for
+// METH_FASTCALL | METH_KEYWORDS calls.
+//
+// Why hand-written: the lifecycle calls (create, seal, get, the objects'
+// deallocation) run once per batch, and pybind11's generic dispatch (an
+// argument tuple and dict per call, type lookups by hashed type name, a
+// registry entry per instance) cost more than the rest of the binding
+// together (bench/python_bench.py --instructions). Everything else stays on
+// pybind11.
+//
+// Thread safety: everything here is called with the GIL held, except what
+// runs inside a ReleaseGil scope.
+#ifndef SHMTENSOR_PYTHON_SRC_PY_SUPPORT_H_
+#define SHMTENSOR_PYTHON_SRC_PY_SUPPORT_H_
+
+#include <Python.h>
+#include <pybind11/pybind11.h>
+
+#include <exception>
+#include <initializer_list>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace shmtensor::python {
+
+namespace py = pybind11;
+
+// A failed absl::Status on its way to Python, where it becomes a
+// shmtensor.Error subclass (RaiseStatus).
+struct StatusError {
+  absl::Status status;
+};
+
+inline void Check(const absl::Status& s) {
+  if (!s.ok()) throw StatusError{s};
+}
+template <typename T>
+T Check(absl::StatusOr<T> v) {
+  if (!v.ok()) throw StatusError{v.status()};
+  return *std::move(v);
+}
+
+// Sets the Python error for `status`: shmtensor.errors.from_status(code,
+// reason, message), an instance of the shmtensor.Error subclass for it.
+void RaiseStatus(const absl::Status& status);
+
+// Sets the Python error for the exception in flight (call from a catch
+// block only): StatusError as RaiseStatus, pybind11's exceptions as
+// pybind11 raises them, anything else as RuntimeError.
+void RaiseCurrentException();
+
+// Runs `body` (which returns a new reference, or null with an error set)
+// with every C++ exception turned into a Python error: the barrier each
+// hand-written entry point goes through.
+template <typename Body>
+PyObject* Guarded(Body&& body) noexcept {
+  try {
+    return body();
+  } catch (...) {
+    RaiseCurrentException();
+    return nullptr;
+  }
+}
+
+// Releases the GIL for its scope. Not movable; the thread must hold the GIL
+// on construction.
+class ReleaseGil {
+ public:
+  ReleaseGil() : state_(PyEval_SaveThread()) {}
+  ~ReleaseGil() { PyEval_RestoreThread(state_); }
+  ReleaseGil(const ReleaseGil&) = delete;
+  ReleaseGil& operator=(const ReleaseGil&) = delete;
+
+ private:
+  PyThreadState* state_;
+};
+
+// Binds the arguments of a METH_FASTCALL | METH_KEYWORDS call to the
+// parameters `names` (positional or keyword, in order), the first
+// `required` of them required: out[i] is the argument for names[i]
+// (borrowed), or null when not given. Throws py::type_error, worded as
+// Python's own, for too many, missing, unknown or repeated arguments.
+// `function` is the name the messages give ("create()").
+void BindArgs(const char* function, PyObject* const* args, Py_ssize_t nargs,
+              PyObject* kwnames, std::initializer_list<const char*> names,
+              size_t required, PyObject** out);
+
+// A METH_FASTCALL | METH_KEYWORDS function for a PyMethodDef (through
+// void(*)(), the cast CPython's own modules make).
+inline PyCFunction FastMethod(PyObject* (*f)(PyObject*, PyObject* const*,
+                                             Py_ssize_t, PyObject*)) {
+  return reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(f));
+}
+
+// Attaches a pybind11 function to a native type as method `name`; its
+// first parameter is the instance (a py::handle the function converts).
+template <typename F, typename... Extra>
+void Def(PyTypeObject* type, const char* name, F&& f, const Extra&... extra) {
+  py::handle cls(reinterpret_cast<PyObject*>(type));
+  py::cpp_function fn(std::forward<F>(f), py::name(name), py::is_method(cls),
+                      py::sibling(py::getattr(cls, name, py::none())),
+                      extra...);
+  py::setattr(cls, name, fn);
+}
+
+// Attaches a read-only property whose getter is a pybind11 function of the
+// instance.
+template <typename F>
+void DefProperty(PyTypeObject* type, const char* name, F&& getter,
+                 const char* doc) {
+  py::handle cls(reinterpret_cast<PyObject*>(type));
+  py::cpp_function fget(std::forward<F>(getter), py::is_method(cls));
+  py::object property = py::module_::import("builtins").attr("property");
+  py::setattr(cls, name, property(fget, py::none(), py::none(), doc));
+}
+
+// True when `arg` is absent or None.
+inline bool IsNone(PyObject* arg) { return arg == nullptr || arg == Py_None; }
+
+// The truth of `arg` (bool(arg)), or `absent` when it was not given.
+inline bool Truth(PyObject* arg, bool absent) {
+  if (arg == nullptr) return absent;
+  const int t = PyObject_IsTrue(arg);
+  if (t < 0) throw py::error_already_set();
+  return t != 0;
+}
+
+}  // namespace shmtensor::python
+
+#endif  // SHMTENSOR_PYTHON_SRC_PY_SUPPORT_H_

@@ -1,0 +1,340 @@
+"""The private daemon a job starts when nobody runs one (shmtensor._autostart):
+started once, shared by the job's children, gone with the job however it
+ends, and never started when an address is given or a daemon serves the
+default one.
+
+Each job is a real interpreter with no $SHMTENSOR_ADDRESS and its own
+$XDG_RUNTIME_DIR, so the default address is one where no daemon runs (the
+machine's own default daemon, if any, is not touched)."""
+
+import json
+import os
+import pathlib
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+import pytest
+
+from conftest import Daemon, child_env, segments_of
+
+JOB_PREAMBLE = """
+import json, os, sys
+import numpy as np
+import shmtensor
+from shmtensor import _autostart
+def report(**kw):
+    print(json.dumps(kw), flush=True)
+"""
+
+
+RUN = None  # The running test's $XDG_RUNTIME_DIR for its jobs.
+
+
+@pytest.fixture(autouse=True)
+def run_dir():
+    """The jobs' $XDG_RUNTIME_DIR: short (a socket path has 107 bytes), and
+    removed after the test."""
+    global RUN
+    RUN = pathlib.Path(tempfile.mkdtemp(prefix="st-run-", dir="/tmp"))
+    yield RUN
+    shutil.rmtree(RUN, ignore_errors=True)
+
+
+def job_env(tmp_path, **extra):
+    env = child_env(XDG_RUNTIME_DIR=str(RUN), SHMTENSOR_POOL_SIZE="64MiB")
+    env.pop("SHMTENSOR_ADDRESS", None)
+    env.pop("SHMTENSOR_AUTOSTART", None)
+    env.update(extra)
+    return env
+
+
+def write_job(tmp_path, body, name="job.py"):
+    path = tmp_path / name
+    path.write_text(JOB_PREAMBLE + textwrap.dedent(body))
+    return str(path)
+
+
+def run_job(tmp_path, body, env=None, timeout=120):
+    return subprocess.run([sys.executable, write_job(tmp_path, body)],
+                          env=env or job_env(tmp_path), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def start_job(tmp_path, body, name="job.py", env=None):
+    return subprocess.Popen([sys.executable, write_job(tmp_path, body, name)],
+                            env=env or job_env(tmp_path),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def reports(stdout):
+    return [json.loads(line) for line in stdout.splitlines()
+            if line.startswith("{")]
+
+
+def alive(pid):
+    """True while `pid` runs (a zombie waiting for its reaper has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def assert_gone(pid, address, within=10.0):
+    """The private daemon `pid` ends and leaves nothing: no segment in
+    /dev/shm, no socket, no directory."""
+    deadline = time.monotonic() + within
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(pid), f"private daemon {pid} still runs"
+    directory = os.path.dirname(address[len("unix:"):])
+    deadline = time.monotonic() + within
+    while (os.path.exists(directory) or segments_of(address)) and \
+            time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not segments_of(address), segments_of(address)
+    assert not os.path.exists(directory), os.listdir(directory)
+
+
+USE = """
+c = shmtensor.connect()
+ref = c.put(np.arange(1000, dtype=np.int64))
+pid, address = _autostart.private_daemon()
+report(pid=pid, address=address, env=os.environ["SHMTENSOR_ADDRESS"],
+       total=int(np.asarray(c.get(ref)).sum()))
+"""
+
+
+def test_a_job_that_exits_normally_starts_one_daemon_that_ends_with_it(tmp_path):
+    out = run_job(tmp_path, USE + """
+# Later connects, from any thread, use the same daemon.
+import threading
+seen = []
+t = threading.Thread(target=lambda: seen.append(_autostart.resolve()))
+t.start(); t.join()
+report(again=shmtensor.connect().daemon_epoch == c.daemon_epoch,
+       thread=seen[0])
+""")
+    assert out.returncode == 0, out.stderr
+    first, second = reports(out.stdout)
+    assert first["total"] == 499500
+    assert first["env"] == first["address"]
+    assert second == {"again": True, "thread": first["address"]}
+    # One log line, naming what was started.
+    lines = [l for l in out.stderr.splitlines() if "private shmtensord" in l]
+    assert len(lines) == 1, out.stderr
+    assert f"pid {first['pid']}" in lines[0] and first["address"] in lines[0]
+    assert "64MiB pool" in lines[0]
+    assert first["address"].startswith("unix:" + str(RUN))
+    assert_gone(first["pid"], first["address"])
+
+
+def test_a_job_that_raises_leaves_nothing(tmp_path):
+    out = run_job(tmp_path, USE + "raise RuntimeError('the job failed')\n")
+    assert out.returncode == 1 and "the job failed" in out.stderr
+    (first,) = reports(out.stdout)
+    assert_gone(first["pid"], first["address"])
+
+
+def test_a_sigkilled_job_leaves_nothing(tmp_path):
+    job = start_job(tmp_path, USE + """
+view = c.get(ref)           # Held while the job is killed.
+buf = c.create((1 << 20,), "uint8")
+report(holding=True)
+import time; time.sleep(300)
+""")
+    try:
+        first = json.loads(job.stdout.readline())
+        assert json.loads(job.stdout.readline()) == {"holding": True}
+        assert alive(first["pid"]) and segments_of(first["address"])
+        job.send_signal(signal.SIGKILL)
+        job.wait(timeout=10)
+        assert_gone(first["pid"], first["address"])
+    finally:
+        job.kill()
+        job.communicate()
+
+
+def test_two_jobs_at_once_each_get_their_own(tmp_path):
+    body = USE + """
+sys.stdin.readline()  # Until the test has seen both.
+report(still=int(np.asarray(c.get(ref)).sum()))
+"""
+    env = job_env(tmp_path)
+    jobs = [subprocess.Popen([sys.executable, write_job(tmp_path, body, f"j{i}.py")],
+                             env=env, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True) for i in range(2)]
+    try:
+        firsts = [json.loads(j.stdout.readline()) for j in jobs]
+        assert firsts[0]["pid"] != firsts[1]["pid"]
+        assert firsts[0]["address"] != firsts[1]["address"]
+        assert all(alive(f["pid"]) for f in firsts)
+        for j in jobs:
+            j.stdin.write("\n")
+            j.stdin.flush()
+        for j, f in zip(jobs, firsts):
+            out, err = j.communicate(timeout=60)
+            assert j.returncode == 0, err
+            assert reports(out) == [{"still": 499500}]
+        for f in firsts:
+            assert_gone(f["pid"], f["address"])
+    finally:
+        for j in jobs:
+            j.kill()
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_children_share_the_parents_daemon(tmp_path, method):
+    out = run_job(tmp_path, f"""
+import multiprocessing as mp
+def child(ref, q):
+    import shmtensor
+    from shmtensor import _autostart
+    c = shmtensor.connect()
+    q.put((_autostart.private_daemon(), os.environ.get("SHMTENSOR_ADDRESS"),
+           int(np.asarray(c.get(ref)).sum())))
+if __name__ == "__main__":
+""" + textwrap.indent(USE, "    ") + f"""
+    ctx = mp.get_context({method!r})
+    q = ctx.Queue()
+    p = ctx.Process(target=child, args=(shmtensor.ObjectRef(bytes(ref)), q))
+    p.start()
+    own, address, total = q.get(timeout=60)
+    p.join(60)
+    report(own=own, address=address, total=total, exitcode=p.exitcode)
+""")
+    assert out.returncode == 0, out.stderr
+    first, second = reports(out.stdout)
+    assert second == {"own": None, "address": first["address"],
+                      "total": 499500, "exitcode": 0}
+    assert out.stderr.count("private shmtensord") == 1, out.stderr
+    assert_gone(first["pid"], first["address"])
+
+
+def test_autostart_off_gives_the_daemon_unavailable_error(tmp_path):
+    out = run_job(tmp_path, """
+try:
+    shmtensor.connect(connect_timeout=0.5)
+except shmtensor.DaemonUnavailableError as e:
+    report(error=str(e), own=_autostart.private_daemon())
+""", env=job_env(tmp_path, SHMTENSOR_AUTOSTART="0"))
+    assert out.returncode == 0, out.stderr
+    (r,) = reports(out.stdout)
+    assert r["own"] is None
+    assert str(RUN / "shmtensord.sock") in r["error"]
+    assert os.listdir(RUN) == []
+
+
+def test_an_explicit_address_never_autostarts(tmp_path):
+    gone = f"unix:{tmp_path}/none/d.sock"
+    out = run_job(tmp_path, f"""
+for how in ("argument", "environment"):
+    try:
+        if how == "argument":
+            shmtensor.connect({gone!r}, connect_timeout=0.5)
+        else:
+            os.environ["SHMTENSOR_ADDRESS"] = {gone!r}
+            shmtensor.connect(connect_timeout=0.5)
+    except shmtensor.DaemonUnavailableError as e:
+        report(how=how, named={gone!r} in str(e),
+               own=_autostart.private_daemon())
+""")
+    assert out.returncode == 0, out.stderr
+    assert reports(out.stdout) == [
+        {"how": "argument", "named": True, "own": None},
+        {"how": "environment", "named": True, "own": None}]
+    assert os.listdir(RUN) == []
+    assert "private shmtensord" not in out.stderr
+
+
+def test_a_daemon_at_the_default_address_is_used_as_it_is(tmp_path):
+    env = job_env(tmp_path)
+    default = os.path.join(env["XDG_RUNTIME_DIR"], "shmtensord.sock")
+    d = Daemon(path=default)
+    try:
+        out = run_job(tmp_path, USE.replace(
+            "pid, address = _autostart.private_daemon()",
+            "pid, address = None, _autostart.resolve()")
+            .replace('env=os.environ["SHMTENSOR_ADDRESS"]',
+                     'env=os.environ.get("SHMTENSOR_ADDRESS"), '
+                     'own=_autostart.private_daemon()'), env=env)
+        assert out.returncode == 0, out.stderr
+        (r,) = reports(out.stdout)
+        assert r == {"pid": None, "address": "unix:" + default, "env": None,
+                     "own": None, "total": 499500}
+        assert "private shmtensord" not in out.stderr
+    finally:
+        d.kill()
+
+
+def test_the_default_pool_fits_the_machine_and_a_bad_size_is_named(tmp_path):
+    # The default (no SHMTENSOR_POOL_SIZE): what _default_pool_bytes chose
+    # (its rule is tested with a faked /dev/shm and cgroup below).
+    env = job_env(tmp_path)
+    del env["SHMTENSOR_POOL_SIZE"]
+    out = run_job(tmp_path, """
+from shmtensor import _autostart
+c = shmtensor.connect()
+report(size=c.stats()["pools"][0]["size_bytes"],
+       expected=_autostart._private.pool)
+""", env=env)
+    assert out.returncode == 0, out.stderr
+    (r,) = reports(out.stdout)
+    assert f"{r['size'] >> 20}MiB" == r["expected"]
+    assert 16 << 20 <= r["size"] <= 1 << 30
+
+    out = run_job(tmp_path, """
+try:
+    shmtensor.connect()
+except shmtensor.DaemonUnavailableError as e:
+    report(error=str(e))
+""", env=job_env(tmp_path, SHMTENSOR_POOL_SIZE="lots"))
+    assert out.returncode == 0, out.stderr
+    (r,) = reports(out.stdout)
+    assert "exited with status 2 before serving" in r["error"], r
+    assert "--pool-size lots" in r["error"]
+    assert "--pool-size" in out.stderr  # The daemon's own message.
+    assert os.listdir(RUN) == []
+
+
+def test_the_owner_must_be_the_daemons_parent(daemon):
+    # shmtensord --owner-pid with a pid that is not its parent (here: pid 1)
+    # refuses to start: it could not tell that process from a later one.
+    from conftest import DAEMON
+    out = subprocess.run([DAEMON, "--listen", daemon.address + "x",
+                          "--owner-pid", "1"], capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 2
+    assert "owner pid 1 is not this daemon's parent" in out.stdout + out.stderr
+
+
+
+def test_the_default_pool_shrinks_to_a_small_shm_and_a_memory_limit(monkeypatch):
+    from shmtensor import _autostart
+
+    class Shm:
+        def __init__(self, free):
+            self.f_bavail, self.f_frsize = free // 4096, 4096
+
+    free = {"bytes": 64 << 20}  # A container's default /dev/shm, empty.
+    monkeypatch.setattr(_autostart.os, "statvfs", lambda p: Shm(free["bytes"]))
+    monkeypatch.setattr(_autostart, "_cgroup_memory_limit", lambda: None)
+    assert _autostart._default_pool_bytes() == "32MiB"
+    free["bytes"] = 64 << 30
+    assert _autostart._default_pool_bytes() == "1024MiB"
+    # A systemd unit with MemoryMax=512M.
+    monkeypatch.setattr(_autostart, "_cgroup_memory_limit", lambda: 512 << 20)
+    assert _autostart._default_pool_bytes() == "128MiB"
+    free["bytes"] = 20 << 20
+    with pytest.raises(Exception) as e:
+        _autostart._default_pool_bytes()
+    assert "SHMTENSOR_POOL_SIZE" in str(e.value) and "10 MiB" in str(e.value)
+    assert isinstance(e.value, _autostart.DaemonUnavailableError)
