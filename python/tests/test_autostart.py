@@ -338,3 +338,50 @@ def test_the_default_pool_shrinks_to_a_small_shm_and_a_memory_limit(monkeypatch)
         _autostart._default_pool_bytes()
     assert "SHMTENSOR_POOL_SIZE" in str(e.value) and "10 MiB" in str(e.value)
     assert isinstance(e.value, _autostart.DaemonUnavailableError)
+
+
+def test_in_a_container_like_setting_another_uid_and_a_64_mib_shm():
+    """A job as another user (nobody), with a /dev/shm of its own of 64 MiB
+    (a container's default), and no daemon: the private daemon it starts
+    fits there (32 MiB, half the free space), serves, and leaves the tmpfs
+    empty. Needs root (a mount namespace, setpriv); skipped without."""
+    if os.geteuid() != 0 or not shutil.which("unshare") or \
+            not shutil.which("setpriv"):
+        pytest.skip("needs root, unshare and setpriv")
+    code = JOB_PREAMBLE + textwrap.dedent("""
+        c = shmtensor.connect()
+        ref = c.put(np.ones((1 << 20,), np.uint8))
+        pid, address = _autostart.private_daemon()
+        report(uid=os.getuid(), pool=c.stats()["pools"][0]["size_bytes"],
+               total=int(np.asarray(c.get(ref)).sum()), pid=pid,
+               address=address, shm=sorted(os.listdir("/dev/shm")))
+        """)
+    env = child_env()
+    for name in ("SHMTENSOR_ADDRESS", "SHMTENSOR_POOL_SIZE", "XDG_RUNTIME_DIR"):
+        env.pop(name, None)
+    script = ("mount -t tmpfs -o size=64m,mode=1777 shmtensor-test-shm /dev/shm"
+              " && setpriv --reuid=65534 --regid=65534 --clear-groups "
+              f"{sys.executable} -c \"$JOB\"; rc=$?; "
+              # The daemon cleans up once the job has ended: up to 10 s.
+              "for i in $(seq 100); do [ -z \"$(ls -A /dev/shm)\" ] && break;"
+              " sleep 0.1; done; echo left=$(ls -A /dev/shm | wc -l); exit $rc")
+    env["JOB"] = code
+    out = subprocess.run(["unshare", "--mount", "--propagation", "private",
+                          "sh", "-c", script], env=env, capture_output=True,
+                         text=True, timeout=120, cwd="/")
+    if "unshare failed" in out.stderr:
+        pytest.skip(f"no mount namespace here: {out.stderr.strip()[:200]}")
+    assert out.returncode == 0, out.stdout + out.stderr
+    (r,) = reports(out.stdout)
+    assert r["uid"] == 65534 and r["total"] == 1 << 20
+    assert r["pool"] == 32 << 20, r
+    assert len(r["shm"]) == 1 and r["shm"][0].startswith("shmtensor-65534-"), r
+    assert "32MiB pool" in out.stderr
+    assert "left=0" in out.stdout, out.stdout
+    # The daemon ended with the job (before the shell listed /dev/shm, or
+    # just after: wait for it) and its directory in /tmp is gone.
+    deadline = time.monotonic() + 10
+    while alive(r["pid"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(r["pid"])
+    assert not os.path.exists(os.path.dirname(r["address"][len("unix:"):]))
