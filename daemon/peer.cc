@@ -52,12 +52,23 @@ absl::StatusOr<UniqueFd> OpenPeerPidfd(int socket_fd, pid_t pid) {
         "the peer's pid is not visible here (another pid namespace) and the "
         "kernel has no SO_PEERPIDFD");
   }
+  return OpenPidfd(pid);
+}
+
+absl::StatusOr<UniqueFd> OpenPidfd(pid_t pid) {
   const long fd = syscall(SYS_pidfd_open, pid, 0);
-  if (fd < 0) {
-    return absl::InternalError(
-        absl::StrCat("pidfd_open(", pid, "): ", std::strerror(errno)));
+  if (fd >= 0) return UniqueFd(static_cast<int>(fd));
+  const std::string what =
+      absl::StrCat("pidfd_open(", pid, "): ", std::strerror(errno));
+  switch (errno) {
+    case ESRCH:
+      return absl::NotFoundError(what);
+    case ENOSYS:
+    case EPERM:
+      return absl::UnimplementedError(what);
+    default:
+      return absl::InternalError(what);
   }
-  return UniqueFd(static_cast<int>(fd));
 }
 
 bool ProcessExited(int pidfd) {

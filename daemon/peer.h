@@ -64,6 +64,12 @@ inline OwnerKey OwnerOf(pid_t pid, uint64_t connection_serial) {
 // say (not a Unix socket).
 absl::StatusOr<PeerCredentials> ReadPeerCredentials(int socket_fd);
 
+// pidfd_open(pid): NOT_FOUND when no such process exists (ESRCH),
+// UNIMPLEMENTED when the kernel gives no pidfds (ENOSYS before Linux 5.3;
+// EPERM from a seccomp profile that refuses the call), INTERNAL naming errno
+// otherwise.
+absl::StatusOr<UniqueFd> OpenPidfd(pid_t pid);
+
 // A pidfd of the peer of `socket_fd`: SO_PEERPIDFD (Linux 6.5+: the process
 // that connected, race-free), else pidfd_open(pid) (a pid recycled between
 // the peer's exit and this call would be followed instead; the peer's own

@@ -82,6 +82,23 @@ TEST(PeerTest, PidfdSaysWhenThePeerProcessExits) {
   close(sv[0]);
 }
 
+TEST(PeerTest, PidfdOfAProcessAndOfNone) {
+  absl::StatusOr<UniqueFd> mine = OpenPidfd(getpid());
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  EXPECT_FALSE(ProcessExited(mine->get()));
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  int status;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  // Reaped: no such process (unless the pid was given out again at once).
+  absl::StatusOr<UniqueFd> gone = OpenPidfd(child);
+  if (!gone.ok()) {
+    EXPECT_TRUE(absl::IsNotFound(gone.status())) << gone.status();
+    EXPECT_NE(gone.status().message().find("pidfd_open("), std::string::npos);
+  }
+  EXPECT_FALSE(OpenPidfd(-1).ok());
+}
+
 TEST(PeerTest, CommandLineOfAVisibleProcess) {
   EXPECT_NE(CommandLineOf(getpid()).find("peer_test"), std::string::npos);
   EXPECT_EQ(CommandLineOf(0), "");

@@ -3,7 +3,6 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/signalfd.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -34,13 +33,12 @@ absl::StatusOr<StopWaiter> StopWaiter::Create(std::optional<pid_t> owner) {
   // Without pidfds (Linux before 5.3; a seccomp profile that refuses
   // them), Wait polls getppid() instead: the owner is the parent, and a
   // parent's end reparents its children.
-  const long fd = syscall(SYS_pidfd_open, *owner, 0);
-  const bool no_pidfds = fd < 0 && (errno == ENOSYS || errno == EPERM);
-  if (fd < 0 && errno != ESRCH && !no_pidfds) {
-    return absl::InternalError(
-        absl::StrFormat("pidfd_open(%d): %s", *owner, std::strerror(errno)));
+  absl::StatusOr<UniqueFd> opened = OpenPidfd(*owner);
+  const bool no_pidfds = absl::IsUnimplemented(opened.status());
+  if (!opened.ok() && !no_pidfds && !absl::IsNotFound(opened.status())) {
+    return opened.status();
   }
-  UniqueFd pidfd(static_cast<int>(fd));
+  UniqueFd pidfd = opened.ok() ? *std::move(opened) : UniqueFd();
   // Checked after the pidfd is open: if the parent is `owner` now, the
   // pidfd follows that process (the pid cannot be recycled while it is
   // this process's parent), not a later one with its number.

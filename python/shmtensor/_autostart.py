@@ -81,19 +81,23 @@ def _unavailable(message):
     return DaemonUnavailableError(message, "UNAVAILABLE")
 
 
+def _mine():
+    """This process's _PrivateDaemon (a forked child's parent's is not)."""
+    p = _private
+    return p if p is not None and p.owner == os.getpid() else None
+
+
 def private_daemon():
     """(pid, address) of the daemon this process started, or None."""
-    p = _private
-    if p is None or p.owner != os.getpid():
-        return None
-    return p.process.pid, p.address
+    p = _mine()
+    return None if p is None else (p.process.pid, p.address)
 
 
 def why_unavailable(address):
     """A sentence on why the private daemon at `address` does not answer
     (it exited, with its status), or None when it is not ours or runs."""
-    p = _private
-    if p is None or p.owner != os.getpid() or p.address != address:
+    p = _mine()
+    if p is None or p.address != address:
         return None
     rc = p.process.poll()
     if rc is None:
@@ -118,7 +122,7 @@ def resolve(address=None, start=True):
         return default
     with _lock:
         global _private
-        if _private is not None and _private.owner == os.getpid():
+        if _mine() is not None:
             return _private.address  # $SHMTENSOR_ADDRESS was unset since.
         if _answers(default):
             return default

@@ -385,3 +385,26 @@ def test_in_a_container_like_setting_another_uid_and_a_64_mib_shm():
         time.sleep(0.05)
     assert not alive(r["pid"])
     assert not os.path.exists(os.path.dirname(r["address"][len("unix:"):]))
+
+
+def test_a_private_daemon_that_died_is_named_in_the_error(tmp_path):
+    out = run_job(tmp_path, USE + """
+import signal, time
+os.kill(pid, signal.SIGKILL)
+while _autostart._private.process.poll() is None:
+    time.sleep(0.01)
+try:
+    shmtensor.connect(connect_timeout=0.5)
+except shmtensor.DaemonUnavailableError as e:
+    report(error=str(e), code=e.code)
+""")
+    assert out.returncode == 0, out.stderr
+    first, second = reports(out.stdout)
+    # A killed daemon cleans nothing up: the test does.
+    directory = os.path.dirname(first["address"][len("unix:"):])
+    for name in segments_of(first["address"]):
+        os.unlink(os.path.join("/dev/shm", name))
+    shutil.rmtree(directory, ignore_errors=True)
+    assert f"(pid {first['pid']}) was killed by signal 9" in second["error"]
+    assert "its log is on this process's stderr" in second["error"]
+    assert second["code"] == "UNAVAILABLE"
