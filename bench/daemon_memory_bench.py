@@ -2,7 +2,7 @@
 the figures its default [limits] are sized by (daemon/limits.h,
 docs/hardening.md). Starts a daemon, reads its resident set (VmRSS) before
 and after making N of each, and prints bytes per item. The pool's pages are
-in /dev/shm and not in VmRSS.
+shared memory the daemon never maps, so they are not in its VmRSS.
 
     PYTHONPATH=build/python /usr/bin/python3 bench/daemon_memory_bench.py [N]
 """

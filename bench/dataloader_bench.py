@@ -9,7 +9,7 @@
              worker; no daemon call per batch; a buffer of its own, handed
              over by exclusive reference, when the rings would take more
              than half the pool); the training side gets writable tensors.
-             Pool in /dev/shm (4 KiB pages)
+             The default pool, a memfd (4 KiB pages)
   shmtensor-huge  the same with the pool in a tmpfs mounted huge=always
              (2 MiB pages; mounted for the run when root, or the directory
              in $SHMTENSOR_HUGE_DIR; left out, saying why, otherwise)
@@ -360,7 +360,7 @@ def main():
     x = np.arange(len(labels))
     fig, ax = plt.subplots(figsize=(7, 4))
     series = [("torch DataLoader", "#888888", 1),
-              ("shmtensor DataLoader, /dev/shm pool", "#1f77b4", 2),
+              ("shmtensor DataLoader, memfd pool", "#1f77b4", 2),
               ("shmtensor DataLoader, 2 MiB-page pool", "#ff7f0e", 3),
               ("ideal bound", "#2ca02c", 4),
               ("ideal bound inside torch's DataLoader", "#98df8a", 5)]

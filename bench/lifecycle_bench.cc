@@ -21,9 +21,9 @@
 //     pointed into closes at every later seal in this process (view.h,
 //     WriteRevocation::kWhenExposed), which would change what 1-4 measure.
 //
-// Sections 1 and 2 run twice, side by side: with the pool in /dev/shm (4 KiB
-// pages) and in a tmpfs mounted huge=always (2 MiB pages; mounted for the run
-// when the bench may, i.e. as root, or given with --huge-dir DIR).
+// Sections 1 and 2 run twice, side by side: with the default pool, a memfd
+// (4 KiB pages), and in a tmpfs mounted huge=always (2 MiB pages; mounted for
+// the run when the bench may, i.e. as root, or given with --huge-dir DIR).
 //
 // Usage: lifecycle_bench [--quick] [--monitoring (section 4 only)]
 // [--huge-dir DIR | --no-huge]. Starts its own shmtensord (from the build
@@ -107,7 +107,8 @@ void Check(const absl::Status& s, const char* what) {
 // The daemon under test, on a private socket.
 class Daemon {
  public:
-  // A daemon with one pool of `pool_size` in `pool_dir`.
+  // A daemon with one pool of `pool_size` in `pool_dir` (empty: a memfd,
+  // the default).
   Daemon(const std::string& pool_size, const std::string& pool_dir) {
     static int count = 0;
     // A directory of its own, which the daemon makes 0700 (and removes).
@@ -116,9 +117,15 @@ class Daemon {
     pid_ = fork();
     if (pid_ == 0) {
       prctl(PR_SET_PDEATHSIG, SIGKILL);  // No orphan daemon if we die.
-      execl(SHMTENSOR_DAEMON_PATH, SHMTENSOR_DAEMON_PATH, "--listen",
-            address_.c_str(), "--pool-size", pool_size.c_str(), "--pool-dir",
-            pool_dir.c_str(), "--log-level", "warn", nullptr);
+      if (pool_dir.empty()) {
+        execl(SHMTENSOR_DAEMON_PATH, SHMTENSOR_DAEMON_PATH, "--listen",
+              address_.c_str(), "--pool-size", pool_size.c_str(), "--log-level",
+              "warn", nullptr);
+      } else {
+        execl(SHMTENSOR_DAEMON_PATH, SHMTENSOR_DAEMON_PATH, "--listen",
+              address_.c_str(), "--pool-size", pool_size.c_str(), "--pool-dir",
+              pool_dir.c_str(), "--log-level", "warn", nullptr);
+      }
       _exit(127);
     }
     const std::string path = address_.substr(5);
@@ -236,10 +243,13 @@ struct ProtectCost {
 };
 
 ProtectCost CalibrateMprotect(const std::string& dir, size_t bytes) {
+  // Memory like the pool's: a memfd, or a file of that tmpfs.
   const std::string path =
       absl::StrCat(dir, "/shmtensor-bench-mprotect-", getpid());
-  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-  unlink(path.c_str());
+  const int fd = dir.empty()
+                     ? memfd_create("shmtensor-bench-mprotect", MFD_CLOEXEC)
+                     : open(path.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  if (!dir.empty()) unlink(path.c_str());
   if (fd < 0 || posix_fallocate(fd, 0, bytes) != 0) return {};
   // Aligned like a client maps a pool with huge pages.
   const size_t align = 2u << 20;
@@ -273,8 +283,8 @@ std::string SizeName(uint64_t bytes) {
 
 // A pool under test: where its daemon keeps it, and a client of it.
 struct Target {
-  std::string label;  // e.g. "/dev/shm (4 KiB pages)".
-  std::string dir;
+  std::string label;  // e.g. "memfd (4 KiB pages)".
+  std::string dir;    // Empty: the default pool, a memfd.
   Client* client;
 };
 
@@ -715,15 +725,14 @@ int main(int argc, char** argv) {
     huge &= a != "--no-huge";
     if (a == "--huge-dir" && i + 1 < argc) huge_dir = argv[++i];
   }
-  Daemon daemon("2GiB", "/dev/shm");
+  Daemon daemon("2GiB", "");
   Client client = Check(
       Client::Connect({.address = daemon.address(), .client_name = "bench"}),
       "connect");
   std::printf("shmtensor lifecycle benchmark%s (daemon %s)\n",
               quick ? " --quick" : "", daemon.address().c_str());
   if (!monitoring_only) {
-    std::vector<Target> targets = {
-        {"/dev/shm (4 KiB pages)", "/dev/shm", &client}};
+    std::vector<Target> targets = {{"memfd (4 KiB pages)", "", &client}};
     // The same daemon with its pool on a tmpfs mounted huge=always (2 MiB
     // pages), side by side: mounted here for the run when we may, or the
     // directory given with --huge-dir.

@@ -140,7 +140,7 @@ absl::StatusOr<Client> Client::Connect(const ClientOptions& options) {
   absl::StatusOr<std::shared_ptr<internal::ClientCore>> core =
       internal::ClientCore::Connect(address, name, options.connect_timeout,
                                     options.write_revocation,
-                                    options.daemon_uid);
+                                    options.daemon_uid, options.read_only);
   if (!core.ok()) return core.status();
   return Client(*std::move(core));
 }

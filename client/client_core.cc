@@ -1,6 +1,7 @@
 #include "client/client_core.h"
 
 #include <grpcpp/create_channel_posix.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +15,8 @@
 #include "absl/strings/str_join.h"
 #include "client/daemon_socket.h"
 #include "client/fork_guard.h"
+#include "client/pool_descriptors.h"
+#include "shmtensor/defaults.h"
 #include "shmtensor/errors.h"
 
 namespace shmtensor::internal {
@@ -67,8 +70,8 @@ ClientCore::Connection::~Connection() {
 absl::StatusOr<std::shared_ptr<ClientCore::Connection>>
 ClientCore::OpenConnection(uint64_t resume_id, absl::Duration timeout,
                            v1::SessionOpened* opened) {
-  absl::StatusOr<int> fd =
-      ConnectDaemonSocket(socket_path_, absl::Now() + timeout, daemon_uid_);
+  absl::StatusOr<int> fd = ConnectDaemonSocket(
+      socket_path_, absl::Now() + timeout, daemon_uid_, SOCK_STREAM);
   if (!fd.ok()) return fd.status();
   grpc::ChannelArguments args;
   // No keepalive: the daemon is on this host, its death closes the socket at
@@ -84,6 +87,7 @@ ClientCore::OpenConnection(uint64_t resume_id, absl::Duration timeout,
   v1::SessionRequest open;
   open.mutable_open()->set_client_name(client_name_);
   open.mutable_open()->set_resume_session_id(resume_id);
+  open.mutable_open()->set_read_only(read_only_);
   v1::SessionEvent event;
   if (!conn->session->Write(open) || !conn->session->Read(&event) ||
       !event.has_opened()) {
@@ -105,7 +109,7 @@ ClientCore::OpenConnection(uint64_t resume_id, absl::Duration timeout,
 absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::Connect(
     const std::string& address, const std::string& client_name,
     absl::Duration connect_timeout, WriteRevocation write_revocation,
-    std::optional<uid_t> daemon_uid) {
+    std::optional<uid_t> daemon_uid, bool read_only) {
   absl::StatusOr<std::string> path = SocketPathOf(address);
   if (!path.ok()) return path.status();
   EnableForkSupport();
@@ -117,7 +121,9 @@ absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::Connect(
   core->socket_path_ = *std::move(path);
   core->client_name_ = client_name;
   core->daemon_uid_ = daemon_uid;
+  core->read_only_ = read_only;
   core->write_revocation_ = write_revocation;
+  const absl::Time deadline = absl::Now() + connect_timeout;
   v1::SessionOpened opened;
   absl::StatusOr<std::shared_ptr<Connection>> conn =
       core->OpenConnection(0, connect_timeout, &opened);
@@ -126,17 +132,56 @@ absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::Connect(
   core->session_id_ = opened.session_id();
   core->client_id_ = opened.client_id();
   core->epoch_ = opened.daemon_epoch();
+  uint32_t pools = 0;
+  bool any_host = false;
   for (const v1::PoolInfo& info : opened.pools()) {
-    core->pools_.push_back(info);
-    core->cuda_mappings_.push_back(nullptr);
-    if (info.kind() != v1::MEMORY_KIND_HOST) {
-      // A CUDA pool: mapped on first use (CudaMapping).
-      core->mappings_.push_back(nullptr);
-      continue;
+    if (info.pool_id() >= kMaxPools) {
+      return absl::InternalError(absl::StrFormat(
+          "shmtensord at %s sent pool id %d", address, info.pool_id()));
     }
-    absl::StatusOr<std::shared_ptr<PoolMapping>> m = PoolMapping::Get(info);
-    if (!m.ok()) return m.status();
-    core->mappings_.push_back(*std::move(m));
+    pools = std::max(pools, info.pool_id() + 1);
+    any_host = any_host || info.kind() == v1::MEMORY_KIND_HOST;
+  }
+  core->pools_.resize(pools);
+  core->mappings_.resize(pools);  // CUDA pools: mapped on first use.
+  core->cuda_mappings_.resize(pools);
+  for (const v1::PoolInfo& info : opened.pools()) {
+    core->pools_[info.pool_id()] = info;
+  }
+  if (any_host) {
+    // The session is open: give the hand-over time of its own, whatever
+    // opening it took of connect_timeout.
+    absl::StatusOr<std::vector<PoolDescriptor>> fds = FetchPoolDescriptors(
+        core->socket_path_, core->session_id_, opened.descriptor_secret(),
+        std::max(deadline, absl::Now() + absl::Seconds(5)), daemon_uid);
+    if (!fds.ok()) return fds.status();
+    // Every descriptor is owned by a mapping (or closed) from here on.
+    absl::Status failed;
+    for (const PoolDescriptor& d : *fds) {
+      if (d.pool_id >= pools ||
+          core->pools_[d.pool_id].kind() != v1::MEMORY_KIND_HOST ||
+          core->mappings_[d.pool_id] != nullptr) {
+        close(d.fd);
+        continue;
+      }
+      absl::StatusOr<std::shared_ptr<PoolMapping>> m =
+          PoolMapping::Get(core->pools_[d.pool_id], d.fd);
+      if (!m.ok()) {
+        failed.Update(m.status());
+        continue;
+      }
+      core->mappings_[d.pool_id] = *std::move(m);
+    }
+    if (!failed.ok()) return failed;
+    for (uint32_t id = 0; id < pools; ++id) {
+      if (core->pools_[id].kind() == v1::MEMORY_KIND_HOST &&
+          core->pools_[id].access() != v1::POOL_ACCESS_UNSPECIFIED &&
+          core->mappings_[id] == nullptr) {
+        return absl::InternalError(
+            absl::StrFormat("shmtensord at %s sent no descriptor of pool '%s'",
+                            address, core->pools_[id].name()));
+      }
+    }
   }
   Register(core);
   return core;
@@ -268,9 +313,11 @@ absl::Status ClientCore::CheckOwner() const {
 }
 
 absl::StatusOr<const v1::PoolInfo*> ClientCore::Pool(uint32_t pool_id) const {
-  if (pool_id >= pools_.size()) {
-    return absl::InternalError(absl::StrCat(
-        "daemon named pool ", pool_id, " but sent ", pools_.size(), " pools"));
+  if (pool_id >= pools_.size() ||
+      pools_[pool_id].access() == v1::POOL_ACCESS_UNSPECIFIED) {
+    return absl::InternalError(
+        absl::StrCat("daemon named pool ", pool_id,
+                     ", which it did not list for this session"));
   }
   return &pools_[pool_id];
 }
@@ -312,13 +359,20 @@ absl::StatusOr<CudaPoolMapping*> ClientCore::CudaMapping(uint32_t pool_id) {
 absl::StatusOr<std::string> ClientCore::PoolOn(const Device& device) const {
   // Per Create: the search is a scan of a few pools; the list of them is
   // built only for the error.
-  for (uint32_t id = 0; id < pools_.size(); ++id) {
-    if (PoolDevice(id).value_or(Device::Host()) == device) {
-      return pools_[id].name();
+  // A pool this session may write first; else one it may read (whose
+  // Create the daemon refuses, saying why).
+  for (v1::PoolAccess want :
+       {v1::POOL_ACCESS_READ_WRITE, v1::POOL_ACCESS_READ}) {
+    for (uint32_t id = 0; id < pools_.size(); ++id) {
+      if (pools_[id].access() == want &&
+          PoolDevice(id).value_or(Device::Host()) == device) {
+        return pools_[id].name();
+      }
     }
   }
   std::vector<std::string> have;
   for (uint32_t id = 0; id < pools_.size(); ++id) {
+    if (pools_[id].access() == v1::POOL_ACCESS_UNSPECIFIED) continue;
     have.push_back(
         absl::StrCat(pools_[id].name(), " (",
                      DeviceName(PoolDevice(id).value_or(Device::Host())), ")"));

@@ -55,15 +55,17 @@ inline constexpr absl::Duration kRpcDeadline = absl::Seconds(30);
 
 class ClientCore {
  public:
-  // Connects, opens the session and maps every host pool read-only.
-  // UNAVAILABLE naming the address when no daemon answers in time.
-  // PERMISSION_DENIED when another user serves the socket (see
-  // daemon_socket.h; `daemon_uid` is one more uid to accept).
+  // Connects, opens the session (read-only when `read_only`), receives the
+  // descriptors of the host pools the session may use (pool_descriptors.h)
+  // and maps each read-only. UNAVAILABLE naming the address when no daemon
+  // answers in time. PERMISSION_DENIED when another user serves the socket
+  // (see daemon_socket.h; `daemon_uid` is one more uid to accept), or when
+  // the daemon lets this user use no pool.
   static absl::StatusOr<std::shared_ptr<ClientCore>> Connect(
       const std::string& address, const std::string& client_name,
       absl::Duration connect_timeout,
       WriteRevocation write_revocation = WriteRevocation::kWhenExposed,
-      std::optional<uid_t> daemon_uid = std::nullopt);
+      std::optional<uid_t> daemon_uid = std::nullopt, bool read_only = false);
   // Ends the session (EndSession): the daemon drops whatever leases remain.
   ~ClientCore();
 
@@ -93,7 +95,7 @@ class ClientCore {
   WriteRevocation write_revocation() const { return write_revocation_; }
 
   // The description of pool `pool_id`. INTERNAL for an id the daemon never
-  // sent.
+  // sent (a pool this session may not use).
   absl::StatusOr<const v1::PoolInfo*> Pool(uint32_t pool_id) const;
   // The device pool `pool_id` lives on.
   absl::StatusOr<Device> PoolDevice(uint32_t pool_id) const;
@@ -221,6 +223,7 @@ class ClientCore {
   std::string socket_path_;
   std::string client_name_;
   std::optional<uid_t> daemon_uid_;
+  bool read_only_ = false;
   WriteRevocation write_revocation_ = WriteRevocation::kWhenExposed;
   // The connection in use (null once ended). Swapped under conn_mu_ by
   // ResumeLocked, which holds write_mu_ too.
@@ -250,7 +253,9 @@ class ClientCore {
   // by releases_mu_.
   static constexpr size_t kMaxCarriedReleases = 64;
   std::deque<std::pair<uint64_t, uint64_t>> unconfirmed_releases_;
-  std::vector<v1::PoolInfo> pools_;  // By pool id.
+  // By pool id; a pool the session may not use is a default PoolInfo
+  // (access POOL_ACCESS_UNSPECIFIED).
+  std::vector<v1::PoolInfo> pools_;
   // By pool id; null for CUDA pools.
   std::vector<std::shared_ptr<PoolMapping>> mappings_;
   // By pool id; opened on first use, null until then and for host pools.

@@ -38,7 +38,8 @@ absl::StatusOr<std::string> SocketPathOf(const std::string& address) {
 
 absl::StatusOr<int> ConnectDaemonSocket(const std::string& path,
                                         absl::Time deadline,
-                                        std::optional<uid_t> allowed_uid) {
+                                        std::optional<uid_t> allowed_uid,
+                                        int type) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.size() >= sizeof(addr.sun_path)) {
@@ -69,7 +70,10 @@ absl::StatusOr<int> ConnectDaemonSocket(const std::string& path,
   absl::Duration backoff = absl::Milliseconds(5);
   int last_errno = 0;
   while (true) {
-    const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    // Non-blocking from the start: a daemon whose backlog is full answers
+    // EAGAIN (tried again below until the deadline) instead of blocking
+    // this connect past it.
+    const int fd = socket(AF_UNIX, type | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) {
       return absl::UnavailableError(
           absl::StrFormat("socket: %s", std::strerror(errno)));
@@ -95,7 +99,6 @@ absl::StatusOr<int> ConnectDaemonSocket(const std::string& path,
             "use, set %s=%d",
             path, cred.uid, cred.pid, getuid(), kDaemonUidEnv, cred.uid));
       }
-      fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
       return fd;
     }
     last_errno = errno;

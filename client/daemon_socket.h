@@ -23,17 +23,19 @@ namespace shmtensor::internal {
 // socket only.
 absl::StatusOr<std::string> SocketPathOf(const std::string& address);
 
-// Connects to the daemon's socket at `path`, trying again while it is
-// missing or refuses (a daemon still starting) until `deadline`, and checks
-// the uid of the process that serves it (SO_PEERCRED): this process's real
-// or effective uid, root, `allowed_uid`, or $SHMTENSOR_DAEMON_UID. Returns a
-// connected, non-blocking, close-on-exec socket.
+// Connects a socket of `type` (SOCK_STREAM for gRPC, SOCK_SEQPACKET for the
+// descriptor socket) to the daemon's socket at `path`, trying again while it
+// is missing or refuses (a daemon still starting) until `deadline`, and
+// checks the uid of the process that serves it (SO_PEERCRED): this process's
+// real or effective uid, root, `allowed_uid`, or $SHMTENSOR_DAEMON_UID.
+// Returns a connected, non-blocking, close-on-exec socket.
 // UNAVAILABLE naming the address when nothing answers in time;
 // PERMISSION_DENIED naming the uid and pid that serve it otherwise, and
 // INVALID_ARGUMENT for a bad $SHMTENSOR_DAEMON_UID.
 absl::StatusOr<int> ConnectDaemonSocket(const std::string& path,
                                         absl::Time deadline,
-                                        std::optional<uid_t> allowed_uid);
+                                        std::optional<uid_t> allowed_uid,
+                                        int type);
 
 }  // namespace shmtensor::internal
 

@@ -3,12 +3,14 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -17,12 +19,6 @@
 
 namespace shmtensor::internal {
 namespace {
-
-// The file a pool lives in: its path, or its shm name under /dev/shm (a
-// daemon that predates PoolInfo.path).
-std::string PoolPath(const v1::PoolInfo& info) {
-  return info.path().empty() ? "/dev/shm" + info.shm_name() : info.path();
-}
 
 // mmap(PROT_READ, MAP_SHARED) of the whole pool; at a huge-page-aligned
 // address when the pool has huge pages, so that every huge page of it can be
@@ -53,30 +49,22 @@ void* MapPool(const v1::PoolInfo& info, int fd) {
   return p;
 }
 
-// Maps the pool PROT_READ. With `writable`, opens it O_RDWR and hands the fd
-// to `*fd_out` (kept for pwrite); else closes it.
-absl::StatusOr<uint8_t*> MapShm(const v1::PoolInfo& info, bool writable,
-                                int* fd_out = nullptr) {
-  const std::string path = PoolPath(info);
-  const int fd =
-      open(path.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC, 0);
-  if (fd < 0) {
-    return absl::UnavailableError(absl::StrFormat(
-        "cannot open pool '%s' (%s): %s; is shmtensord still running?",
-        info.name(), path, std::strerror(errno)));
-  }
-  // PROT_READ for both: the writable mapping opens ranges one by one.
+// Writable use of a pool this process received only O_RDONLY descriptors of.
+absl::Status ReadOnlyError(const v1::PoolInfo& info) {
+  return absl::PermissionDeniedError(absl::StrFormat(
+      "this process may only read pool '%s': none of its sessions may write "
+      "it",
+      info.name()));
+}
+
+// Maps `fd` PROT_READ (both mappings: the writable one opens ranges one by
+// one).
+absl::StatusOr<uint8_t*> MapFd(const v1::PoolInfo& info, int fd) {
   void* p = MapPool(info, fd);
-  const int err = errno;
-  if (fd_out != nullptr && p != MAP_FAILED) {
-    *fd_out = fd;
-  } else {
-    close(fd);
-  }
   if (p == MAP_FAILED) {
     return absl::InternalError(
         absl::StrFormat("mmap of pool '%s' (%d bytes): %s", info.name(),
-                        info.size_bytes(), std::strerror(err)));
+                        info.size_bytes(), std::strerror(errno)));
   }
   return static_cast<uint8_t*>(p);
 }
@@ -85,15 +73,17 @@ absl::StatusOr<uint8_t*> MapShm(const v1::PoolInfo& info, bool writable,
 
 namespace {
 
-// Every live mapping of the process, by path (unique per daemon instance
-// and pool). Locked across fork() with the mappings (PrepareFork).
+// Every live mapping of the process, by the (device, inode) of its memory:
+// one per pool of each daemon instance, whatever descriptor of it a
+// session received. Locked across fork() with the mappings (PrepareFork).
+using MemoryKey = std::pair<uint64_t, uint64_t>;
 std::mutex& RegistryMutex() {
   static auto* mu = new std::mutex();
   return *mu;
 }
-absl::flat_hash_map<std::string, std::weak_ptr<PoolMapping>>& Registry() {
+absl::flat_hash_map<MemoryKey, std::weak_ptr<PoolMapping>>& Registry() {
   static auto* mappings =
-      new absl::flat_hash_map<std::string, std::weak_ptr<PoolMapping>>();
+      new absl::flat_hash_map<MemoryKey, std::weak_ptr<PoolMapping>>();
   return *mappings;
 }
 // The mappings PrepareFork locked, kept alive until AfterFork unlocks them.
@@ -104,7 +94,7 @@ std::vector<std::shared_ptr<PoolMapping>>* forking = nullptr;
 void PoolMapping::PrepareFork() {
   RegistryMutex().lock();
   auto* held = new std::vector<std::shared_ptr<PoolMapping>>();
-  for (auto& [path, weak] : Registry()) {
+  for (auto& [key, weak] : Registry()) {
     if (std::shared_ptr<PoolMapping> m = weak.lock()) {
       m->mu_.lock();
       held->push_back(std::move(m));
@@ -122,25 +112,58 @@ void PoolMapping::AfterFork() {
 }
 
 absl::StatusOr<std::shared_ptr<PoolMapping>> PoolMapping::Get(
-    const v1::PoolInfo& info) {
+    const v1::PoolInfo& info, int fd) {
+  // Owns `fd` until it is handed to a mapping.
+  struct Owned {
+    int fd;
+    ~Owned() {
+      if (fd >= 0) close(fd);
+    }
+  } owned{fd};
   if (info.kind() != v1::MEMORY_KIND_HOST) {
     return absl::UnimplementedError(absl::StrFormat(
         "pool '%s' is of memory kind %d, which this client cannot map",
         info.name(), info.kind()));
   }
+  struct stat st;
+  const int flags = fcntl(fd, F_GETFL);
+  if (fstat(fd, &st) != 0 || flags < 0) {
+    return absl::InternalError(absl::StrFormat(
+        "descriptor of pool '%s': %s", info.name(), std::strerror(errno)));
+  }
+  if (static_cast<uint64_t>(st.st_size) < info.size_bytes()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "descriptor of pool '%s' holds %d bytes, not the pool's %d",
+        info.name(), st.st_size, info.size_bytes()));
+  }
+  const bool writable = (flags & O_ACCMODE) == O_RDWR;
   static std::once_flag fork_handlers;
   std::call_once(fork_handlers,
                  [] { pthread_atfork(PrepareFork, AfterFork, AfterFork); });
-  const std::string path = PoolPath(info);
+  const MemoryKey key{static_cast<uint64_t>(st.st_dev),
+                      static_cast<uint64_t>(st.st_ino)};
   std::lock_guard<std::mutex> lock(RegistryMutex());
-  std::weak_ptr<PoolMapping>& slot = Registry()[path];
-  if (std::shared_ptr<PoolMapping> live = slot.lock()) return live;
-  absl::StatusOr<uint8_t*> ro = MapShm(info, false);
+  // Forget the mappings gone (pools of daemons since stopped), so the
+  // registry holds only live ones.
+  absl::erase_if(Registry(),
+                 [](const auto& entry) { return entry.second.expired(); });
+  std::weak_ptr<PoolMapping>& slot = Registry()[key];
+  if (std::shared_ptr<PoolMapping> live = slot.lock()) {
+    std::lock_guard<std::mutex> mapping_lock(live->mu_);
+    if (writable && live->rw_fd_ < 0) {
+      live->rw_fd_ = owned.fd;
+      owned.fd = -1;
+    }
+    return live;
+  }
+  absl::StatusOr<uint8_t*> ro = MapFd(info, fd);
   if (!ro.ok()) {
-    Registry().erase(path);
+    Registry().erase(key);
     return ro.status();
   }
-  std::shared_ptr<PoolMapping> mapping(new PoolMapping(info, *ro));
+  std::shared_ptr<PoolMapping> mapping(new PoolMapping(info, *ro, owned.fd));
+  if (writable) mapping->rw_fd_ = owned.fd;
+  owned.fd = -1;
   slot = mapping;
   return mapping;
 }
@@ -148,7 +171,8 @@ absl::StatusOr<std::shared_ptr<PoolMapping>> PoolMapping::Get(
 PoolMapping::~PoolMapping() {
   munmap(ro_, info_.size_bytes());
   if (rw_ != nullptr) munmap(rw_, info_.size_bytes());
-  if (rw_fd_ >= 0) close(rw_fd_);
+  if (rw_fd_ >= 0 && rw_fd_ != ro_fd_) close(rw_fd_);
+  close(ro_fd_);
 }
 
 absl::StatusOr<uint8_t*> PoolMapping::Protect(uint64_t offset,
@@ -202,16 +226,14 @@ bool PoolMapping::Exposed(uint64_t offset, uint64_t capacity) const {
 }
 
 absl::Status PoolMapping::EnsureWritableLocked() {
-  if (!rw_tried_) {
-    rw_tried_ = true;
-    absl::StatusOr<uint8_t*> rw = MapShm(info_, true, &rw_fd_);
-    if (rw.ok()) {
-      rw_ = *rw;
-    } else {
-      rw_status_ = rw.status();
-    }
+  if (rw_ != nullptr) return absl::OkStatus();
+  if (rw_fd_ < 0) {
+    return ReadOnlyError(info_);
   }
-  return rw_ != nullptr ? absl::OkStatus() : rw_status_;
+  absl::StatusOr<uint8_t*> rw = MapFd(info_, rw_fd_);
+  if (!rw.ok()) return rw.status();
+  rw_ = *rw;
+  return absl::OkStatus();
 }
 
 absl::Status PoolMapping::Write(uint64_t offset, const void* data,
@@ -221,13 +243,17 @@ absl::Status PoolMapping::Write(uint64_t offset, const void* data,
         "write of %d bytes at %d is outside pool '%s' (%d bytes)", size, offset,
         info_.name(), info_.size_bytes()));
   }
+  int fd;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (absl::Status s = EnsureWritableLocked(); !s.ok()) return s;
+    if (rw_fd_ < 0) {
+      return ReadOnlyError(info_);
+    }
+    fd = rw_fd_;  // Never closed while the mapping lives.
   }
   const auto* p = static_cast<const uint8_t*>(data);
   while (size > 0) {
-    const ssize_t n = pwrite(rw_fd_, p, size, static_cast<off_t>(offset));
+    const ssize_t n = pwrite(fd, p, size, static_cast<off_t>(offset));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       return absl::InternalError(absl::StrFormat(

@@ -1,11 +1,16 @@
 // A client process's mappings of one host pool.
 //
-// Each pool is mapped at most twice per process, once each, however many
-// clients the process has, for as long as any of them uses it (never per
-// object):
-//  - read-only: open(O_RDONLY) + mmap(PROT_READ). Every read view points
-//    here; a write through it faults.
-//  - writable, made on first need: open(O_RDWR) + mmap(PROT_READ). Only
+// A pool has no name to open: the process maps it from the descriptor the
+// daemon handed over (pool_descriptors.h), O_RDONLY for a session that may
+// only read it, O_RDWR for one that may write. Each pool is mapped at most
+// twice per process, once each, however many clients the process has, for
+// as long as any of them uses it (never per object):
+//  - read-only: mmap(PROT_READ) of the first descriptor received. Every
+//    read view points here; a write through it faults.
+//  - writable, made on first need: mmap(PROT_READ) of an O_RDWR descriptor
+//    (kept for pwrite too), which only a session with write access to the
+//    pool ever receives; without one, writable use fails PERMISSION_DENIED,
+//    and no mapping of an O_RDONLY descriptor can be made writable. Only
 //    the ranges of buffers this process may write (its unsealed buffers, and
 //    the transfers it took) are opened to PROT_READ|PROT_WRITE with
 //    mprotect. Sealing (shared or exclusive) and releasing close the range
@@ -48,12 +53,15 @@ enum class Access { kRead, kReadWrite };
 
 class PoolMapping {
  public:
-  // The process's mapping of the pool, made (read-only) on first use and
-  // shared by every client of the process; unmapped when the last holder
-  // lets go. UNAVAILABLE when the segment cannot be opened (e.g. the daemon
-  // is gone), INTERNAL for other system errors.
+  // The process's mapping of the pool whose descriptor `fd` is (owned:
+  // kept by a new mapping, or by a live one as its writable descriptor when
+  // it is O_RDWR and the mapping has none yet, else closed), made
+  // (read-only) on first use and shared by
+  // every client of the process (the same memory is the same inode);
+  // unmapped when the last holder lets go. INVALID_ARGUMENT when `fd` is
+  // smaller than the pool, INTERNAL for system errors.
   static absl::StatusOr<std::shared_ptr<PoolMapping>> Get(
-      const v1::PoolInfo& info);
+      const v1::PoolInfo& info, int fd);
   ~PoolMapping();
 
   // Not copyable or movable: pointers into the mappings are handed out.
@@ -91,8 +99,8 @@ class PoolMapping {
   absl::Status Write(uint64_t offset, const void* data, uint64_t size);
 
  private:
-  PoolMapping(v1::PoolInfo info, uint8_t* ro)
-      : info_(std::move(info)), ro_(ro) {}
+  PoolMapping(v1::PoolInfo info, uint8_t* ro, int ro_fd)
+      : info_(std::move(info)), ro_(ro), ro_fd_(ro_fd) {}
 
   // fork() handlers: lock the registry and every live mapping's mu_ before
   // fork, unlock after it in parent and child, so that a child never
@@ -103,17 +111,21 @@ class PoolMapping {
 
   const v1::PoolInfo info_;
   uint8_t* const ro_;
-  // Opens the writable mapping and fd on first use. Called under mu_.
+  // The descriptor the read-only mapping was made from (O_RDONLY, or the
+  // O_RDWR one of a session that may write), held for the mapping's life:
+  // the pool's memory is this process's through it, as the kernel shows
+  // (/proc/self/fd).
+  const int ro_fd_;
+  // Maps the writable mapping on first use. Called under mu_.
   absl::Status EnsureWritableLocked();
 
   // Guards what follows. A pthread mutex (std::mutex), not absl::Mutex:
   // it is held across fork() and unlocked in the child, which a pthread
   // mutex allows. Never held across a system call that can block long.
   mutable std::mutex mu_;
-  bool rw_tried_ = false;   // EnsureWritableLocked ran; rw_* are final.
-  uint8_t* rw_ = nullptr;   // The writable mapping, once made.
-  int rw_fd_ = -1;          // O_RDWR, for Write.
-  absl::Status rw_status_;  // Why it could not be made.
+  uint8_t* rw_ = nullptr;  // The writable mapping, once made.
+  // O_RDWR, once a session with write access gave it (may be ro_fd_).
+  int rw_fd_ = -1;
   // The ranges of the writable mapping known to be PROT_READ|PROT_WRITE. A
   // subset of what is open: a child forked while a thread was between its
   // mprotect and the set's update misses that range, which costs one

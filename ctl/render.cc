@@ -177,16 +177,27 @@ std::string RenderClients(const v1::ListClientsResponse& r) {
       if (absl::ascii_iscntrl(static_cast<unsigned char>(ch))) ch = ' ';
     }
     if (cmd.size() > 60) cmd = cmd.substr(0, 57) + "...";
+    // "default:rw gpu:ro", pool names cut to 32 bytes each.
+    std::vector<std::string> access;
+    for (const v1::PoolGrant& g : c.pools()) {
+      std::string pool = g.pool().substr(0, 32);
+      for (char& ch : pool) {
+        if (absl::ascii_iscntrl(static_cast<unsigned char>(ch))) ch = ' ';
+      }
+      access.push_back(absl::StrCat(
+          pool, g.access() == v1::POOL_ACCESS_READ_WRITE ? ":rw" : ":ro"));
+    }
     rows.push_back(
         {absl::StrCat(c.client_id(), c.connected() ? "" : " (detached)"),
          c.client_name(), absl::StrCat(c.pid()),
          c.has_process() ? absl::StrCat(c.uid()) : "-",
+         access.empty() ? "-" : absl::StrJoin(access, " "),
          absl::StrCat(c.leases()), HumanBytes(c.bytes_held()),
          absl::StrCat(c.pending_transfers()), HumanAge(c.age_ms()), cmd});
   }
-  return Table({"CLIENT", "NAME", "PID", "UID", "LEASES", "HELD", "TRANSFERS",
-                "AGE", "COMMAND"},
-               rows, {2, 3, 4, 5, 6, 7});
+  return Table({"CLIENT", "NAME", "PID", "UID", "ACCESS", "LEASES", "HELD",
+                "TRANSFERS", "AGE", "COMMAND"},
+               rows, {2, 3, 5, 6, 7, 8});
 }
 
 std::string ToJson(const google::protobuf::Message& m) {

@@ -118,4 +118,22 @@ TEST(RenderTest, ObjectsTableNamesDTypesShapesAndStates) {
 }
 
 }  // namespace
+TEST(RenderTest, ClientsShowEachSessionsUidAndPoolAccess) {
+  v1::ListClientsResponse r;
+  v1::ClientStatus* c = r.add_clients();
+  c->set_client_name("reader");
+  c->set_has_process(true);
+  c->set_uid(1234);
+  v1::PoolGrant* g = c->add_pools();
+  g->set_pool("default");
+  g->set_access(v1::POOL_ACCESS_READ_WRITE);
+  g = c->add_pools();
+  g->set_pool("shared\nname");
+  g->set_access(v1::POOL_ACCESS_READ);
+  const std::string t = RenderClients(r);
+  EXPECT_NE(t.find("ACCESS"), std::string::npos) << t;
+  EXPECT_NE(t.find("1234"), std::string::npos) << t;
+  EXPECT_NE(t.find("default:rw shared name:ro"), std::string::npos) << t;
+}
+
 }  // namespace shmtensor::ctl

@@ -178,6 +178,44 @@ std::string MonitorAddress(const std::string& monitor_listen) {
   return monitor_listen;
 }
 
+// A pool's users or groups: an array of names (strings) and numeric ids
+// (non-negative integers), at most kMaxAccessEntries of them.
+absl::StatusOr<std::vector<std::string>> IdListOf(const std::string& path,
+                                                  const toml::node& node,
+                                                  const std::string& key) {
+  constexpr size_t kMaxAccessEntries = 1024;
+  const toml::array* array = node.as_array();
+  if (array == nullptr) {
+    return SourceError(path, node,
+                       absl::StrCat("'", key,
+                                    "' must be an array of names or ids, "
+                                    "e.g. [\"alice\", 1001]"));
+  }
+  if (array->size() > kMaxAccessEntries) {
+    return SourceError(path, node,
+                       absl::StrFormat("'%s' has %d entries, at most %d", key,
+                                       array->size(), kMaxAccessEntries));
+  }
+  std::vector<std::string> out;
+  for (const toml::node& entry : *array) {
+    if (std::optional<std::string> name = entry.value<std::string>();
+        entry.is_string() && name.has_value() && !name->empty() &&
+        name->size() <= 256 && name->find('\0') == std::string::npos) {
+      out.push_back(*name);
+    } else if (std::optional<int64_t> id = entry.value<int64_t>();
+               entry.is_integer() && id.has_value() && *id >= 0 &&
+               *id <= UINT32_MAX - 1) {
+      out.push_back(absl::StrCat(*id));
+    } else {
+      return SourceError(
+          path, entry,
+          absl::StrCat("each entry of '", key,
+                       "' must be a name (1 to 256 bytes) or a numeric id"));
+    }
+  }
+  return out;
+}
+
 absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path,
                                             DaemonConfig base) {
   std::error_code ec;
@@ -262,6 +300,19 @@ absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path,
                   absl::StrCat("'pool.huge_pages' is '", pc.huge_pages,
                                "'; use \"auto\", \"require\" or \"off\""));
             }
+          } else if (pks == "users" || pks == "groups" ||
+                     pks == "read_only_users" || pks == "read_only_groups") {
+            absl::StatusOr<std::vector<std::string>> ids =
+                IdListOf(path, pn, absl::StrCat("pool.", pks));
+            if (!ids.ok()) return ids.status();
+            if (pks == "users") pc.access.users = *std::move(ids);
+            if (pks == "groups") pc.access.groups = *std::move(ids);
+            if (pks == "read_only_users") {
+              pc.access.read_only_users = *std::move(ids);
+            }
+            if (pks == "read_only_groups") {
+              pc.access.read_only_groups = *std::move(ids);
+            }
           } else if (pks == "device") {
             absl::StatusOr<uint64_t> device = CountOf(path, pn, "pool.device");
             if (!device.ok()) return device.status();
@@ -304,6 +355,10 @@ absl::Status ValidateConfig(const DaemonConfig& config) {
   if (config.pools.empty()) {
     return absl::InvalidArgumentError("no pool configured");
   }
+  if (config.pools.size() > kMaxPools) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%d pools configured, at most %d", config.pools.size(), kMaxPools));
+  }
   std::set<std::string> names;
   for (const PoolConfig& p : config.pools) {
     if (p.name.empty()) return absl::InvalidArgumentError("a pool has no name");
@@ -320,14 +375,13 @@ absl::Status ValidateConfig(const DaemonConfig& config) {
           absl::StrCat("pool '", p.name, "' has kind '", p.kind,
                        "'; use \"host\" or \"cuda\""));
     }
-    if (p.kind == "cuda" &&
-        (p.directory != kDefaultPoolDirectory || p.huge_pages != "auto")) {
+    if (p.kind == "cuda" && (!p.directory.empty() || p.huge_pages != "auto")) {
       return absl::InvalidArgumentError(absl::StrCat(
           "pool '", p.name,
           "' is a CUDA pool: 'directory' and 'huge_pages' apply to host "
           "pools only"));
     }
-    if (!absl::StartsWith(p.directory, "/")) {
+    if (!p.directory.empty() && !absl::StartsWith(p.directory, "/")) {
       return absl::InvalidArgumentError(
           absl::StrCat("pool '", p.name, "' has directory '", p.directory,
                        "'; it must be an absolute path"));

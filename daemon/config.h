@@ -16,9 +16,15 @@
 //   name = "default"
 //   size = "1GiB"
 //   kind = "host"              # "host" or "cuda"
-//   directory = "/dev/shm"     # host: a tmpfs; e.g. one mounted huge=always
+//   directory = ""             # host: "" = a memfd; else a tmpfs directory
+//                              # for an unnamed O_TMPFILE file there, e.g.
+//                              # one mounted huge=always for 2 MiB pages
 //   huge_pages = "auto"        # host: "auto", "require" or "off"
 //   device = 0                 # cuda: the CUDA device index
+//   users = []                 # who may read and write it, besides root and
+//   groups = []                # the daemon's user: names or numeric ids
+//   read_only_users = []       # who may only read it
+//   read_only_groups = []      # (see daemon/pool_access.h)
 //
 // Thread safety: pure functions.
 #ifndef SHMTENSOR_DAEMON_CONFIG_H_
@@ -33,21 +39,23 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "daemon/limits.h"
+#include "daemon/pool_access.h"
+#include "shmtensor/defaults.h"
 
 namespace shmtensor::daemon {
 
 // Size of the default pool when nothing else is said: 1 GiB.
 inline constexpr uint64_t kDefaultPoolBytes = uint64_t{1} << 30;
 
-inline constexpr char kDefaultPoolDirectory[] = "/dev/shm";
-
 struct PoolConfig {
   std::string name;
   uint64_t size_bytes = 0;
-  std::string kind = "host";                      // "host" or "cuda".
-  std::string directory = kDefaultPoolDirectory;  // Host: the segment's tmpfs.
+  std::string kind = "host";  // "host" or "cuda".
+  // Host: empty for a memfd, else the tmpfs directory of an O_TMPFILE file.
+  std::string directory;
   std::string huge_pages = "auto";  // Host: "auto", "require" or "off".
   int device = 0;                   // CUDA: device index.
+  PoolAccessConfig access;          // Who may use it (pool_access.h).
 };
 
 struct DaemonConfig {
@@ -87,7 +95,8 @@ absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path,
                                             DaemonConfig base);
 
 // Checks a complete config: an address, at least one pool, unique non-empty
-// pool names, sizes > 0, known pool kinds, absolute pool directories, known
+// pool names, at most kMaxPools, sizes > 0, known pool kinds, absolute (or
+// empty) pool directories, known
 // huge_pages values, a known log level, a socket mode within 0777.
 absl::Status ValidateConfig(const DaemonConfig& config);
 

@@ -2,6 +2,7 @@
 
 #include <fstream>
 
+#include "absl/strings/match.h"
 #include "gtest/gtest.h"
 
 namespace shmtensor::daemon {
@@ -94,7 +95,9 @@ TEST(LoadConfigFileTest, ReadsEveryKey) {
       "max_leases_per_client = 64\n"
       "max_bytes_per_client = \"2GiB\"\n"
       "[[pool]]\nname = \"p\"\nsize = \"8MiB\"\nkind = \"host\"\n"
-      "directory = \"/run/shmtensor/huge\"\nhuge_pages = \"require\"\n");
+      "directory = \"/run/shmtensor/huge\"\nhuge_pages = \"require\"\n"
+      "users = [\"alice\", 1001]\ngroups = [\"trainers\"]\n"
+      "read_only_users = [2000]\nread_only_groups = [\"readers\", 77]\n");
   absl::StatusOr<DaemonConfig> c = LoadConfigFile(path, DefaultConfig());
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(MonitorAddress(c->monitor_listen), "127.0.0.1:9464");
@@ -108,7 +111,43 @@ TEST(LoadConfigFileTest, ReadsEveryKey) {
   EXPECT_EQ(c->pools[0].kind, "host");
   EXPECT_EQ(c->pools[0].directory, "/run/shmtensor/huge");
   EXPECT_EQ(c->pools[0].huge_pages, "require");
+  EXPECT_EQ(c->pools[0].access.users,
+            (std::vector<std::string>{"alice", "1001"}));
+  EXPECT_EQ(c->pools[0].access.groups, (std::vector<std::string>{"trainers"}));
+  EXPECT_EQ(c->pools[0].access.read_only_users,
+            (std::vector<std::string>{"2000"}));
+  EXPECT_EQ(c->pools[0].access.read_only_groups,
+            (std::vector<std::string>{"readers", "77"}));
   EXPECT_TRUE(ValidateConfig(*c).ok());
+}
+
+TEST(PoolAccessRulesTest, NamesResolveAndUnknownOnesAreRefusedNamingThem) {
+  PoolAccessConfig config;
+  config.users = {"root", "4000"};
+  config.read_only_groups = {"5000"};
+  absl::StatusOr<PoolAccessRules> rules =
+      PoolAccessRules::Resolve("p", config, /*owner=*/1234, /*socket_gid=*/-1);
+  ASSERT_TRUE(rules.ok()) << rules.status();
+  EXPECT_EQ(rules->AccessOf({1, 4000, 4000, {}}), v1::POOL_ACCESS_READ_WRITE);
+  EXPECT_EQ(rules->AccessOf({1, 1234, 1, {}}), v1::POOL_ACCESS_READ_WRITE);
+  EXPECT_EQ(rules->AccessOf({1, 0, 0, {}}), v1::POOL_ACCESS_READ_WRITE);
+  EXPECT_EQ(rules->AccessOf({1, 4001, 5000, {}}), v1::POOL_ACCESS_READ);
+  EXPECT_EQ(rules->AccessOf({1, 4001, 4001, {9, 5000}}), v1::POOL_ACCESS_READ);
+  EXPECT_EQ(rules->AccessOf({1, 4001, 4001, {9}}), v1::POOL_ACCESS_UNSPECIFIED);
+  config.groups = {"no-such-group-here"};
+  absl::StatusOr<PoolAccessRules> bad =
+      PoolAccessRules::Resolve("p", config, 1234, -1);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(
+      bad.status().message(),
+      "pool 'p': 'no-such-group-here' in groups is not a group"))
+      << bad.status();
+  // A socket_group's members may use a pool that names no writers.
+  PoolAccessConfig none;
+  absl::StatusOr<PoolAccessRules> grouped =
+      PoolAccessRules::Resolve("p", none, 1234, 600);
+  EXPECT_EQ(grouped->AccessOf({1, 4001, 600, {}}), v1::POOL_ACCESS_READ_WRITE);
+  EXPECT_EQ(grouped->AccessOf({1, 4001, 601, {}}), v1::POOL_ACCESS_UNSPECIFIED);
 }
 
 // Each bad value: the error names the file, the line and the key.
@@ -134,6 +173,12 @@ TEST(LoadConfigFileTest, BadValuesNameLineAndKey) {
        "'pool.directory' is 'shm'; it must be an absolute path"},
       {"[[pool]]\nname = \"g\"\nsize = 4096\nhuge_pages = \"yes\"\n", ":4",
        "'pool.huge_pages' is 'yes'"},
+      {"[[pool]]\nname = \"g\"\nsize = 4096\nusers = \"alice\"\n", ":4",
+       "'pool.users' must be an array of names or ids"},
+      {"[[pool]]\nname = \"g\"\nsize = 4096\ngroups = [-1]\n", ":4",
+       "each entry of 'pool.groups' must be a name"},
+      {"[[pool]]\nname = \"g\"\nsize = 4096\nread_only_users = [\"\"]\n", ":4",
+       "each entry of 'pool.read_only_users'"},
   };
   for (const Case& c : cases) {
     absl::StatusOr<DaemonConfig> r =

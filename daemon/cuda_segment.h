@@ -46,7 +46,6 @@ class CudaSegment final : public Segment {
   v1::MemoryKind kind() const override { return v1::MEMORY_KIND_CUDA_DEVICE; }
   // The cudaIpcMemHandle_t, 64 raw bytes.
   const std::string& handle() const override { return ipc_handle_; }
-  const std::string& path() const override { return empty_; }
   uint64_t size_bytes() const override { return size_bytes_; }
   uint64_t page_size() const override { return kCudaAlignment; }
   uint64_t huge_page_size() const override { return 0; }
@@ -63,7 +62,6 @@ class CudaSegment final : public Segment {
   void* const base_;  // Device pointer from cudaMalloc.
   const uint64_t size_bytes_;
   const std::string ipc_handle_;
-  const std::string empty_;
 };
 
 }  // namespace shmtensor::daemon

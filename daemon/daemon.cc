@@ -6,6 +6,7 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -24,28 +25,10 @@
 #include "daemon/cuda_segment.h"
 #include "daemon/host_segment.h"
 #include "daemon/unix_listener.h"
+#include "shmtensor/defaults.h"
 #include "spdlog/spdlog.h"
 
 namespace shmtensor::daemon {
-namespace {
-
-// FNV-1a: stable across builds and runs, unlike absl::Hash.
-uint64_t StableHash(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
-}  // namespace
-
-std::string Daemon::SegmentPrefix(const std::string& address) {
-  return absl::StrFormat("shmtensor-%d-%08x-", getuid(),
-                         StableHash(address) & 0xffffffffu);
-}
-
 namespace {
 
 absl::Status PrepareSocketDirectory(const std::string& socket_path,
@@ -164,22 +147,6 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   ftruncate(d->lock_fd_, 0);
   pwrite(d->lock_fd_, pid.data(), pid.size(), 0);
 
-  const std::string prefix = SegmentPrefix(config.listen);
-  std::set<std::string> directories;
-  for (const PoolConfig& pc : config.pools) directories.insert(pc.directory);
-  // Segments of any of this user's daemons that died without cleaning up,
-  // on this address or any other: only those no live daemon holds the lock
-  // of (host_segment.h), never a name match alone.
-  const std::string any_address = absl::StrFormat("shmtensor-%d-", getuid());
-  for (const std::string& dir : directories) {
-    if (int n = HostSegment::RemoveOrphans(dir, any_address); n > 0) {
-      spdlog::warn(
-          "removed {} shared-memory segments left in {} by daemons that died "
-          "without cleaning up",
-          n, dir);
-    }
-  }
-
   int gid = -1;
   if (!config.socket_group.empty()) {
     struct group* g = getgrnam(config.socket_group.c_str());
@@ -190,9 +157,29 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
     gid = static_cast<int>(g->gr_gid);
   }
 
+  // What can be refused without reserving memory, before any pool is: the
+  // descriptor socket's path, every pool's users and groups.
+  if (const std::string fd_path = d->socket_path_ + kDescriptorSocketSuffix;
+      fd_path.size() >= sizeof(sockaddr_un::sun_path)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "socket path '%s' is %d bytes: the descriptor socket beside it "
+        "('<path>%s') must fit in %d",
+        d->socket_path_.substr(0, 128), d->socket_path_.size(),
+        kDescriptorSocketSuffix, sizeof(sockaddr_un::sun_path) - 1));
+  }
+  std::vector<PoolAccessRules> access;
+  for (const PoolConfig& pc : config.pools) {
+    absl::StatusOr<PoolAccessRules> rules =
+        PoolAccessRules::Resolve(pc.name, pc.access, geteuid(), gid);
+    if (!rules.ok()) return rules.status();
+    access.push_back(*std::move(rules));
+  }
+
   std::vector<std::unique_ptr<Pool>> pools;
   std::vector<v1::UnavailablePool> unavailable;
-  for (const PoolConfig& pc : config.pools) {
+  for (size_t i = 0; i < config.pools.size(); ++i) {
+    const PoolConfig& pc = config.pools[i];
+    PoolAccessRules& rules = access[i];
     if (pc.kind == "cuda") {
       absl::StatusOr<std::unique_ptr<CudaSegment>> seg =
           CudaSegment::Create(pc.device, pc.size_bytes);
@@ -213,14 +200,14 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
       }
       spdlog::info("pool '{}': {} bytes of CUDA memory on device {}", pc.name,
                    (*seg)->size_bytes(), pc.device);
-      pools.push_back(std::make_unique<Pool>(pc.name, *std::move(seg)));
+      pools.push_back(
+          std::make_unique<Pool>(pc.name, *std::move(seg), std::move(rules)));
       continue;
     }
     HostSegmentOptions options;
     options.directory = pc.directory;
-    options.name_prefix = prefix;
+    options.label = pc.name;
     options.size_bytes = pc.size_bytes;
-    options.gid = gid;
     options.huge_pages = pc.huge_pages == "require" ? HugePages::kRequire
                          : pc.huge_pages == "off"   ? HugePages::kOff
                                                     : HugePages::kAuto;
@@ -233,15 +220,16 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
     }
     const uint64_t huge = (*seg)->huge_page_size();
     spdlog::info(
-        "pool '{}': {} bytes of host memory reserved at {}, {}", pc.name,
-        (*seg)->size_bytes(), (*seg)->path(),
+        "pool '{}': {} bytes of host memory reserved ({}), {}", pc.name,
+        (*seg)->size_bytes(), (*seg)->where(),
         huge > 0 ? absl::StrFormat("%d KiB huge pages", huge >> 10)
         : pc.huge_pages == "off"
             ? std::string("huge pages off")
             : absl::StrFormat("%d-byte pages (the tmpfs gives no huge pages; "
                               "see huge_pages in deploy/shmtensord.toml)",
                               (*seg)->page_size()));
-    pools.push_back(std::make_unique<Pool>(pc.name, *std::move(seg)));
+    pools.push_back(
+        std::make_unique<Pool>(pc.name, *std::move(seg), std::move(rules)));
   }
   if (pools.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -267,6 +255,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
       UnixListener::Bind(d->socket_path_, config.socket_mode, gid);
   if (!listener.ok()) return listener.status();
   d->listener_ = *std::move(listener);
+  d->descriptor_path_ = d->socket_path_ + kDescriptorSocketSuffix;
+  absl::StatusOr<std::unique_ptr<DescriptorServer>> descriptors =
+      DescriptorServer::Bind(d->descriptor_path_, config.socket_mode, gid,
+                             *d->store_);
+  if (!descriptors.ok()) return descriptors.status();
+  d->descriptors_ = *std::move(descriptors);
   grpc::ServerBuilder builder;
   int monitor_port = 0;
   if (!monitor_address.empty()) {
@@ -301,6 +295,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
     d->monitor_->SetAddresses(addresses);
   }
   d->listener_->Start(d->server_.get(), d->connections_.get());
+  d->descriptors_->Start();
   d->reaper_ = std::thread([daemon = d.get()] { daemon->ReapLoop(); });
   spdlog::info("shmtensord {} serving on {} ({} pools, epoch {:016x})",
                SHMTENSOR_VERSION, config.listen, d->store_->pool_infos().size(),
@@ -333,6 +328,7 @@ void Daemon::Shutdown() {
   // rest winds down (health Watch streams get the change before they end).
   server_->GetHealthCheckService()->Shutdown();
   listener_->Stop();
+  descriptors_->Stop();
   {
     absl::MutexLock lock(&reaper_mu_);
     stopping_ = true;
@@ -354,12 +350,14 @@ void Daemon::Shutdown() {
 Daemon::~Daemon() {
   if (server_ != nullptr) Shutdown();
   server_.reset();
+  descriptors_.reset();  // Before the store it asks.
   service_.reset();
   monitor_.reset();
   const bool had_pools = store_ != nullptr;
-  store_.reset();  // Unlinks every segment.
+  store_.reset();  // Closes every pool descriptor.
   if (owns_address_) {
     if (!socket_path_.empty()) unlink(socket_path_.c_str());
+    if (!descriptor_path_.empty()) unlink(descriptor_path_.c_str());
     // Last, while still locked: see Start.
     unlink(lock_path_.c_str());
   }
@@ -367,7 +365,7 @@ Daemon::~Daemon() {
   if (created_directory_) {
     rmdir(std::filesystem::path(socket_path_).parent_path().c_str());
   }
-  if (had_pools) spdlog::info("stopped; every segment unlinked");
+  if (had_pools) spdlog::info("stopped");
 }
 
 }  // namespace shmtensor::daemon

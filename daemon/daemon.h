@@ -4,16 +4,17 @@
 // directory (made 0700 if missing; it must be the daemon user's or root's and
 // writable by nobody else, so no other user can take the address or replace
 // the socket), takes the address lock in it (so a second daemon on the same
-// address is refused), removes the segments of this user's daemons that died
-// without cleaning up (only those whose lock nobody holds, host_segment.h),
-// creates and reserves the pools, and starts serving ObjectStore, Monitor,
-// gRPC health and reflection on the socket (accepted by the daemon itself,
-// unix_listener.h; and, when configured, monitoring on a TCP address).
+// address is refused), resolves each pool's users and groups, creates and
+// reserves the pools (unnamed memory: nothing to clean up after a crash,
+// host_segment.h), and starts serving ObjectStore, Monitor, gRPC health and
+// reflection on the socket (accepted by the daemon itself, unix_listener.h;
+// and, when configured, monitoring on a TCP address) and the pools'
+// descriptors on "<socket>.fd" (descriptor_server.h).
 // Shutdown() turns health to NOT_SERVING, stops accepting, ends every session
-// and watch, and (in the destructor) unlinks every segment, the socket and,
-// last, the lock file (<socket>.lock, holding the pid). A daemon that dies
-// without cleaning up leaves the lock file unlocked; the next one on the
-// address takes it over.
+// and watch, and (in the destructor) closes every pool, unlinks both sockets
+// and, last, the lock file (<socket>.lock, holding the pid). A daemon that
+// dies without cleaning up leaves the sockets and the unlocked lock file; the
+// next one on the address takes them over.
 //
 // Thread safety: Shutdown() may be called from any thread, once.
 #ifndef SHMTENSOR_DAEMON_DAEMON_H_
@@ -30,6 +31,7 @@
 #include "absl/synchronization/mutex.h"
 #include "daemon/config.h"
 #include "daemon/connections.h"
+#include "daemon/descriptor_server.h"
 #include "daemon/monitor_service.h"
 #include "daemon/object_store.h"
 #include "daemon/service.h"
@@ -40,12 +42,13 @@ namespace shmtensor::daemon {
 class Daemon {
  public:
   // Validates `config` and starts serving. FAILED_PRECONDITION when another
-  // daemon holds the address, RESOURCE_EXHAUSTED when /dev/shm cannot hold
+  // daemon holds the address, RESOURCE_EXHAUSTED when memory cannot hold
   // the pools, UNAVAILABLE when the address cannot be bound.
   static absl::StatusOr<std::unique_ptr<Daemon>> Start(
       const DaemonConfig& config);
 
-  // Shuts down if not done yet, then unlinks segments, socket and lock file.
+  // Shuts down if not done yet, then closes the pools and unlinks the
+  // sockets and the lock file.
   ~Daemon();
 
   // Not copyable or movable: the gRPC server points into it.
@@ -59,9 +62,6 @@ class Daemon {
   const std::string& address() const { return address_; }
   ObjectStore& store() { return *store_; }
 
-  // Prefix of the /dev/shm names of the pools of a daemon on `address`.
-  static std::string SegmentPrefix(const std::string& address);
-
  private:
   Daemon() = default;
   // Every 200 ms until Shutdown: ends the detached sessions of processes
@@ -70,6 +70,7 @@ class Daemon {
 
   std::string address_;
   std::string socket_path_;  // Empty unless address is "unix:".
+  std::string descriptor_path_;
   std::string lock_path_;
   int lock_fd_ = -1;
   bool owns_address_ = false;       // This instance holds the address lock.
@@ -77,6 +78,7 @@ class Daemon {
   std::unique_ptr<ObjectStore> store_;
   std::unique_ptr<ConnectionTable> connections_;
   std::unique_ptr<UnixListener> listener_;
+  std::unique_ptr<DescriptorServer> descriptors_;
   std::unique_ptr<ObjectStoreService> service_;
   std::unique_ptr<MonitorService> monitor_;
   std::unique_ptr<grpc::Server> server_;

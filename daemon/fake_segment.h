@@ -19,7 +19,6 @@ class FakeSegment final : public Segment {
       : size_(size), huge_(huge_page_size), page_(page_size) {}
   v1::MemoryKind kind() const override { return v1::MEMORY_KIND_HOST; }
   const std::string& handle() const override { return handle_; }
-  const std::string& path() const override { return path_; }
   uint64_t size_bytes() const override { return size_; }
   uint64_t page_size() const override { return page_; }
   uint64_t huge_page_size() const override { return huge_; }
@@ -28,8 +27,7 @@ class FakeSegment final : public Segment {
   uint64_t size_;
   uint64_t huge_;
   uint64_t page_;
-  std::string handle_ = "/fake";
-  std::string path_ = "/dev/shm/fake";
+  std::string handle_;
 };
 
 }  // namespace shmtensor::daemon

@@ -1,22 +1,17 @@
 #include "daemon/host_segment.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <linux/magic.h>
-#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <boost/interprocess/exceptions.hpp>
-#include <boost/interprocess/permissions.hpp>
-#include <boost/interprocess/shared_memory_object.hpp>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
-#include <random>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -24,40 +19,25 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "spdlog/spdlog.h"
 
 namespace shmtensor::daemon {
-namespace bip = boost::interprocess;
 
 namespace {
 
-std::string RandomHex128() {
-  std::random_device rd;
-  return absl::StrFormat("%08x%08x%08x%08x", rd(), rd(), rd(), rd());
-}
+#ifndef MFD_NOEXEC_SEAL
+#define MFD_NOEXEC_SEAL 0x0008U  // Linux 6.3; older headers lack it.
+#endif
 
-// The one adapter around Boost.Interprocess: creates the shm object and
-// returns its file descriptor (a dup the caller owns), or a Status.
-absl::StatusOr<int> CreateShm(const std::string& name) {
-  try {
-    bip::permissions perm;
-    perm.set_permissions(0600);
-    // Boost takes the name without the leading '/'.
-    bip::shared_memory_object shm(bip::create_only, name.c_str() + 1,
-                                  bip::read_write, perm);
-    const int fd = fcntl(shm.get_mapping_handle().handle, F_DUPFD_CLOEXEC, 0);
-    if (fd < 0) {
-      const int e = errno;
-      bip::shared_memory_object::remove(name.c_str() + 1);
-      return absl::InternalError(absl::StrCat("dup of shared memory '", name,
-                                              "': ", std::strerror(e)));
-    }
-    return fd;
-  } catch (const bip::interprocess_exception& e) {
-    return absl::InternalError(
-        absl::StrCat("cannot create shared memory '", name, "': ", e.what()));
-  }
+// memfd_create, sealed against exec where the kernel knows how (Linux 6.3+;
+// required there under vm.memfd_noexec = 2): pool memory is data only.
+int MemfdCreate(const std::string& name) {
+  const unsigned flags = MFD_CLOEXEC | MFD_ALLOW_SEALING;
+  const int fd = memfd_create(name.c_str(), flags | MFD_NOEXEC_SEAL);
+  if (fd >= 0 || errno != EINVAL) return fd;
+  return memfd_create(name.c_str(), flags);
 }
 
 // Checks that `directory` is a tmpfs the daemon can create files in.
@@ -80,8 +60,8 @@ absl::Status CheckDirectory(const std::string& directory) {
   if (static_cast<uint64_t>(fs.f_type) != TMPFS_MAGIC) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "pool directory '%s' is on a filesystem of type 0x%x, not a tmpfs: "
-        "pool memory must never be written back to a disk; use /dev/shm or "
-        "a tmpfs mount",
+        "pool memory must never be written back to a disk; leave the pool "
+        "without a directory (a memfd) or use a tmpfs mount",
         directory, static_cast<uint64_t>(fs.f_type)));
   }
   return absl::OkStatus();
@@ -150,6 +130,100 @@ bool ProbeHugePages(int fd, uint64_t huge) {
   return huge_mapped;
 }
 
+// A number from a one-line file (cgroup's memory.max, memory.current);
+// nullopt for "max" or anything unreadable.
+std::optional<uint64_t> ReadCount(const std::string& path) {
+  std::ifstream in(path);
+  std::string text;
+  uint64_t v = 0;
+  if (!(in >> text) || !absl::SimpleAtoi(text, &v)) return std::nullopt;
+  return v;
+}
+
+// The value of `key` in a "key value" file (memory.stat), or 0.
+uint64_t StatValue(const std::string& path, absl::string_view key) {
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    absl::string_view rest = line;
+    uint64_t v = 0;
+    if (absl::ConsumePrefix(&rest, key) && absl::ConsumePrefix(&rest, " ") &&
+        absl::SimpleAtoi(rest, &v)) {
+      return v;
+    }
+  }
+  return 0;
+}
+
+// OK when `size` more bytes of shared memory fit: at most what the kernel
+// says is available (MemAvailable), and what the daemon's memory cgroup and
+// each of its ancestors leave (pool pages are charged to the daemon, which
+// allocates them): limit minus use, not counting inactive file cache, which
+// the kernel reclaims first. Neither a memfd nor a cgroup limit gives
+// ENOSPC: without this a pool larger than either would be filled page by
+// page until the OOM killer ends the daemon. `what` names the pool's kind.
+absl::Status CheckMemoryFits(uint64_t size, const char* what) {
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string line; std::getline(meminfo, line);) {
+    absl::string_view rest = line;
+    if (!absl::ConsumePrefix(&rest, "MemAvailable:")) continue;
+    rest = absl::StripAsciiWhitespace(rest);
+    absl::ConsumeSuffix(&rest, "kB");
+    uint64_t kb = 0;
+    if (absl::SimpleAtoi(absl::StripAsciiWhitespace(rest), &kb) &&
+        size > kb * 1024) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "cannot reserve %d bytes for %s: the system has %d bytes of memory "
+          "available (MemAvailable); start with a smaller --pool-size",
+          size, what, kb * 1024));
+    }
+    break;
+  }
+  // cgroup v2 ("0::/path": memory.max, memory.current) and v1 ("N:...memory
+  // ...:/path": memory.limit_in_bytes, memory.usage_in_bytes); a hybrid
+  // system lists both. A path not under this mount (a container without a
+  // cgroup namespace) is skipped.
+  std::ifstream cgroup("/proc/self/cgroup");
+  for (std::string line; std::getline(cgroup, line);) {
+    const std::vector<std::string> f =
+        absl::StrSplit(line, absl::MaxSplits(':', 2));
+    if (f.size() != 3) continue;
+    const bool v2 = f[0] == "0" && f[1].empty();
+    const std::vector<std::string> controllers = absl::StrSplit(f[1], ',');
+    const bool v1 = std::find(controllers.begin(), controllers.end(),
+                              "memory") != controllers.end();
+    if (!v1 && !v2) continue;
+    const std::string root = v2 ? "/sys/fs/cgroup" : "/sys/fs/cgroup/memory";
+    const std::string max_file = v2 ? "memory.max" : "memory.limit_in_bytes";
+    const std::string use_file =
+        v2 ? "memory.current" : "memory.usage_in_bytes";
+    const char* inactive = v2 ? "inactive_file" : "total_inactive_file";
+    // The cgroup, then each ancestor up to the root (whose limits bind too).
+    for (std::string rel = f[2];;) {
+      const std::string dir = absl::StrCat(root, rel);
+      const std::optional<uint64_t> max = ReadCount(dir + "/" + max_file);
+      // v1 says "no limit" with a number near 2^63.
+      if (max.has_value() && *max < (uint64_t{1} << 62)) {
+        const uint64_t current = ReadCount(dir + "/" + use_file).value_or(0);
+        const uint64_t cache = StatValue(dir + "/memory.stat", inactive);
+        const uint64_t used = current > cache ? current - cache : 0;
+        const uint64_t room = *max > used ? *max - used : 0;
+        if (size > room) {
+          return absl::ResourceExhaustedError(absl::StrFormat(
+              "cannot reserve %d bytes for %s: the daemon's memory cgroup "
+              "(%s) allows %d more bytes (%s %d, in use %d); raise its "
+              "memory limit (systemd: MemoryMax=) or start with a smaller "
+              "--pool-size",
+              size, what, dir, room, max_file, *max, used));
+        }
+      }
+      if (rel.empty() || rel == "/") break;
+      const size_t slash = rel.rfind('/');
+      rel = slash == std::string::npos ? "" : rel.substr(0, slash);
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Writes zeros over [0, size) of `fd` with pwrite(2).
 absl::Status ZeroFill(int fd, uint64_t size) {
   const std::vector<char> zeros(uint64_t{1} << 20, 0);
@@ -186,132 +260,126 @@ absl::StatusOr<std::unique_ptr<HostSegment>> HostSegment::Create(
         absl::StrFormat("pool size %d bytes is too large", options.size_bytes));
   }
   const std::string& dir = options.directory;
-  if (absl::Status s = CheckDirectory(dir); !s.ok()) return s;
+  const bool memfd = dir.empty();
+  if (!memfd) {
+    if (absl::Status s = CheckDirectory(dir); !s.ok()) return s;
+  }
+  const std::string where = memfd ? std::string("memfd") : dir;
   const uint64_t size_bytes = (options.size_bytes + page - 1) / page * page;
-  const std::string base = absl::StrCat(options.name_prefix, RandomHex128());
-  const bool in_shm = dir == kShmDirectory;
-  const std::string path = absl::StrCat(absl::StripSuffix(dir, "/"), "/", base);
-  const std::string shm_name = in_shm ? absl::StrCat("/", base) : "";
-  int fd;
-  if (in_shm) {
-    absl::StatusOr<int> shm = CreateShm(shm_name);
-    if (!shm.ok()) return shm.status();
-    fd = *shm;
-  } else {
-    fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
-              0600);
-    if (fd < 0) {
-      return absl::InternalError(absl::StrFormat(
-          "cannot create pool file %s: %s", path, std::strerror(errno)));
-    }
+  if (absl::Status s =
+          CheckMemoryFits(size_bytes, memfd ? "a memfd pool" : "a pool");
+      !s.ok()) {
+    return s;
   }
-  // Undoes the creation on every failure below.
-  auto fail = [&](absl::Status status) {
-    unlink(path.c_str());
-    close(fd);
-    return status;
-  };
-  // Before the file gets a size: a size without the lock means an orphan
-  // (see RemoveOrphans). Blocks only while a RemoveOrphans looks at it.
-  while (flock(fd, LOCK_SH) != 0) {
-    if (errno != EINTR) {
-      return fail(absl::InternalError(
-          absl::StrFormat("flock(%s): %s", path, std::strerror(errno))));
-    }
+  // Never a name: a memfd has none; an O_TMPFILE file has none, and O_EXCL
+  // keeps anyone from giving it one later (linkat through /proc).
+  // memfd names are at most 249 bytes; the name is for operators only.
+  UniqueFd rw(
+      memfd ? MemfdCreate(
+                  absl::StrCat("shmtensor:", options.label.substr(0, 200)))
+            : open(dir.c_str(), O_TMPFILE | O_EXCL | O_RDWR | O_CLOEXEC, 0600));
+  if (!rw.valid()) {
+    return absl::InternalError(
+        memfd ? absl::StrFormat("memfd_create: %s", std::strerror(errno))
+              : absl::StrFormat("cannot create an O_TMPFILE file in %s: %s",
+                                dir, std::strerror(errno)));
   }
-  // Boost and open(2) apply the umask; make the permissions exact.
-  if (options.gid >= 0 && fchown(fd, static_cast<uid_t>(-1), options.gid)) {
-    return fail(absl::PermissionDeniedError(
-        absl::StrFormat("cannot give pool segment %s group %d: %s", path,
-                        options.gid, std::strerror(errno))));
+  const int fd = rw.get();
+  // Mode 0600 (open(2) applies the umask, memfd_create gives 0777): no
+  // other user can reopen a descriptor of it through /proc.
+  if (fchmod(fd, 0600) != 0) {
+    return absl::InternalError(absl::StrFormat(
+        "fchmod of the pool memory in %s: %s", where, std::strerror(errno)));
   }
-  fchmod(fd, options.gid >= 0 ? 0660 : 0600);
   // The size first (tmpfs huge=within_size allocates huge pages only inside
   // it), then posix_fallocate, which both reserves tmpfs pages (ENOSPC now,
   // not SIGBUS later) and allocates them, so no client ever faults a fresh
   // page in.
   if (ftruncate(fd, static_cast<off_t>(size_bytes)) != 0) {
-    return fail(
-        absl::InternalError(absl::StrFormat("ftruncate(%s, %d bytes): %s", path,
-                                            size_bytes, std::strerror(errno))));
+    return absl::InternalError(absl::StrFormat("ftruncate(%s, %d bytes): %s",
+                                               where, size_bytes,
+                                               std::strerror(errno)));
   }
   const int err = posix_fallocate(fd, 0, static_cast<off_t>(size_bytes));
   if (err == ENOSPC || err == ENOMEM) {
-    return fail(absl::ResourceExhaustedError(absl::StrFormat(
-        "cannot reserve %d bytes for a pool in %s: %s; free space in %s or "
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "cannot reserve %d bytes for a pool in %s: %s; free memory%s or "
         "start with a smaller --pool-size",
-        size_bytes, dir, std::strerror(err), dir)));
+        size_bytes, where, std::strerror(err),
+        memfd ? " (or raise the daemon's memory limit)"
+              : absl::StrCat(" in ", dir)));
   }
   if (err != 0) {
-    return fail(absl::InternalError(
-        absl::StrFormat("posix_fallocate(%s, %d bytes): %s", path, size_bytes,
-                        std::strerror(err))));
+    return absl::InternalError(
+        absl::StrFormat("posix_fallocate(%s, %d bytes): %s", where, size_bytes,
+                        std::strerror(err)));
   }
   // tmpfs leaves fallocated pages unwritten, to be zeroed by whoever first
   // touches them; that would land on a client's data path (a 2 MiB huge
   // page, zeroed and, on a VM, backed by the host, costs milliseconds).
   // Zero every page now, through the file (no mapping, no page table).
   if (absl::Status s = ZeroFill(fd, size_bytes); !s.ok()) {
-    return fail(absl::Status(
-        s.code(), absl::StrCat("pool file ", path, ": ", s.message())));
+    return absl::Status(
+        s.code(), absl::StrCat("pool memory in ", where, ": ", s.message()));
+  }
+  if (memfd &&
+      fcntl(fd, F_ADD_SEALS, F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) != 0) {
+    return absl::InternalError(absl::StrFormat(
+        "sealing the pool memfd's size: %s", std::strerror(errno)));
+  }
+  // Clients' descriptors are reopens through /proc: make sure one works.
+  if (UniqueFd probe(open(absl::StrCat("/proc/self/fd/", fd).c_str(),
+                          O_RDONLY | O_CLOEXEC));
+      !probe.valid()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "cannot reopen the pool memory through /proc/self/fd/%d: %s (is "
+        "/proc mounted?)",
+        fd, std::strerror(errno)));
   }
   uint64_t huge = 0;
   if (options.huge_pages != HugePages::kOff) {
     const absl::StatusOr<uint64_t> pmd = PmdHugePageSize();
     if (!pmd.ok()) {
       if (options.huge_pages == HugePages::kRequire) {
-        return fail(absl::FailedPreconditionError(absl::StrFormat(
-            "pool directory %s: huge_pages = \"require\", but %s", dir,
-            pmd.status().message())));
+        return absl::FailedPreconditionError(absl::StrFormat(
+            "pool memory in %s: huge_pages = \"require\", but %s", where,
+            pmd.status().message()));
       }
-      spdlog::info("pool file {}: {}; serving 4 KiB pages", path,
+      spdlog::info("pool memory in {}: {}; serving 4 KiB pages", where,
                    std::string(pmd.status().message()));
     } else if (*pmd > page && size_bytes >= *pmd && ProbeHugePages(fd, *pmd)) {
       huge = *pmd;
     }
     if (huge == 0 && options.huge_pages == HugePages::kRequire) {
-      return fail(absl::FailedPreconditionError(absl::StrFormat(
+      if (memfd) {
+        return absl::FailedPreconditionError(absl::StrFormat(
+            "a %d-byte memfd pool gets no huge pages (huge_pages = "
+            "\"require\"): give the pool a directory on a tmpfs mounted "
+            "huge=always, e.g. 'mount -t tmpfs -o huge=always,size=SIZE "
+            "shmtensor /mnt/shmtensor-huge' and directory = "
+            "\"/mnt/shmtensor-huge\"",
+            size_bytes));
+      }
+      return absl::FailedPreconditionError(absl::StrFormat(
           "pool directory %s gives no huge pages to a %d-byte pool (huge_pages "
           "= \"require\"): mount a tmpfs there with huge=always, e.g. "
           "'mount -t tmpfs -o huge=always,size=SIZE,mode=1777 shmtensor %s'",
-          dir, size_bytes, dir)));
+          dir, size_bytes, dir));
     }
   }
   return std::unique_ptr<HostSegment>(
-      new HostSegment(shm_name, path, fd, size_bytes, page, huge));
+      new HostSegment(std::move(rw), where, size_bytes, page, huge));
 }
 
-int HostSegment::RemoveOrphans(const std::string& directory,
-                               const std::string& name_prefix) {
-  int removed = 0;
-  DIR* dir = opendir(directory.c_str());
-  if (dir == nullptr) return 0;
-  const int dir_fd = dirfd(dir);
-  while (struct dirent* entry = readdir(dir)) {
-    if (!absl::StartsWith(entry->d_name, name_prefix)) continue;
-    const int fd = openat(dir_fd, entry->d_name,
-                          O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) continue;
-    struct stat locked, named;
-    // Exclusively lockable: no daemon holds it. With a size: its daemon had
-    // locked it, so it is not one being created right now either. Still the
-    // file at that name: not replaced meanwhile.
-    if (flock(fd, LOCK_EX | LOCK_NB) == 0 && fstat(fd, &locked) == 0 &&
-        S_ISREG(locked.st_mode) && locked.st_size > 0 &&
-        fstatat(dir_fd, entry->d_name, &named, AT_SYMLINK_NOFOLLOW) == 0 &&
-        named.st_dev == locked.st_dev && named.st_ino == locked.st_ino &&
-        unlinkat(dir_fd, entry->d_name, 0) == 0) {
-      ++removed;
-    }
-    close(fd);
+absl::StatusOr<UniqueFd> HostSegment::OpenDescriptor(bool writable) const {
+  UniqueFd fd(open(absl::StrCat("/proc/self/fd/", rw_.get()).c_str(),
+                   (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC));
+  if (!fd.valid()) {
+    return absl::InternalError(absl::StrFormat(
+        "reopening the pool memory (%s) %s: %s", where_,
+        writable ? "read-write" : "read-only", std::strerror(errno)));
   }
-  closedir(dir);
-  return removed;
-}
-
-HostSegment::~HostSegment() {
-  unlink(path_.c_str());
-  close(lock_fd_);  // Drops the lock, after the name is gone.
+  return fd;
 }
 
 }  // namespace shmtensor::daemon

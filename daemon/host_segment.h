@@ -1,24 +1,27 @@
-// Host shared-memory segment: a file on a tmpfs, /dev/shm by default (created
-// there with Boost.Interprocess) or a pool directory the operator names,
-// typically a tmpfs mounted with huge=always for 2 MiB pages.
+// Host shared-memory segment: unnamed memory on a tmpfs, handed to clients by
+// descriptor only. By default a memfd (memfd_create: shmem with no name in
+// any file system, not even for a moment); for a pool `directory` (a tmpfs
+// the operator mounts, typically huge=always for 2 MiB pages) an O_TMPFILE
+// file there, opened O_EXCL so that no one can ever link it into the
+// directory. Nothing is left to clean up after a crash, however the daemon
+// dies: the memory lives exactly as long as some process holds a descriptor
+// or a mapping of it (the daemon, and each client that maps it).
 //
-// Created with mode 0600 (0660 and a group, for a daemon shared by a group)
-// under an unguessable name "<prefix><128-bit hex>".
 // Every byte is reserved, allocated and zeroed at creation (ftruncate,
-// posix_fallocate, then pwrite of zeros on the tmpfs file), so a too-small
-// tmpfs fails here with ENOSPC instead of with SIGBUS in a client later, and
-// no page is allocated or zeroed on first touch (about 0.1 s per GiB). The
-// daemon never keeps a mapping of the segment: it only hands out offsets (it
-// maps one huge page briefly at creation to learn whether the kernel backs the
-// file with huge pages).
+// posix_fallocate, then pwrite of zeros), so a too-small tmpfs or memory
+// limit fails here with RESOURCE_EXHAUSTED instead of with SIGBUS in a client
+// later, and no page is allocated or zeroed on first touch (about 0.1 s per
+// GiB). A memfd is then sealed against growing and shrinking (F_SEAL_GROW,
+// F_SEAL_SHRINK, F_SEAL_SEAL): no client holding its writable descriptor can
+// truncate it under the others. The daemon never keeps a mapping of the
+// segment: it only hands out offsets (it maps one huge page briefly at
+// creation to learn whether the kernel backs the file with huge pages).
 //
-// Liveness: the daemon holds a shared flock on each of its segments from
-// before the file gets its size until it unlinks it, and the kernel drops
-// the lock when the daemon dies, however it dies. So a segment with a size
-// whose lock anyone can take exclusively was left by a daemon that is gone:
-// RemoveOrphans unlinks those, whatever address (and name prefix) their
-// daemon served, and never a live daemon's, in any PID namespace that shares
-// the directory.
+// The segment keeps one O_RDWR descriptor. Each client gets a reopen of it
+// through /proc/self/fd (a memfd has no path): a new open file description,
+// O_RDWR for a writer, O_RDONLY for a reader. The file is mode 0600 and the
+// daemon's user's, so a reader of another user cannot reopen its
+// descriptor writable through /proc.
 //
 // Thread safety: immutable after Create.
 #ifndef SHMTENSOR_DAEMON_HOST_SEGMENT_H_
@@ -28,74 +31,66 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "daemon/peer.h"
 #include "daemon/segment.h"
 
 namespace shmtensor::daemon {
 
 // Whether a pool uses transparent huge pages.
 enum class HugePages {
-  kAuto,     // When the directory's tmpfs gives them (huge=always/within_size).
+  kAuto,     // When the tmpfs gives them (huge=always/within_size).
   kRequire,  // Creation fails unless it does.
   kOff,      // Never align objects to huge pages, whatever the tmpfs does.
 };
 
-// The default pool directory.
-inline constexpr char kShmDirectory[] = "/dev/shm";
-
 struct HostSegmentOptions {
-  std::string directory = kShmDirectory;  // Must be on a tmpfs.
-  std::string name_prefix;                // Daemon::SegmentPrefix.
-  uint64_t size_bytes = 0;                // > 0; rounded up to the page size.
-  int gid = -1;  // >= 0: the segment gets this group and mode 0660.
+  // Empty: a memfd. Else a tmpfs directory for an O_TMPFILE file.
+  std::string directory;
+  std::string label;        // The pool's name: the memfd's name, for logs.
+  uint64_t size_bytes = 0;  // > 0; rounded up to the page size.
   HugePages huge_pages = HugePages::kAuto;
 };
 
 class HostSegment final : public Segment {
  public:
   // Creates and reserves a segment. Fails with RESOURCE_EXHAUSTED when the
-  // tmpfs cannot hold it; INVALID_ARGUMENT when the directory is missing or
-  // not a tmpfs (pool memory must never be written back to a disk), or is a
-  // hugetlbfs; FAILED_PRECONDITION under kRequire when the kernel gives the
-  // file no huge pages; INTERNAL for other system errors. Messages name the
-  // directory and the size.
+  // tmpfs or the memory limit cannot hold it; INVALID_ARGUMENT when the
+  // directory is missing or not a tmpfs (pool memory must never be written
+  // back to a disk), or is a hugetlbfs; FAILED_PRECONDITION under kRequire
+  // when the kernel gives the file no huge pages, or when /proc is not
+  // mounted (clients' descriptors are reopens through it); INTERNAL for
+  // other system errors. Messages name the pool, directory and size.
   static absl::StatusOr<std::unique_ptr<HostSegment>> Create(
       const HostSegmentOptions& options);
 
-  // Removes the segments in `directory` named `name_prefix`... of daemons
-  // that died without cleaning up, whatever their address: those no process
-  // holds the lock of (see the class comment). Returns how many it removed.
-  static int RemoveOrphans(const std::string& directory,
-                           const std::string& name_prefix);
+  // Closes the daemon's descriptor. Clients that still map the memory keep
+  // it; it goes back to the system when the last mapping goes.
+  ~HostSegment() override = default;
 
-  // Unlinks the segment and drops its lock. Clients that still map it keep
-  // their mapping; the memory goes back when the last mapping goes.
-  ~HostSegment() override;
-
-  // Not copyable or movable: the object owns the name it unlinks.
   HostSegment(const HostSegment&) = delete;
   HostSegment& operator=(const HostSegment&) = delete;
 
   v1::MemoryKind kind() const override { return v1::MEMORY_KIND_HOST; }
-  // The shm_open name ("/shmtensor-...") under /dev/shm, else empty.
-  const std::string& handle() const override { return shm_name_; }
-  const std::string& path() const override { return path_; }
+  const std::string& handle() const override { return no_handle_; }
+  absl::StatusOr<UniqueFd> OpenDescriptor(bool writable) const override;
   uint64_t size_bytes() const override { return size_bytes_; }
   uint64_t page_size() const override { return page_size_; }
   uint64_t huge_page_size() const override { return huge_page_size_; }
+  // "memfd" or the directory, for logs.
+  const std::string& where() const { return where_; }
 
  private:
-  HostSegment(std::string shm_name, std::string path, int lock_fd,
-              uint64_t size_bytes, uint64_t page_size, uint64_t huge_page_size)
-      : shm_name_(std::move(shm_name)),
-        path_(std::move(path)),
-        lock_fd_(lock_fd),
+  HostSegment(UniqueFd rw, std::string where, uint64_t size_bytes,
+              uint64_t page_size, uint64_t huge_page_size)
+      : rw_(std::move(rw)),
+        where_(std::move(where)),
         size_bytes_(size_bytes),
         page_size_(page_size),
         huge_page_size_(huge_page_size) {}
 
-  const std::string shm_name_;  // With the leading '/'; empty off /dev/shm.
-  const std::string path_;      // Absolute.
-  const int lock_fd_;           // Open on the file, holding LOCK_SH.
+  const UniqueFd rw_;  // O_RDWR; never handed out itself.
+  const std::string where_;
+  const std::string no_handle_;
   const uint64_t size_bytes_;
   const uint64_t page_size_;
   const uint64_t huge_page_size_;  // 0: base pages only.

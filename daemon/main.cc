@@ -36,8 +36,9 @@ int main(int argc, char** argv) {
       "--pool-size", pool_size,
       "size of the default pool, e.g. 512MiB or 4GiB (default 1GiB)");
   app.add_option("--pool-dir", pool_dir,
-                 "tmpfs directory of the default pool's segment, e.g. one "
-                 "mounted with huge=always for 2 MiB pages (default /dev/shm)");
+                 "tmpfs directory for the default pool's memory (an unnamed "
+                 "O_TMPFILE file there), e.g. one mounted with huge=always "
+                 "for 2 MiB pages (default: a memfd, in no directory)");
   app.add_option("--monitor-listen", monitor_listen,
                  "also serve monitoring (not the data plane) on TCP: PORT "
                  "(loopback) or HOST:PORT (default: off)");

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cassert>
 #include <cerrno>
+#include <cstring>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -76,10 +77,7 @@ ObjectStore::ObjectStore(std::vector<std::unique_ptr<Pool>> pools,
     if (seg.kind() == v1::MEMORY_KIND_CUDA_DEVICE) {
       info.set_cuda_device(seg.cuda_device());
       info.set_cuda_ipc_handle(seg.handle());
-    } else {
-      info.set_shm_name(seg.handle());
     }
-    info.set_path(seg.path());
     info.set_size_bytes(seg.size_bytes());
     info.set_page_size(seg.page_size());
     info.set_huge_page_size(seg.huge_page_size());
@@ -104,11 +102,26 @@ uint64_t ObjectStore::Random64() {
 }
 
 absl::StatusOr<OpenedSession> ObjectStore::OpenSession(
-    const std::string& client_name, PeerInfo peer) {
+    const std::string& client_name, PeerInfo peer, bool read_only) {
   if (client_name.size() > kMaxNameBytes) {
     return absl::InvalidArgumentError(
         absl::StrFormat("client name %s is more than %d bytes",
                         Quoted(client_name), kMaxNameBytes));
+  }
+  std::vector<v1::PoolAccess> access;
+  bool any = false;
+  for (const std::unique_ptr<Pool>& pool : pools_) {
+    v1::PoolAccess a = pool->access().AccessOf(peer.process);
+    if (read_only && a == v1::POOL_ACCESS_READ_WRITE) a = v1::POOL_ACCESS_READ;
+    any = any || a != v1::POOL_ACCESS_UNSPECIFIED;
+    access.push_back(a);
+  }
+  if (!any) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "uid %d (pid %d) may use no pool of this daemon; the operator grants "
+        "pools with 'users', 'groups', 'read_only_users' or "
+        "'read_only_groups' in the daemon's [[pool]] config",
+        peer.process.uid, peer.process.pid));
   }
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return ShuttingDownError();
@@ -133,10 +146,84 @@ absl::StatusOr<OpenedSession> ObjectStore::OpenSession(
   s.serial = next_serial_++;
   s.client_id = s.serial;
   s.stream = next_stream_++;
-  spdlog::info("client {} opened a session: '{}' pid {} uid {} ({} open)",
+  s.access = std::move(access);
+  s.read_only = read_only;
+  s.descriptor_secret.resize(kDescriptorSecretBytes);
+  for (size_t i = 0; i < kDescriptorSecretBytes; i += sizeof(uint64_t)) {
+    const uint64_t r = Random64();
+    memcpy(&s.descriptor_secret[i], &r, sizeof(r));
+  }
+  spdlog::info("client {} opened a session: '{}' pid {} uid {}{} ({} open)",
                s.client_id, client_name, s.pid, s.peer.process.uid,
-               sessions_.size());
-  return OpenedSession{id, s.client_id, s.stream, 0};
+               read_only ? " read-only" : "", sessions_.size());
+  return OpenedSession{id, s.client_id, s.stream,
+                       0,  PoolsOf(s),  s.descriptor_secret};
+}
+
+std::vector<v1::PoolInfo> ObjectStore::PoolsOf(const Session& s) const {
+  std::vector<v1::PoolInfo> out;
+  for (size_t i = 0; i < pool_infos_.size(); ++i) {
+    if (s.access[i] == v1::POOL_ACCESS_UNSPECIFIED) continue;
+    out.push_back(pool_infos_[i]);
+    out.back().set_access(s.access[i]);
+  }
+  return out;
+}
+
+absl::Status ObjectStore::CheckAccess(const Session& s, uint32_t pool_id,
+                                      bool write,
+                                      absl::string_view what) const {
+  const v1::PoolAccess a = s.access[pool_id];
+  if (a == v1::POOL_ACCESS_READ_WRITE ||
+      (!write && a == v1::POOL_ACCESS_READ)) {
+    return absl::OkStatus();
+  }
+  const std::string& pool = pools_[pool_id]->name();
+  if (a == v1::POOL_ACCESS_READ) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "%s needs write access to pool '%s', and this session (uid %d) may "
+        "only read it%s",
+        what, pool, s.peer.process.uid,
+        s.read_only ? " (it was opened read-only)" : ""));
+  }
+  return absl::PermissionDeniedError(absl::StrFormat(
+      "%s: uid %d may not use pool '%s'", what, s.peer.process.uid, pool));
+}
+
+absl::StatusOr<std::vector<DescriptorGrant>> ObjectStore::GrantDescriptors(
+    uint64_t session_id, absl::string_view secret,
+    const PeerCredentials& peer) {
+  const absl::Status refused = absl::PermissionDeniedError(
+      "descriptor request refused: no open session of this process has that "
+      "id and secret");
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) return refused;
+  Session& s = it->second;
+  // Constant time in the secret's bytes: no timing tells how much matched.
+  uint8_t diff = secret.size() == s.descriptor_secret.size() ? 0 : 1;
+  for (size_t i = 0; i < s.descriptor_secret.size(); ++i) {
+    diff |= static_cast<uint8_t>(s.descriptor_secret[i] ^
+                                 (i < secret.size() ? secret[i] : 0));
+  }
+  if (diff != 0 || peer.uid != s.peer.process.uid ||
+      peer.pid != s.peer.process.pid) {
+    return refused;
+  }
+  if (s.descriptors_granted) {
+    return absl::FailedPreconditionError(
+        "this session was handed its descriptors already");
+  }
+  s.descriptors_granted = true;
+  std::vector<DescriptorGrant> out;
+  for (size_t i = 0; i < pools_.size(); ++i) {
+    if (s.access[i] == v1::POOL_ACCESS_UNSPECIFIED ||
+        pools_[i]->segment().kind() != v1::MEMORY_KIND_HOST) {
+      continue;
+    }
+    out.push_back({static_cast<uint32_t>(i), s.access[i]});
+  }
+  return out;
 }
 
 absl::StatusOr<OpenedSession> ObjectStore::ResumeSession(uint64_t session_id,
@@ -153,7 +240,8 @@ absl::StatusOr<OpenedSession> ObjectStore::ResumeSession(uint64_t session_id,
   spdlog::info("client {} ('{}' pid {}) resumed its session{}", s.client_id,
                s.client_name, s.pid,
                was_detached ? "" : " (replacing a stream still open)");
-  return OpenedSession{session_id, s.client_id, s.stream, s.releases_applied};
+  return OpenedSession{session_id,         s.client_id, s.stream,
+                       s.releases_applied, PoolsOf(s),  s.descriptor_secret};
 }
 
 void ObjectStore::StreamEnded(uint64_t session_id, uint64_t stream) {
@@ -363,16 +451,44 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::TryCreate(
     }
   }
   absl::MutexLock lock(&mu_);
+  if (shutting_down_) return ShuttingDownError();
+  absl::StatusOr<Session*> session = FindSession(args.session_id);
+  if (!session.ok()) return session.status();
   uint32_t pool_id = 0;
   if (!args.pool.empty()) {
-    auto it = std::find_if(pools_.begin(), pools_.end(), [&](const auto& p) {
-      return p->name() == args.pool;
-    });
-    if (it == pools_.end()) {
+    // A pool the session may not use is one it does not know of.
+    pool_id = static_cast<uint32_t>(pools_.size());
+    for (uint32_t i = 0; i < pools_.size(); ++i) {
+      if (pools_[i]->name() == args.pool &&
+          (**session).access[i] != v1::POOL_ACCESS_UNSPECIFIED) {
+        pool_id = i;
+      }
+    }
+    if (pool_id == pools_.size()) {
       return absl::NotFoundError(
           absl::StrCat("no pool named ", Quoted(args.pool)));
     }
-    pool_id = static_cast<uint32_t>(it - pools_.begin());
+  } else {
+    // The first host pool the session may write, else the first it may
+    // use (whose check below names why it may not).
+    pool_id = static_cast<uint32_t>(pools_.size());
+    for (v1::PoolAccess want :
+         {v1::POOL_ACCESS_READ_WRITE, v1::POOL_ACCESS_READ}) {
+      for (uint32_t i = 0; i < pools_.size() && pool_id == pools_.size(); ++i) {
+        if ((**session).access[i] == want &&
+            pools_[i]->segment().kind() == v1::MEMORY_KIND_HOST) {
+          pool_id = i;
+        }
+      }
+    }
+    if (pool_id == pools_.size()) {
+      return absl::NotFoundError(
+          "this session may use no host pool; name the pool to create in");
+    }
+  }
+  if (absl::Status s = CheckAccess(**session, pool_id, true, "create");
+      !s.ok()) {
+    return s;
   }
   Pool& pool = *pools_[pool_id];
   uint64_t capacity = 0;
@@ -389,9 +505,6 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::TryCreate(
     alignment = place->alignment;
     end = place->end;
   }
-  if (shutting_down_) return ShuttingDownError();
-  absl::StatusOr<Session*> session = FindSession(args.session_id);
-  if (!session.ok()) return session.status();
   if (!args.name.empty() && names_.contains(args.name)) {
     return absl::AlreadyExistsError(absl::StrCat(
         "name ", Quoted(args.name), " is already bound to an object"));
@@ -504,6 +617,16 @@ absl::StatusOr<Handout> ObjectStore::Get(uint64_t session_id,
   absl::StatusOr<uint32_t> slot = ResolveRef(ref);
   if (!slot.ok()) return slot.status();
   Object& obj = slots_[*slot].object;
+  const bool can_write =
+      (**session).access[obj.pool] == v1::POOL_ACCESS_READ_WRITE;
+  if (absl::Status s = CheckAccess(
+          **session, obj.pool, obj.state == State::kSharedWritable,
+          obj.state == State::kSharedWritable
+              ? absl::StrCat("get of shared-writable ", RefString(ref))
+              : absl::StrCat("get of ", RefString(ref)));
+      !s.ok()) {
+    return s;
+  }
   switch (obj.state) {
     case State::kWriting:
       return absl::FailedPreconditionError(
@@ -526,8 +649,9 @@ absl::StatusOr<Handout> ObjectStore::Get(uint64_t session_id,
         creator->second.pending_transfers.erase(*slot);
       }
       HoldTransfer(*slot, false);
-      const uint64_t lease = AddLease(session_id, **session, *slot, true);
-      return MakeHandout(*slot, lease, true);
+      // A session that may only read the pool takes it to read.
+      const uint64_t lease = AddLease(session_id, **session, *slot, can_write);
+      return MakeHandout(*slot, lease, can_write);
     }
     case State::kSealed:
     case State::kSharedWritable: {
@@ -563,6 +687,12 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::TryGetByName(
   if (!session.ok()) return session.status();
   auto it = names_.find(name);
   if (it != names_.end() && slots_[it->second].object.state == State::kSealed) {
+    if (absl::Status s =
+            CheckAccess(**session, slots_[it->second].object.pool, false,
+                        absl::StrCat("get of ", Quoted(name)));
+        !s.ok()) {
+      return s;
+    }
     if (absl::Status s = CheckClientLimits(**session, it->second,
                                            slots_[it->second].object.capacity);
         !s.ok()) {
@@ -669,19 +799,42 @@ absl::StatusOr<bool> ObjectStore::Delete(uint64_t session_id,
   if (it == names_.end()) {
     return absl::NotFoundError(absl::StrCat("no object named ", Quoted(name)));
   }
+  if (absl::Status s =
+          CheckAccess(**session, slots_[it->second].object.pool, true,
+                      absl::StrCat("delete of ", Quoted(name)));
+      !s.ok()) {
+    return s;
+  }
   const uint32_t slot = it->second;
   names_.erase(it);
   slots_[slot].object.name.clear();
   return MaybeFree(slot);
 }
 
-v1::StatsResponse ObjectStore::Stats() const {
+v1::StatsResponse ObjectStore::Stats(uint64_t session_id,
+                                     const PeerCredentials* caller) const {
   absl::MutexLock lock(&mu_);
   v1::StatsResponse out;
   out.set_daemon_epoch(epoch_);
+  auto session = sessions_.find(session_id);
   for (size_t i = 0; i < pools_.size(); ++i) {
+    // A session that ended meanwhile sees no pool at all.
+    v1::PoolAccess access = v1::POOL_ACCESS_READ_WRITE;
+    if (session_id != 0) {
+      access = session != sessions_.end() ? session->second.access[i]
+                                          : v1::POOL_ACCESS_UNSPECIFIED;
+    } else if (caller != nullptr) {
+      access = pools_[i]->access().AccessOf(*caller);
+    }
+    if (access == v1::POOL_ACCESS_UNSPECIFIED) continue;
     v1::PoolStats* ps = out.add_pools();
     *ps->mutable_info() = pool_infos_[i];
+    if (session_id != 0 || caller != nullptr) {
+      ps->mutable_info()->set_access(access);
+    }
+    // A CUDA pool's IPC handle goes to sessions only (SessionOpened, and
+    // their Stats): whoever opens it maps the pool.
+    if (session_id == 0) ps->mutable_info()->clear_cuda_ipc_handle();
     const RangeAllocator& a = pools_[i]->allocator();
     ps->set_used_bytes(a.used_bytes());
     ps->set_free_bytes(a.free_bytes());
@@ -932,6 +1085,9 @@ v1::DaemonStatus ObjectStore::Status() const {
     const Pool& pool = *pools_[i];
     v1::PoolStatus* ps = out.add_pools();
     *ps->mutable_info() = pool_infos_[i];
+    // Monitoring answers anyone who can connect (and TCP callers): never
+    // the handle that maps a CUDA pool.
+    ps->mutable_info()->clear_cuda_ipc_handle();
     ps->set_used_bytes(pool.allocator().used_bytes());
     ps->set_free_bytes(pool.allocator().free_bytes());
     ps->set_largest_free_bytes(pool.allocator().largest_free());
@@ -1034,6 +1190,14 @@ v1::ListClientsResponse ObjectStore::ListClients() const {
     c->set_pending_transfers(s.pending_transfers.size());
     c->set_age_ms(absl::ToInt64Milliseconds(now - s.opened));
     c->set_peer(s.stream != 0 ? "unix:" : "");
+    c->set_read_only(s.read_only);
+    for (size_t i = 0; i < pools_.size(); ++i) {
+      if (s.access[i] == v1::POOL_ACCESS_UNSPECIFIED) continue;
+      v1::PoolGrant* g = c->add_pools();
+      g->set_pool_id(static_cast<uint32_t>(i));
+      g->set_pool(pools_[i]->name());
+      g->set_access(s.access[i]);
+    }
   }
   return out;
 }

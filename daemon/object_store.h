@@ -82,6 +82,20 @@ struct OpenedSession {
   // Last ReleaseLeases seq applied: a resuming client sends the later ones
   // again.
   uint64_t releases_applied = 0;
+  // The pools the session may use, each with its access (PoolInfo.access).
+  std::vector<v1::PoolInfo> pools;
+  // Proof of the session for the descriptor socket (DescriptorGrant).
+  std::string descriptor_secret;
+};
+
+// Bytes of SessionOpened.descriptor_secret.
+inline constexpr size_t kDescriptorSecretBytes = 32;
+
+// What the descriptor socket may hand a session's process: its host pools
+// and its access to each.
+struct DescriptorGrant {
+  uint32_t pool_id = 0;
+  v1::PoolAccess access = v1::POOL_ACCESS_UNSPECIFIED;
 };
 
 // Polled while a call waits (for memory, a name, or releases): true once
@@ -128,12 +142,16 @@ class ObjectStore {
   // Descriptions of every pool, indexed by pool id. Immutable.
   const std::vector<v1::PoolInfo>& pool_infos() const { return pool_infos_; }
 
-  // Opens a session for the process `peer` and returns its unguessable id.
-  // UNAVAILABLE after Shutdown; INVALID_ARGUMENT for a client name over
-  // kMaxNameBytes; RESOURCE_EXHAUSTED naming the limit when the peer's uid
-  // holds limits.max_sessions_per_uid sessions.
+  // Opens a session for the process `peer` and returns its unguessable id,
+  // its descriptor secret and the pools it may use: per pool, what the
+  // pool's rules give the peer's credentials (pool_access.h), at most
+  // reading when `read_only`. UNAVAILABLE after Shutdown; INVALID_ARGUMENT
+  // for a client name over kMaxNameBytes; PERMISSION_DENIED naming the uid
+  // when it may use no pool at all; RESOURCE_EXHAUSTED naming the limit
+  // when the peer's uid holds limits.max_sessions_per_uid sessions.
   absl::StatusOr<OpenedSession> OpenSession(const std::string& client_name,
-                                            PeerInfo peer);
+                                            PeerInfo peer,
+                                            bool read_only = false);
   // Attaches a new stream to session `session_id`, whose stream broke while
   // its process lived on (or that the process replaces). Only the process
   // that opened it may: `owner` is the new connection's (peer.h).
@@ -157,6 +175,23 @@ class ObjectStore {
   // (SESSION_ENDED) with one message for both, so it tells nothing of other
   // sessions.
   absl::Status Authorize(uint64_t session_id, OwnerKey owner) const;
+  // The host pools whose descriptors the process `peer` (the kernel's
+  // credentials of a descriptor-socket connection) may receive for session
+  // `session_id`: only when the session is open, `secret` is its
+  // descriptor secret (compared in constant time), and `peer` is the
+  // session's process (same uid, and same pid where the daemon sees one).
+  // PERMISSION_DENIED otherwise, with one message for every case. Once per
+  // session: descriptors in flight count against the daemon's user until
+  // their receiver reads them, so a session may not ask again and again
+  // without reading (FAILED_PRECONDITION the second time).
+  absl::StatusOr<std::vector<DescriptorGrant>> GrantDescriptors(
+      uint64_t session_id, absl::string_view secret,
+      const PeerCredentials& peer);
+  // The segment of pool `pool_id` (< pool_infos().size()). Immutable, so
+  // usable without the store's lock.
+  const Segment& segment(uint32_t pool_id) const {
+    return pools_[pool_id]->segment();
+  }
 
   absl::StatusOr<Handout> Create(const CreateArgs& args);
   absl::StatusOr<std::optional<Handout>> TryCreate(const CreateArgs& args,
@@ -218,7 +253,11 @@ class ObjectStore {
   // Returns true when the memory was freed now (false: deferred).
   absl::StatusOr<bool> Delete(uint64_t session_id, const std::string& name);
 
-  v1::StatsResponse Stats() const;
+  // Only the pools session `session_id` may use; for no session (0), the
+  // pools `caller` may use (all of them when it is null: the daemon's own
+  // use).
+  v1::StatsResponse Stats(uint64_t session_id = 0,
+                          const PeerCredentials* caller = nullptr) const;
 
   // Monitoring snapshots (one lock each). Status fills the store's part of
   // DaemonStatus: pools, counts, limits, uptime, epoch.
@@ -300,7 +339,19 @@ class ObjectStore {
     // pages are in its page tables. Create places a new object of the same
     // size on one of them when it is free (see Allocate).
     std::vector<WrittenRange> written;
+    // By pool id: what the session may do with each pool.
+    std::vector<v1::PoolAccess> access;
+    bool read_only = false;  // OpenSession.read_only.
+    std::string descriptor_secret;
+    bool descriptors_granted = false;  // GrantDescriptors answered it.
   };
+  // The pools `s` may use, with its access to each.
+  std::vector<v1::PoolInfo> PoolsOf(const Session& s) const;
+  // OK when `s` may read (or, with `write`, write) pool `pool_id`;
+  // PERMISSION_DENIED naming the pool, the session's uid and `what` (the
+  // request it refuses) otherwise.
+  absl::Status CheckAccess(const Session& s, uint32_t pool_id, bool write,
+                           absl::string_view what) const;
 
   absl::StatusOr<Session*> FindSession(uint64_t id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

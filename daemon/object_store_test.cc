@@ -1,6 +1,7 @@
 #include "daemon/object_store.h"
 
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
@@ -12,11 +13,13 @@ namespace shmtensor::daemon {
 namespace {
 
 constexpr uint64_t kPage = 4096;
+// The user the tests' sessions run as: the pools' owner (pool_access.h).
+constexpr uid_t kUser = 1000;
 
 // Opens a session for a made-up process `pid` (no pidfd: the store takes a
 // session whose stream ends as gone).
 uint64_t Open(ObjectStore& store, const std::string& name, pid_t pid,
-              uid_t uid = 1000) {
+              uid_t uid = kUser) {
   return store
       .OpenSession(name,
                    PeerInfo{{pid, uid, uid}, OwnerOf(pid, 0), nullptr, ""})
@@ -28,7 +31,8 @@ class ObjectStoreTest : public ::testing::Test {
   ObjectStoreTest() {
     std::vector<std::unique_ptr<Pool>> pools;
     pools.push_back(std::make_unique<Pool>(
-        "default", std::make_unique<FakeSegment>(16 * kPage)));
+        "default", std::make_unique<FakeSegment>(16 * kPage),
+        PoolAccessRules(kUser)));
     store_ = std::make_unique<ObjectStore>(std::move(pools), 42);
     a_ = Open(*store_, "a", 1);
     b_ = Open(*store_, "b", 2);
@@ -462,7 +466,8 @@ TEST_F(ObjectStoreTest, ListingsFollowHoldingsThroughTransfersAndSessionEnd) {
 TEST(ObjectStoreLimitsTest, LimitsNameTheClientAndTheLimit) {
   std::vector<std::unique_ptr<Pool>> pools;
   pools.push_back(std::make_unique<Pool>(
-      "default", std::make_unique<FakeSegment>(64 * kPage)));
+      "default", std::make_unique<FakeSegment>(64 * kPage),
+      PoolAccessRules(kUser)));
   ObjectStore store(std::move(pools), 1,
                     {.max_objects = 3,
                      .max_leases_per_client = 2,
@@ -502,7 +507,8 @@ TEST(ObjectStoreHugePagesTest, LargeObjectsTakeWholeAlignedHugePages) {
   constexpr uint64_t kHuge = 512 * kPage;  // 2 MiB.
   std::vector<std::unique_ptr<Pool>> pools;
   pools.push_back(std::make_unique<Pool>(
-      "huge", std::make_unique<FakeSegment>(8 * kHuge, kHuge)));
+      "huge", std::make_unique<FakeSegment>(8 * kHuge, kHuge),
+      PoolAccessRules(kUser)));
   ObjectStore store(std::move(pools), 7);
   EXPECT_EQ(store.pool_infos()[0].huge_page_size(), kHuge);
   const uint64_t s = Open(store, "s", 1);
@@ -531,6 +537,166 @@ TEST(ObjectStoreHugePagesTest, LargeObjectsTakeWholeAlignedHugePages) {
   const uint64_t small_at = small.placement.offset();
   ASSERT_TRUE(store.Release(s, small.lease_id).ok());
   EXPECT_EQ(create(100).placement.offset(), small_at);
+}
+
+// Per-pool access: a session sees, creates in, reads from and hands out
+// descriptors of only the pools its peer's credentials allow.
+class ObjectStoreAccessTest : public ::testing::Test {
+ protected:
+  ObjectStoreAccessTest() {
+    PoolAccessConfig shared;
+    shared.users = {"2000"};
+    shared.read_only_users = {"3000"};
+    shared.read_only_groups = {"77"};
+    std::vector<std::unique_ptr<Pool>> pools;
+    pools.push_back(std::make_unique<Pool>(
+        "private", std::make_unique<FakeSegment>(16 * kPage),
+        PoolAccessRules(kUser)));
+    pools.push_back(std::make_unique<Pool>(
+        "shared", std::make_unique<FakeSegment>(16 * kPage),
+        *PoolAccessRules::Resolve("shared", shared, kUser, -1)));
+    store_ = std::make_unique<ObjectStore>(std::move(pools), 42);
+  }
+  absl::StatusOr<OpenedSession> OpenAs(uid_t uid,
+                                       std::vector<gid_t> groups = {},
+                                       bool read_only = false) {
+    const pid_t pid = ++last_pid_;
+    return store_->OpenSession(
+        "t",
+        PeerInfo{
+            {pid, uid, uid, std::move(groups)}, OwnerOf(pid, 0), nullptr, ""},
+        read_only);
+  }
+  absl::StatusOr<Handout> CreateIn(uint64_t session, const std::string& pool) {
+    CreateArgs args;
+    args.session_id = session;
+    args.size_bytes = kPage;
+    args.pool = pool;
+    return store_->Create(args);
+  }
+  std::unique_ptr<ObjectStore> store_;
+  pid_t last_pid_ = 100;  // The pid of the last session OpenAs opened.
+};
+
+TEST_F(ObjectStoreAccessTest, SessionsSeeAndUseOnlyTheirPools) {
+  OpenedSession owner = *OpenAs(kUser);
+  ASSERT_EQ(owner.pools.size(), 2u);
+  EXPECT_EQ(owner.pools[1].access(), v1::POOL_ACCESS_READ_WRITE);
+  OpenedSession writer = *OpenAs(2000);
+  ASSERT_EQ(writer.pools.size(), 1u);
+  EXPECT_EQ(writer.pools[0].name(), "shared");
+  EXPECT_EQ(writer.pools[0].pool_id(), 1u);
+  EXPECT_EQ(writer.pools[0].access(), v1::POOL_ACCESS_READ_WRITE);
+  EXPECT_EQ(writer.descriptor_secret.size(), kDescriptorSecretBytes);
+  // The default pool is the first it may write; "private" is unknown to it.
+  CreateArgs args;
+  args.session_id = writer.id;
+  args.size_bytes = kPage;
+  EXPECT_EQ(store_->Create(args)->placement.pool_id(), 1u);
+  EXPECT_EQ(CreateIn(writer.id, "private").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_->Stats(writer.id).pools_size(), 1);
+  // Another user's object in a pool it may not read: refused, naming it.
+  Handout mine = *CreateIn(owner.id, "private");
+  SealResult sealed = *store_->Seal(owner.id, mine.lease_id, false);
+  absl::StatusOr<Handout> got = store_->Get(writer.id, sealed.ref);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(absl::StrContains(got.status().message(),
+                                "uid 2000 may not use pool 'private'"))
+      << got.status();
+}
+
+TEST_F(ObjectStoreAccessTest, AUidOnNoListIsRefusedNamingIt) {
+  absl::StatusOr<OpenedSession> s = OpenAs(4000);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(absl::StrContains(s.status().message(), "uid 4000"))
+      << s.status();
+  EXPECT_EQ(store_->Stats().sessions(), 0u);
+}
+
+TEST_F(ObjectStoreAccessTest, ReadersReadAndNeverWrite) {
+  OpenedSession owner = *OpenAs(kUser);
+  Handout h = *CreateIn(owner.id, "shared");
+  SealResult sealed = *store_->Seal(owner.id, h.lease_id, false);
+  CreateArgs named;
+  named.session_id = owner.id;
+  named.size_bytes = kPage;
+  named.pool = "shared";
+  named.name = "weights";
+  Handout n = *store_->Create(named);
+  ASSERT_TRUE(store_->Seal(owner.id, n.lease_id, false).ok());
+  Handout x = *CreateIn(owner.id, "shared");
+  SealResult xfer = *store_->Seal(owner.id, x.lease_id, true);
+  CreateArgs sw;
+  sw.session_id = owner.id;
+  sw.size_bytes = kPage;
+  sw.pool = "shared";
+  sw.shared_writable = true;
+  Handout ring = *store_->Create(sw);
+  // A read-only user (by uid, by supplementary group) and a read-only
+  // session of a writer.
+  for (absl::StatusOr<OpenedSession> reader :
+       {OpenAs(3000), OpenAs(5000, {77}), OpenAs(2000, {}, true)}) {
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    ASSERT_EQ(reader->pools.size(), 1u);
+    EXPECT_EQ(reader->pools[0].access(), v1::POOL_ACCESS_READ);
+    absl::StatusOr<Handout> c = CreateIn(reader->id, "shared");
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kPermissionDenied);
+    EXPECT_TRUE(absl::StrContains(c.status().message(), "may only read"))
+        << c.status();
+    EXPECT_FALSE(store_->Get(reader->id, sealed.ref)->writable);
+    EXPECT_TRUE(
+        store_->GetByName(reader->id, "weights", absl::ZeroDuration()).ok());
+    EXPECT_EQ(store_->Delete(reader->id, "weights").status().code(),
+              absl::StatusCode::kPermissionDenied);
+    EXPECT_EQ(store_->Get(reader->id, ring.ref).status().code(),
+              absl::StatusCode::kPermissionDenied);
+  }
+  // A reader's take of an exclusive hand-off is a read-only take.
+  OpenedSession reader = *OpenAs(3000);
+  absl::StatusOr<Handout> taken = store_->Get(reader.id, xfer.ref);
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  EXPECT_FALSE(taken->writable);
+  v1::ListClientsResponse clients = store_->ListClients();
+  bool listed = false;
+  for (const v1::ClientStatus& c : clients.clients()) {
+    if (c.uid() != 2000 || !c.read_only()) continue;
+    listed = true;
+    ASSERT_EQ(c.pools_size(), 1);
+    EXPECT_EQ(c.pools(0).pool(), "shared");
+    EXPECT_EQ(c.pools(0).access(), v1::POOL_ACCESS_READ);
+  }
+  EXPECT_TRUE(listed);
+}
+
+TEST_F(ObjectStoreAccessTest,
+       DescriptorsGoOnlyToTheSessionsProcessWithItsSecret) {
+  OpenedSession s = *OpenAs(2000);
+  const PeerCredentials self{last_pid_, 2000, 2000, {}};
+  absl::StatusOr<std::vector<DescriptorGrant>> ok =
+      store_->GrantDescriptors(s.id, s.descriptor_secret, self);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  ASSERT_EQ(ok->size(), 1u);
+  EXPECT_EQ((*ok)[0].pool_id, 1u);
+  EXPECT_EQ((*ok)[0].access, v1::POOL_ACCESS_READ_WRITE);
+  std::string wrong = s.descriptor_secret;
+  wrong[0] ^= 0x80;
+  const PeerCredentials other_pid{999, 2000, 2000, {}};
+  const PeerCredentials other_uid{last_pid_, 2001, 2001, {}};
+  for (const auto& [id, secret, peer] :
+       std::vector<std::tuple<uint64_t, std::string, PeerCredentials>>{
+           {s.id, wrong, self},
+           {s.id, s.descriptor_secret.substr(1), self},
+           {s.id, s.descriptor_secret + "x", self},
+           {s.id + 1, s.descriptor_secret, self},
+           {s.id, s.descriptor_secret, other_pid},
+           {s.id, s.descriptor_secret, other_uid}}) {
+    absl::StatusOr<std::vector<DescriptorGrant>> g =
+        store_->GrantDescriptors(id, secret, peer);
+    EXPECT_EQ(g.status().code(), absl::StatusCode::kPermissionDenied);
+  }
+  store_->EndSession(s.id);
+  EXPECT_FALSE(store_->GrantDescriptors(s.id, s.descriptor_secret, self).ok());
 }
 
 }  // namespace

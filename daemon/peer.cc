@@ -37,7 +37,21 @@ absl::StatusOr<PeerCredentials> ReadPeerCredentials(int socket_fd) {
     return absl::InternalError(
         absl::StrCat("SO_PEERCRED: ", std::strerror(errno)));
   }
-  return PeerCredentials{cred.pid, cred.uid, cred.gid};
+  PeerCredentials peer{cred.pid, cred.uid, cred.gid, {}};
+  // The list is as long as the peer's; NGROUPS_MAX (65536) bounds it.
+  std::vector<gid_t> groups(64);
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    socklen_t bytes = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+    if (getsockopt(socket_fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(),
+                   &bytes) == 0) {
+      groups.resize(bytes / sizeof(gid_t));
+      peer.groups = std::move(groups);
+      break;
+    }
+    if (errno != ERANGE || bytes / sizeof(gid_t) > 65536) break;
+    groups.resize(bytes / sizeof(gid_t));
+  }
+  return peer;
 }
 
 absl::StatusOr<UniqueFd> OpenPeerPidfd(int socket_fd, pid_t pid) {

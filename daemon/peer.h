@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -47,6 +48,9 @@ struct PeerCredentials {
   pid_t pid = 0;
   uid_t uid = 0;
   gid_t gid = 0;
+  // Supplementary groups when it connected (SO_PEERGROUPS); empty where the
+  // kernel cannot say (before Linux 4.13).
+  std::vector<gid_t> groups;
 };
 
 // Who owns a session: the peer's pid where the daemon can see it (the
@@ -60,8 +64,8 @@ inline OwnerKey OwnerOf(pid_t pid, uint64_t connection_serial) {
                  : (OwnerKey{1} << 40) | connection_serial;
 }
 
-// SO_PEERCRED of `socket_fd`. INTERNAL naming errno when the kernel cannot
-// say (not a Unix socket).
+// SO_PEERCRED (and SO_PEERGROUPS) of `socket_fd`. INTERNAL naming errno
+// when the kernel cannot say (not a Unix socket).
 absl::StatusOr<PeerCredentials> ReadPeerCredentials(int socket_fd);
 
 // pidfd_open(pid): NOT_FOUND when no such process exists (ESRCH),

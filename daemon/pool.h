@@ -1,14 +1,18 @@
-// A named pool: a segment of memory and the allocator of ranges inside it.
+// A named pool: a segment of memory, the allocator of ranges inside it, and
+// who may use it (pool_access.h).
 //
 // Thread safety: not thread-safe; ObjectStore serialises access under its lock.
 #ifndef SHMTENSOR_DAEMON_POOL_H_
 #define SHMTENSOR_DAEMON_POOL_H_
+
+#include <unistd.h>
 
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
 
+#include "daemon/pool_access.h"
 #include "daemon/range_allocator.h"
 #include "daemon/segment.h"
 
@@ -16,9 +20,12 @@ namespace shmtensor::daemon {
 
 class Pool {
  public:
-  Pool(std::string name, std::unique_ptr<Segment> segment)
+  // `access` defaults to the daemon's user and root only.
+  Pool(std::string name, std::unique_ptr<Segment> segment,
+       PoolAccessRules access = PoolAccessRules(geteuid()))
       : name_(std::move(name)),
         segment_(std::move(segment)),
+        access_(std::move(access)),
         allocator_(segment_->size_bytes(), segment_->page_size()) {}
 
   // Not copyable: the pool owns its segment.
@@ -57,6 +64,7 @@ class Pool {
 
   const std::string& name() const { return name_; }
   const Segment& segment() const { return *segment_; }
+  const PoolAccessRules& access() const { return access_; }
   RangeAllocator& allocator() { return allocator_; }
   const RangeAllocator& allocator() const { return allocator_; }
 
@@ -68,6 +76,7 @@ class Pool {
  private:
   std::string name_;
   std::unique_ptr<Segment> segment_;
+  PoolAccessRules access_;
   RangeAllocator allocator_;
 };
 

@@ -1,6 +1,7 @@
-// A segment is the memory behind one pool: host shared memory today, CUDA
-// device memory shared by IPC handle later. The object store only allocates
-// offsets inside a segment; it never touches the bytes.
+// A segment is the memory behind one pool: unnamed host shared memory handed
+// to clients by descriptor (host_segment.h), or CUDA device memory shared by
+// IPC handle (cuda_segment.h). The object store only allocates offsets
+// inside a segment; it never touches the bytes.
 //
 // Thread safety: implementations are immutable after creation.
 #ifndef SHMTENSOR_DAEMON_SEGMENT_H_
@@ -9,6 +10,9 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "daemon/peer.h"
 #include "shmtensor/v1/shmtensor.pb.h"
 
 namespace shmtensor::daemon {
@@ -18,12 +22,17 @@ class Segment {
   virtual ~Segment() = default;
 
   virtual v1::MemoryKind kind() const = 0;
-  // What a client needs to map the segment: for HOST, the POSIX shm name
-  // ("/shmtensor-...", empty outside /dev/shm); for CUDA_DEVICE, the
-  // serialised IPC handle.
+  // For CUDA_DEVICE: the serialised IPC handle clients open. Empty for HOST.
   virtual const std::string& handle() const = 0;
-  // For HOST: the absolute path of the file clients map. Empty otherwise.
-  virtual const std::string& path() const = 0;
+  // For HOST: a new descriptor of the memory, with an open file description
+  // of its own (so no holder's fcntl(F_SETFL) reaches another), O_RDWR when
+  // `writable`, else O_RDONLY (no mapping of it can ever be made writable);
+  // for the descriptor socket to hand to a client. UNIMPLEMENTED for
+  // segments that have none (CUDA, fakes in tests); INTERNAL naming errno.
+  virtual absl::StatusOr<UniqueFd> OpenDescriptor(bool writable) const {
+    (void)writable;
+    return absl::UnimplementedError("this pool has no descriptor");
+  }
   virtual uint64_t size_bytes() const = 0;
   // Allocation granule and alignment (>= 64, a power of two).
   virtual uint64_t page_size() const = 0;

@@ -147,7 +147,8 @@ class SessionReactor final
             : service_.store_.OpenSession(
                   open.client_name(),
                   PeerInfo{caller_.peer, caller_.owner, caller_.pidfd,
-                           CommandLineOf(caller_.peer.pid)});
+                           CommandLineOf(caller_.peer.pid)},
+                  open.read_only());
     if (!opened.ok()) {
       FinishOnce(ToGrpcStatus(nullptr, opened.status()));
       return;
@@ -159,9 +160,8 @@ class SessionReactor final
     reply->set_daemon_epoch(service_.store_.epoch());
     reply->set_releases_applied(opened->releases_applied);
     reply->set_client_id(opened->client_id);
-    for (const v1::PoolInfo& p : service_.store_.pool_infos()) {
-      *reply->add_pools() = p;
-    }
+    for (v1::PoolInfo& p : opened->pools) *reply->add_pools() = std::move(p);
+    reply->set_descriptor_secret(opened->descriptor_secret);
     service_.Register(this);
     bool own = false;
     if (!grpc::SerializationTraits<v1::SessionEvent>::Serialize(
@@ -556,22 +556,22 @@ grpc::ServerUnaryReactor* ObjectStoreService::HandleStats(
     v1::StatsResponse* resp, const Reply& reply) {
   // Without a session: counters only, for any process on the socket.
   if (req->session_id() == 0) {
-    if (absl::Status s = Caller(ctx->peer()).status(); !s.ok()) {
-      return Answer(ctx, ToGrpcStatus(ctx, s), reply);
-    }
-    *resp = store_.Stats();
+    absl::StatusOr<Connection> caller = Caller(ctx->peer());
+    if (!caller.ok())
+      return Answer(ctx, ToGrpcStatus(ctx, caller.status()), reply);
+    *resp = store_.Stats(0, &caller->peer);
     return Answer(ctx, grpc::Status::OK, reply);
   }
   if (std::optional<grpc::Status> refused = Admit(ctx, req)) {
     return Answer(ctx, *refused, reply);
   }
-  return Serve(
-      ctx, req->session_id(), reply,
-      AfterReleases(ctx, req,
-                    [this, resp](absl::Time*) -> std::optional<grpc::Status> {
-                      *resp = store_.Stats();
-                      return grpc::Status::OK;
-                    }));
+  return Serve(ctx, req->session_id(), reply,
+               AfterReleases(ctx, req,
+                             [this, req, resp](
+                                 absl::Time*) -> std::optional<grpc::Status> {
+                               *resp = store_.Stats(req->session_id());
+                               return grpc::Status::OK;
+                             }));
 }
 
 grpc::ServerUnaryReactor* ObjectStoreService::HandleEndSession(

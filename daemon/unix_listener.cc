@@ -18,8 +18,8 @@
 
 namespace shmtensor::daemon {
 
-absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Bind(
-    const std::string& path, mode_t mode, int gid) {
+absl::StatusOr<UniqueFd> BindUnixSocket(const std::string& path, int type,
+                                        mode_t mode, int gid) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
@@ -28,7 +28,7 @@ absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Bind(
         path.size(), sizeof(addr.sun_path) - 1));
   }
   memcpy(addr.sun_path, path.data(), path.size());
-  UniqueFd fd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  UniqueFd fd(socket(AF_UNIX, type | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!fd.valid()) {
     return absl::UnavailableError(
         absl::StrFormat("socket: %s", std::strerror(errno)));
@@ -54,13 +54,20 @@ absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Bind(
     return absl::UnavailableError(absl::StrFormat(
         "cannot listen on unix:%s: %s", path, std::strerror(errno)));
   }
+  return fd;
+}
+
+absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Bind(
+    const std::string& path, mode_t mode, int gid) {
+  absl::StatusOr<UniqueFd> fd = BindUnixSocket(path, SOCK_STREAM, mode, gid);
+  if (!fd.ok()) return fd.status();
   UniqueFd wake(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake.valid()) {
     return absl::InternalError(
         absl::StrFormat("eventfd: %s", std::strerror(errno)));
   }
   return std::unique_ptr<UnixListener>(
-      new UnixListener(std::move(fd), std::move(wake)));
+      new UnixListener(*std::move(fd), std::move(wake)));
 }
 
 UnixListener::~UnixListener() { Stop(); }

@@ -28,12 +28,18 @@
 
 namespace shmtensor::daemon {
 
+// A listening Unix socket of `type` (SOCK_STREAM, SOCK_SEQPACKET) at `path`
+// (an existing socket there is replaced: the caller holds the address lock),
+// non-blocking and close-on-exec, with mode `mode` from birth and, for
+// gid >= 0, that group. UNAVAILABLE naming the path when it cannot be bound;
+// PERMISSION_DENIED when the group cannot be given; INVALID_ARGUMENT for a
+// path that does not fit a socket address.
+absl::StatusOr<UniqueFd> BindUnixSocket(const std::string& path, int type,
+                                        mode_t mode, int gid);
+
 class UnixListener {
  public:
-  // Binds and listens on `path` (an existing socket there is replaced: the
-  // caller holds the address lock) with mode `mode` and, for gid >= 0, that
-  // group. UNAVAILABLE naming the path when it cannot; PERMISSION_DENIED
-  // when the group cannot be given.
+  // Binds and listens on `path` (BindUnixSocket, SOCK_STREAM).
   static absl::StatusOr<std::unique_ptr<UnixListener>> Bind(
       const std::string& path, mode_t mode, int gid);
   // Stops accepting (if started) and closes the socket; the caller unlinks.

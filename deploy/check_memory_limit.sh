@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Starts shmtensord as a deployment file configures it (its pools and its
 # memory limit) inside a memory cgroup of that limit, and checks that it
-# serves: the tmpfs pages a daemon reserves for its pools are charged to its
-# own memory cgroup, so a limit that does not account for the pools gets the
-# daemon killed (or refused memory) at start.
+# serves: the shared-memory pages a daemon reserves for its pools are charged
+# to its own memory cgroup, so a limit that does not account for the pools
+# gets the daemon refused at start (it checks memory.max, naming it).
 #
 #   deploy/check_memory_limit.sh systemd      # deploy/systemd/shmtensord.service
 #                                             # with deploy/shmtensord.toml
@@ -91,11 +91,6 @@ kill -TERM "$pid" 2>/dev/null
 wait "$pid" 2>/dev/null
 status=$?
 rmdir "$cg" 2>/dev/null
-# A daemon killed at start leaves its pool file; remove what no live daemon
-# locks (as the next daemon's start would).
-for f in /dev/shm/shmtensor-"$(id -u)"-*; do
-  [[ -s "$f" ]] && flock --nonblock --exclusive "$f" rm -f "$f" 2>/dev/null
-done
 if [[ $ok == 1 ]]; then
   echo "check_memory_limit: $what: served under ${limit:-$unit_limit} ($limit_bytes bytes) with a $pool pool; peak charged $peak bytes; exit $status after SIGTERM"
   exit 0

@@ -6,7 +6,6 @@ set -euo pipefail
 
 PACKAGES=(
   cmake g++ make pkg-config
-  libboost-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libcli11-dev libtomlplusplus-dev
   libtorch-dev

@@ -1,6 +1,7 @@
 // shmtensord as a process: start, refuse, recover, stop.
 #include "daemon/daemon.h"
 
+#include <fcntl.h>
 #include <grp.h>
 #include <linux/magic.h>
 #include <signal.h>
@@ -45,20 +46,22 @@ std::pair<int, std::string> RunFailing(std::vector<std::string> args) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
-TEST_F(DaemonTest, SigtermEndsSessionsUnlinksSegmentsAndExitsZero) {  // [P9]
+TEST_F(DaemonTest, SigtermEndsSessionsRemovesItsFilesAndExitsZero) {  // [P9]
   absl::StatusOr<Buffer> buf = client_->Create({.size_bytes = 1 << 20});
   ASSERT_TRUE(buf.ok());
   SealedRef ref = *buf->Seal();
   View view = *client_->Get(ref.ref());
-  ASSERT_EQ(daemon_->Segments().size(), 1u);
+  ASSERT_EQ(daemon_->Pools().size(), 1u);
+  EXPECT_TRUE(testing::ShmtensorFilesInDevShm().empty());
   const int status = daemon_->Stop();
   ASSERT_TRUE(WIFEXITED(status)) << status;
   EXPECT_EQ(WEXITSTATUS(status), 0);
-  EXPECT_TRUE(daemon_->Segments().empty());
   struct stat st;
   EXPECT_NE(stat(daemon_->socket_path().c_str(), &st), 0);
+  EXPECT_NE(stat((daemon_->socket_path() + ".fd").c_str(), &st), 0);
   EXPECT_NE(stat((daemon_->socket_path() + ".lock").c_str(), &st), 0);
-  // This process's mapping stays valid (no SIGBUS) after the unlink.
+  EXPECT_TRUE(testing::ShmtensorFilesInDevShm().empty());
+  // This process's mapping stays valid (no SIGBUS) after the daemon let go.
   EXPECT_NE(view.data(), nullptr);
   volatile uint8_t b = static_cast<const uint8_t*>(view.data())[0];
   (void)b;
@@ -66,17 +69,35 @@ TEST_F(DaemonTest, SigtermEndsSessionsUnlinksSegmentsAndExitsZero) {  // [P9]
   EXPECT_EQ(stats.status().code(), absl::StatusCode::kUnavailable);
 }
 
-TEST_F(DaemonTest, SegmentIsPrivateAndSocketIsGroupAccessible) {
-  std::vector<std::string> segs = daemon_->Segments();
-  ASSERT_EQ(segs.size(), 1u);
+TEST_F(DaemonTest, PoolIsUnnamedReservedSealedAndSocketsAreGroupAccessible) {
+  std::vector<std::string> pools = daemon_->Pools();
+  ASSERT_EQ(pools.size(), 1u);
+  char target[256] = {0};
+  ASSERT_GT(readlink(pools[0].c_str(), target, sizeof(target) - 1), 0);
+  // A memfd: in no file system, under no name anyone could open.
+  EXPECT_TRUE(absl::StartsWith(target, "/memfd:shmtensor:default")) << target;
+  EXPECT_TRUE(testing::ShmtensorFilesInDevShm().empty());
   struct stat st;
-  ASSERT_EQ(stat(("/dev/shm/" + segs[0]).c_str(), &st), 0);
-  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  ASSERT_EQ(stat(pools[0].c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);  // No other user can reopen it.
+  EXPECT_EQ(st.st_uid, geteuid());
   EXPECT_EQ(st.st_size, 64 << 20);
   EXPECT_GE(st.st_blocks * 512, 64 << 20);  // Reserved up front.
-  EXPECT_GE(segs[0].size(), 32u);           // 128 random bits in the name.
-  ASSERT_EQ(stat(daemon_->socket_path().c_str(), &st), 0);
-  EXPECT_EQ(st.st_mode & 0777, 0660u);
+  // Its size is sealed: no client holding it writable can shrink it under
+  // the others (SIGBUS) or grow it.
+  const int fd = open(pools[0].c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  const int seals = fcntl(fd, F_GET_SEALS);
+  close(fd);
+  EXPECT_EQ(seals & (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL),
+            F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
+      << seals;
+  for (const std::string& socket :
+       {daemon_->socket_path(), daemon_->socket_path() + ".fd"}) {
+    ASSERT_EQ(stat(socket.c_str(), &st), 0) << socket;
+    EXPECT_TRUE(S_ISSOCK(st.st_mode)) << socket;
+    EXPECT_EQ(st.st_mode & 0777, 0660u) << socket;
+  }
 }
 
 TEST_F(DaemonTest, SecondDaemonOnSameAddressIsRefused) {
@@ -85,7 +106,7 @@ TEST_F(DaemonTest, SecondDaemonOnSameAddressIsRefused) {
   EXPECT_TRUE(absl::StrContains(out, "already serves")) << out;
   // The first one is unharmed.
   EXPECT_TRUE(client_->Stats().ok());
-  EXPECT_EQ(daemon_->Segments().size(), 1u);
+  EXPECT_EQ(daemon_->Pools().size(), 1u);
   struct stat st;
   EXPECT_EQ(stat(daemon_->socket_path().c_str(), &st), 0);
 }
@@ -138,58 +159,56 @@ TEST_F(DaemonTest, DaemonsRacingForTheAddressOfOneStoppingEndWithOneServing) {
   EXPECT_NE(stat(daemon_->socket_path().c_str(), &st), 0);
 }
 
-TEST_F(DaemonTest, RestartRemovesSegmentsOfCrashedInstance) {
-  const std::vector<std::string> old = daemon_->Segments();
-  ASSERT_EQ(old.size(), 1u);
-  daemon_->process().Signal(SIGKILL);
-  daemon_->process().Wait();
-  // A crash leaves the segment behind (which any daemon of this user that
-  // starts now may remove, e.g. another test's: see the test below) and
-  // the lock file, unlocked.
+// [P9, P16] A daemon killed with SIGKILL leaves no file anywhere but its
+// sockets and lock file (taken over by the next daemon on the address), and
+// its pool goes back to the system when the last process mapping it exits:
+// Shmem in /proc/meminfo returns to where it was. Until then that process
+// still reads what it mapped.
+TEST_F(DaemonTest, SigkilledDaemonLeavesNoFileAndItsMemoryGoesWithItsClients) {
+  const std::vector<std::string> shm_before = testing::ShmtensorFilesInDevShm();
+  EXPECT_TRUE(shm_before.empty());
+  const uint64_t before = testing::ShmemBytes();
+  constexpr uint64_t kPool = 256 << 20;
+  const std::string address = testing::FreshAddress();
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> d =
+      DaemonProcess::Start({"--pool-size", "256MiB"}, address);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_TRUE(testing::ShmtensorFilesInDevShm().empty());
+  // The pool is reserved: Shmem grew by it.
+  EXPECT_GE(testing::ShmemBytes(), before + kPool - (16 << 20));
+  // A client process holds a view (and so a mapping) of it.
+  std::unique_ptr<Subprocess> holder =
+      *Subprocess::Spawn({testing::ChildPath(), "hold_put", address, "holder"});
+  ASSERT_EQ(*holder->ReadLine(), "ready");
+  EXPECT_TRUE(testing::ShmtensorFilesInDevShm().empty());
+  (*d)->process().Signal(SIGKILL);
+  (*d)->process().Wait();
+  EXPECT_TRUE(testing::ShmtensorFilesInDevShm().empty());
+  // The holder still maps it, so it is still there, and it reads its bytes.
+  EXPECT_GE(testing::ShmemBytes(), before + kPool - (16 << 20));
+  holder->Signal(SIGUSR1);
+  EXPECT_EQ(*holder->ReadLine(), "read 0x5a");
+  holder->Signal(SIGKILL);
+  holder->Wait();
+  // Gone with its last holder (within a few MiB: other tests run beside).
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (testing::ShmemBytes() > before + (32 << 20) &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_LE(testing::ShmemBytes(), before + (32 << 20))
+      << "Shmem " << testing::ShmemBytes() << " bytes, " << before
+      << " before the daemon started";
+  EXPECT_TRUE(testing::ShmtensorFilesInDevShm().empty());
+  // The next daemon on the address takes its sockets and lock file over.
   struct stat st;
-  EXPECT_EQ(stat((daemon_->socket_path() + ".lock").c_str(), &st), 0);
+  EXPECT_EQ(stat(((*d)->socket_path() + ".lock").c_str(), &st), 0);
   absl::StatusOr<std::unique_ptr<DaemonProcess>> again =
-      DaemonProcess::Start({"--pool-size", "8MiB"}, daemon_->address());
+      DaemonProcess::Start({"--pool-size", "8MiB"}, address);
   ASSERT_TRUE(again.ok()) << again.status();
-  std::vector<std::string> now = (*again)->Segments();
-  ASSERT_EQ(now.size(), 1u);  // ...and the next instance removes it.
-  EXPECT_NE(now[0], old[0]);
-  absl::StatusOr<Client> c = Client::Connect({.address = daemon_->address()});
+  absl::StatusOr<Client> c = Client::Connect({.address = address});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->Stats()->pools[0].size_bytes, 8u << 20);
-}
-
-TEST_F(DaemonTest, StartRemovesSegmentsOfDaemonsKilledOnOtherAddresses) {
-  // A daemon on another address, killed: nobody will start there again.
-  absl::StatusOr<std::unique_ptr<DaemonProcess>> killed =
-      DaemonProcess::Start({"--pool-size", "8MiB"}, testing::FreshAddress());
-  ASSERT_TRUE(killed.ok()) << killed.status();
-  const std::vector<std::string> orphans = (*killed)->Segments();
-  ASSERT_EQ(orphans.size(), 1u);
-  (*killed)->process().Signal(SIGKILL);
-  (*killed)->process().Wait();
-  // Left behind (unless a daemon of a test running beside this one has
-  // started since: that one removes it as the third one below would).
-  const std::vector<std::string> live = daemon_->Segments();
-  ASSERT_EQ(live.size(), 1u);
-
-  // A third daemon, on a third address, removes the dead one's segment and
-  // leaves the live one's.
-  absl::StatusOr<std::unique_ptr<DaemonProcess>> third =
-      DaemonProcess::Start({"--pool-size", "8MiB"}, testing::FreshAddress());
-  ASSERT_TRUE(third.ok()) << third.status();
-  EXPECT_TRUE((*killed)->Segments().empty());
-  EXPECT_EQ(daemon_->Segments(), live);
-  absl::StatusOr<Buffer> b = client_->Create({.size_bytes = 1 << 20});
-  ASSERT_TRUE(b.ok()) << b.status();
-  std::memset(b->data(), 7, 1 << 20);
-  SealedRef ref = *b->Seal();
-  absl::StatusOr<Client> other =
-      Client::Connect({.address = daemon_->address()});
-  ASSERT_TRUE(other.ok()) << other.status();  // Maps the live segment anew.
-  absl::StatusOr<View> v = other->Get(ref.ref());
-  ASSERT_TRUE(v.ok()) << v.status();
-  EXPECT_EQ(static_cast<const uint8_t*>(v->data())[(1 << 20) - 1], 7);
 }
 
 TEST(DaemonPriorityTest, NiceAppliesToEveryThreadOfTheDaemon) {
@@ -217,12 +236,51 @@ TEST(DaemonPriorityTest, NiceAppliesToEveryThreadOfTheDaemon) {
   EXPECT_GT(threads, 1);
 }
 
-TEST_F(DaemonTest, PoolLargerThanDevShmFailsAtStartWithClearMessage) {
+TEST_F(DaemonTest, PoolLargerThanMemoryFailsAtStartWithClearMessage) {
+  // Refused before a page is taken: a memfd has no size limit of its own.
   auto [code, out] =
       RunFailing({"--listen", testing::FreshAddress(), "--pool-size", "64TiB"});
   EXPECT_EQ(code, 1);
-  EXPECT_TRUE(absl::StrContains(out, "/dev/shm")) << out;
+  EXPECT_TRUE(absl::StrContains(out, "MemAvailable")) << out;
   EXPECT_TRUE(absl::StrContains(out, "70368744177664")) << out;
+}
+
+// A daemon in a cgroup whose memory.max cannot hold the pool refuses to
+// start, naming the limit, instead of being OOM-killed while it reserves.
+TEST(DaemonMemoryLimitTest, PoolOverTheCgroupLimitIsRefusedNamingIt) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to make a memory cgroup";
+  // cgroup v1's memory hierarchy where it is mounted, else v2's.
+  std::string cg, limit_file;
+  if (access("/sys/fs/cgroup/memory/cgroup.procs", W_OK) == 0) {
+    cg = absl::StrCat("/sys/fs/cgroup/memory/shmtensor-test-limit-", getpid());
+    limit_file = "memory.limit_in_bytes";
+  } else {
+    std::ifstream controllers("/sys/fs/cgroup/cgroup.controllers");
+    std::string all((std::istreambuf_iterator<char>(controllers)), {});
+    if (!absl::StrContains(all, "memory")) {
+      GTEST_SKIP() << "no memory cgroup controller here";
+    }
+    std::ofstream("/sys/fs/cgroup/cgroup.subtree_control") << "+memory";
+    cg = absl::StrCat("/sys/fs/cgroup/shmtensor-test-limit-", getpid());
+    limit_file = "memory.max";
+  }
+  if (mkdir(cg.c_str(), 0755) != 0) {
+    GTEST_SKIP() << "cannot make a cgroup: " << std::strerror(errno);
+  }
+  std::ofstream(cg + "/" + limit_file) << (64 << 20);
+  absl::StatusOr<std::unique_ptr<Subprocess>> p = Subprocess::Spawn(
+      {"/bin/sh", "-c",
+       absl::StrCat("echo $$ > ", cg, "/cgroup.procs && exec ", DaemonPath(),
+                    " --listen ", testing::FreshAddress(),
+                    " --pool-size 128MiB 2>&1")});
+  ASSERT_TRUE(p.ok()) << p.status();
+  const std::string out = (*p)->ReadAll(absl::Seconds(30));
+  const int status = (*p)->Wait();
+  rmdir(cg.c_str());
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1)
+      << status << ": " << out;
+  EXPECT_TRUE(absl::StrContains(out, limit_file + " 67108864")) << out;
+  EXPECT_TRUE(absl::StrContains(out, "MemoryMax=")) << out;
 }
 
 TEST_F(DaemonTest, BadFlagsAndConfigAreRejected) {
@@ -255,10 +313,10 @@ TEST_F(ConfigFileTest, ServesEveryConfiguredPool) {
       client_->Create({.size_bytes = 1 << 20, .pool = "weights"});
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_EQ(client_->Stats()->pools[1].used_bytes, 1u << 20);
-  EXPECT_EQ(daemon_->Segments().size(), 2u);
+  EXPECT_EQ(daemon_->Pools().size(), 2u);
 }
 
-TEST(DaemonConfigTest, SocketModeAndGroupApplyToSocketAndPools) {
+TEST(DaemonConfigTest, SocketModeAndGroupApplyToBothSockets) {
   struct group* g = getgrgid(getgid());
   ASSERT_NE(g, nullptr);
   const std::string path = ::testing::TempDir() + "/shmtensord_group.toml";
@@ -269,15 +327,15 @@ TEST(DaemonConfigTest, SocketModeAndGroupApplyToSocketAndPools) {
       DaemonProcess::Start({"--config", path});
   ASSERT_TRUE(d.ok()) << d.status();
   struct stat st;
-  ASSERT_EQ(stat((*d)->socket_path().c_str(), &st), 0);
-  EXPECT_EQ(st.st_mode & 0777, 0600u);
-  EXPECT_EQ(st.st_gid, getgid());
-  // Whoever may connect (the group) may also map the pools.
-  std::vector<std::string> segs = (*d)->Segments();
-  ASSERT_EQ(segs.size(), 1u);
-  ASSERT_EQ(stat(("/dev/shm/" + segs[0]).c_str(), &st), 0);
-  EXPECT_EQ(st.st_mode & 0777, 0660u);
-  EXPECT_EQ(st.st_gid, getgid());
+  for (const std::string& socket :
+       {(*d)->socket_path(), (*d)->socket_path() + ".fd"}) {
+    ASSERT_EQ(stat(socket.c_str(), &st), 0) << socket;
+    EXPECT_EQ(st.st_mode & 0777, 0600u) << socket;
+    EXPECT_EQ(st.st_gid, getgid()) << socket;
+  }
+  // The group's members may use the pools (tests/access_test.cc); the pool
+  // memory itself has no name to give a group.
+  EXPECT_EQ((*d)->Pools().size(), 1u);
 }
 
 TEST(DaemonConfigTest, UnknownGroupIsRefusedNamingIt) {
@@ -302,14 +360,13 @@ TEST(DaemonConfigTest, BadConfigFileNamesLineAndKeyAndExits2) {
 
 // Pool directories: a tmpfs other than /dev/shm, e.g. one with huge pages.
 
-// Files in `dir` whose names start with the segment prefix of `address`.
-std::vector<std::string> SegmentsIn(const std::string& dir,
-                                    const std::string& address) {
+// Files in `dir` whose names start with "shmtensor": a daemon never makes
+// any (a directory pool is an O_TMPFILE file, with no name).
+std::vector<std::string> ShmtensorFilesIn(const std::string& dir) {
   std::vector<std::string> out;
-  const std::string prefix = daemon::Daemon::SegmentPrefix(address);
   for (const auto& e : std::filesystem::directory_iterator(dir)) {
     const std::string name = e.path().filename().string();
-    if (absl::StartsWith(name, prefix)) out.push_back(name);
+    if (absl::StartsWith(name, "shmtensor")) out.push_back(name);
   }
   return out;
 }
@@ -350,7 +407,7 @@ TEST(PoolDirectoryTest, DirectoryMustBeAnAbsoluteTmpfsPath) {
   EXPECT_EQ(code, 1);
   EXPECT_TRUE(absl::StrContains(out, "'" + disk + "'")) << out;
   EXPECT_TRUE(absl::StrContains(out, "not a tmpfs")) << out;
-  EXPECT_TRUE(SegmentsIn(disk, address).empty());  // Nothing written there.
+  EXPECT_TRUE(ShmtensorFilesIn(disk).empty());  // Nothing written there.
 }
 
 // Mounts a tmpfs or skips the test saying why (mounting needs root).
@@ -366,62 +423,71 @@ TEST(PoolDirectoryTest, HugePagePoolMapsLargeObjectsWithHugePages) {
   absl::StatusOr<std::unique_ptr<DaemonProcess>> d = DaemonProcess::Start(
       {"--pool-size", "64MiB", "--pool-dir", tmpfs->path()}, address);
   ASSERT_TRUE(d.ok()) << d.status();
-  // The segment is in the directory, private, and nothing is in /dev/shm.
-  std::vector<std::string> segs = SegmentsIn(tmpfs->path(), address);
-  ASSERT_EQ(segs.size(), 1u);
-  EXPECT_TRUE((*d)->Segments().empty());
-  struct stat st;
-  ASSERT_EQ(stat((tmpfs->path() + "/" + segs[0]).c_str(), &st), 0);
+  // The pool is an unnamed file of that tmpfs: the directory stays empty.
+  EXPECT_TRUE(std::filesystem::is_empty(tmpfs->path()));
+  std::vector<std::string> pools = (*d)->Pools();
+  ASSERT_EQ(pools.size(), 1u);
+  struct stat st, dir;
+  ASSERT_EQ(stat(pools[0].c_str(), &st), 0);
+  ASSERT_EQ(stat(tmpfs->path().c_str(), &dir), 0);
+  EXPECT_EQ(st.st_dev, dir.st_dev);  // Its memory is that tmpfs's.
   EXPECT_EQ(st.st_mode & 0777, 0600u);
   EXPECT_GE(st.st_blocks * 512, 64 << 20);
+  // O_EXCL at creation: not even its owner can link it into the directory.
+  EXPECT_NE(linkat(AT_FDCWD, pools[0].c_str(), AT_FDCWD,
+                   (tmpfs->path() + "/linked").c_str(), AT_SYMLINK_FOLLOW),
+            0);
+  EXPECT_TRUE(std::filesystem::is_empty(tmpfs->path()));
 
-  Client c = *Client::Connect({.address = address});
-  StoreStats stats = *c.Stats();
-  ASSERT_EQ(stats.pools.size(), 1u);
-  ASSERT_EQ(stats.pools[0].huge_page_size, 2u << 20)
-      << "the kernel gave a huge=always tmpfs no 2 MiB pages";
+  struct statfs fs;
+  ASSERT_EQ(statfs(tmpfs->path().c_str(), &fs), 0);
+  const uint64_t free_while_served = fs.f_bfree * fs.f_bsize;
+  EXPECT_LE(free_while_served, 32u << 20);  // 64 of its 96 MiB reserved.
+  {
+    Client c = *Client::Connect({.address = address});
+    StoreStats stats = *c.Stats();
+    ASSERT_EQ(stats.pools.size(), 1u);
+    ASSERT_EQ(stats.pools[0].huge_page_size, 2u << 20)
+        << "the kernel gave a huge=always tmpfs no 2 MiB pages";
 
-  constexpr size_t kBytes = (4 << 20) + 100;  // Three huge pages' worth.
-  Buffer buf = *c.Create({.size_bytes = kBytes});
-  EXPECT_EQ(reinterpret_cast<uintptr_t>(buf.data()) % (2 << 20), 0u);
-  std::memset(buf.data(), 0x5a, kBytes);
-  EXPECT_EQ(c.Stats()->pools[0].used_bytes, 6u << 20);  // Whole huge pages.
-  uint8_t* old = static_cast<uint8_t*>(buf.data());
-  SealedRef ref = *buf.Seal();
-  View view = *c.Get(ref.ref());
-  const auto* bytes = static_cast<const uint8_t*>(view.data());
-  EXPECT_EQ(reinterpret_cast<uintptr_t>(bytes) % (2 << 20), 0u);
-  EXPECT_EQ(bytes[0], 0x5a);
-  EXPECT_EQ(bytes[kBytes - 1], 0x5a);
-  // Readers map it with huge-page entries (6 MiB touched above: >= 2 MiB).
-  volatile uint8_t sink = 0;
-  for (size_t i = 0; i < kBytes; i += 4096) sink += bytes[i];
-  EXPECT_GE(PmdMappedKb(bytes), 2048) << "read mapping is not PMD-mapped";
-  // Sealed is sealed here too: a write through the creator's old pointer
-  // faults instead of changing what readers see.
-  const pid_t child = fork();
-  if (child == 0) {
-    old[0] = 1;
-    _exit(0);
+    constexpr size_t kBytes = (4 << 20) + 100;  // Three huge pages' worth.
+    Buffer buf = *c.Create({.size_bytes = kBytes});
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(buf.data()) % (2 << 20), 0u);
+    std::memset(buf.data(), 0x5a, kBytes);
+    EXPECT_EQ(c.Stats()->pools[0].used_bytes, 6u << 20);  // Whole huge pages.
+    uint8_t* old = static_cast<uint8_t*>(buf.data());
+    SealedRef ref = *buf.Seal();
+    View view = *c.Get(ref.ref());
+    const auto* bytes = static_cast<const uint8_t*>(view.data());
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(bytes) % (2 << 20), 0u);
+    EXPECT_EQ(bytes[0], 0x5a);
+    EXPECT_EQ(bytes[kBytes - 1], 0x5a);
+    // Readers map it with huge-page entries (6 MiB touched above: >= 2 MiB).
+    volatile uint8_t sink = 0;
+    for (size_t i = 0; i < kBytes; i += 4096) sink += bytes[i];
+    EXPECT_GE(PmdMappedKb(bytes), 2048) << "read mapping is not PMD-mapped";
+    // Sealed is sealed here too: a write through the creator's old pointer
+    // faults instead of changing what readers see.
+    const pid_t child = fork();
+    if (child == 0) {
+      old[0] = 1;
+      _exit(0);
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV) << status;
+    EXPECT_EQ(bytes[0], 0x5a);
+
+    // A crash leaves nothing in the directory; this process, which maps the
+    // pool, still reads it.
+    (*d)->process().Signal(SIGKILL);
+    (*d)->process().Wait();
+    EXPECT_TRUE(std::filesystem::is_empty(tmpfs->path()));
+    EXPECT_EQ(bytes[kBytes - 1], 0x5a);
   }
-  int status = 0;
-  waitpid(child, &status, 0);
-  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV) << status;
-  EXPECT_EQ(bytes[0], 0x5a);
-
-  // A crash leaves the file; the next daemon on the address removes it; a
-  // clean stop unlinks its own.
-  (*d)->process().Signal(SIGKILL);
-  (*d)->process().Wait();
-  EXPECT_EQ(SegmentsIn(tmpfs->path(), address), segs);
-  d = DaemonProcess::Start({"--pool-size", "8MiB", "--pool-dir", tmpfs->path()},
-                           address);
-  ASSERT_TRUE(d.ok()) << d.status();
-  std::vector<std::string> now = SegmentsIn(tmpfs->path(), address);
-  ASSERT_EQ(now.size(), 1u);
-  EXPECT_NE(now[0], segs[0]);
-  EXPECT_EQ((*d)->Stop(), 0);
-  EXPECT_TRUE(SegmentsIn(tmpfs->path(), address).empty());
+  // Its last holder gone, the tmpfs has its space back.
+  ASSERT_EQ(statfs(tmpfs->path().c_str(), &fs), 0);
+  EXPECT_GE(fs.f_bfree * fs.f_bsize, free_while_served + (60u << 20));
 }
 
 TEST(PoolDirectoryTest, RequiredHugePagesRefuseATmpfsWithout) {
@@ -436,7 +502,7 @@ TEST(PoolDirectoryTest, RequiredHugePagesRefuseATmpfsWithout) {
   EXPECT_TRUE(absl::StrContains(out, tmpfs->path() + " gives no huge pages"))
       << out;
   EXPECT_TRUE(absl::StrContains(out, "huge=always")) << out;
-  EXPECT_TRUE(SegmentsIn(tmpfs->path(), address).empty());  // Cleaned up.
+  EXPECT_TRUE(std::filesystem::is_empty(tmpfs->path()));  // Nothing left.
 }
 
 // Where the kernel tells no huge-page size (no /sys mounted, as in a bare
@@ -489,7 +555,7 @@ TEST(PoolDirectoryTest, UnknownHugePageSizeIsLoggedAndRefusedWhenRequired) {
           "/sys/kernel/mm/transparent_hugepage/hpage_pmd_size"))
           << out;
     }
-    EXPECT_TRUE(SegmentsIn(tmpfs->path(), address).empty()) << mode;
+    EXPECT_TRUE(std::filesystem::is_empty(tmpfs->path())) << mode;
   }
 }
 

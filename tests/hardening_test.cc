@@ -329,11 +329,12 @@ TEST_F(HardeningTest, TheLockFileIsNeverALinkToAnotherFile) {
   }
 }
 
-// A starting daemon used to delete the segments of a running one whose
+// A starting daemon once deleted the pool files of a running one whose
 // address had the same 32-bit hash (here: the same relative address from
-// two directories). Only segments no live daemon locks are swept.
-TEST_F(HardeningTest, AStartingDaemonNeverSweepsALiveDaemonsSegments) {
-  const std::vector<std::string> before = daemon_->Segments();
+// two directories). Pools are unnamed memory now, which nothing can sweep:
+// both daemons, and the fixture's, keep theirs.
+TEST_F(HardeningTest, AStartingDaemonNeverTakesALiveDaemonsPools) {
+  const std::vector<std::string> before = daemon_->Pools();
   ASSERT_FALSE(before.empty());
   std::vector<std::unique_ptr<Subprocess>> others;
   std::vector<std::string> dirs;
@@ -354,9 +355,9 @@ TEST_F(HardeningTest, AStartingDaemonNeverSweepsALiveDaemonsSegments) {
     absl::StatusOr<Client> c = Client::Connect({.address = "unix:" + sock});
     EXPECT_TRUE(c.ok()) << c.status();
   }
-  // The first relative-address daemon's segments survived the second's
-  // start, and so did the fixture's.
-  EXPECT_EQ(daemon_->Segments(), before);
+  // The first relative-address daemon's pools survived the second's start,
+  // and so did the fixture's.
+  EXPECT_EQ(daemon_->Pools(), before);
   absl::StatusOr<Client> first =
       Client::Connect({.address = "unix:" + dirs[0] + "/s/d.sock"});
   EXPECT_TRUE(first.ok()) << first.status();

@@ -2,6 +2,7 @@
 // tests through its arguments and stdout. Each command prints what it did;
 // commands that must fault (writes into sealed memory) print "WROTE" and exit
 // 0 only if the write went through, which the tests treat as a failure.
+#include <signal.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -211,6 +212,28 @@ int Run(int argc, char** argv) {
     absl::StatusOr<shmtensor::View> view = client->Get(ref->ref());
     if (!view.ok()) return Fail(view.status());
     Say("ready");
+    while (true) pause();
+  }
+  if (cmd == "hold_put") {
+    // Puts 1 MiB of 0x5a and holds a view of it; on SIGUSR1 (the daemon may
+    // be gone by then) reads its last byte back through the view.
+    std::vector<uint8_t> bytes(1 << 20, 0x5a);
+    absl::StatusOr<shmtensor::SealedRef> ref =
+        client->Put(bytes.data(), {.size_bytes = bytes.size()});
+    if (!ref.ok()) return Fail(ref.status());
+    absl::StatusOr<shmtensor::View> view = client->Get(ref->ref());
+    if (!view.ok()) return Fail(view.status());
+    sigset_t usr1;
+    sigemptyset(&usr1);
+    sigaddset(&usr1, SIGUSR1);
+    sigprocmask(SIG_BLOCK, &usr1, nullptr);
+    Say("ready");
+    int sig = 0;
+    sigwait(&usr1, &sig);
+    const auto* data = static_cast<const uint8_t*>(view->data());
+    char line[32];
+    std::snprintf(line, sizeof(line), "read 0x%02x", data[bytes.size() - 1]);
+    Say(line);
     while (true) pause();
   }
   if (cmd == "fork-hold") {  // Holds a buffer, forks a sleeper, waits.

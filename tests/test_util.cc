@@ -16,12 +16,14 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <set>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/daemon.h"
-#include "daemon/host_segment.h"
 #include "shmtensor/v1/monitor.grpc.pb.h"
 
 namespace shmtensor::testing {
@@ -196,12 +198,6 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(
   auto d = std::make_unique<DaemonProcess>();
   d->address_ = address.empty() ? FreshAddress() : address;
   d->socket_path_ = d->address_.substr(5);
-  if (address.empty()) {
-    // Leftovers of an earlier run of this test on the same path (of dead
-    // daemons only).
-    daemon::HostSegment::RemoveOrphans(
-        daemon::kShmDirectory, daemon::Daemon::SegmentPrefix(d->address_));
-  }
   std::vector<std::string> argv = {DaemonPath(), "--listen", d->address_,
                                    "--log-level", "warn"};
   argv.insert(argv.end(), args.begin(), args.end());
@@ -242,22 +238,57 @@ DaemonProcess::~DaemonProcess() {
   process_.reset();
   unlink(log_path_.c_str());
   unlink(socket_path_.c_str());
+  unlink((socket_path_ + ".fd").c_str());
   unlink((socket_path_ + ".lock").c_str());
   rmdir(socket_path_.substr(0, socket_path_.rfind('/')).c_str());
-  daemon::HostSegment::RemoveOrphans(daemon::kShmDirectory,
-                                     daemon::Daemon::SegmentPrefix(address_));
 }
 
-std::vector<std::string> DaemonProcess::Segments() const {
+std::vector<std::string> DaemonProcess::Pools() const {
   std::vector<std::string> out;
-  const std::string prefix = daemon::Daemon::SegmentPrefix(address_);
-  if (DIR* dir = opendir("/dev/shm")) {
+  std::set<std::pair<dev_t, ino_t>> seen;
+  const std::string fds = absl::StrCat("/proc/", process_->pid(), "/fd");
+  if (DIR* dir = opendir(fds.c_str())) {
     while (dirent* e = readdir(dir)) {
-      if (absl::StartsWith(e->d_name, prefix)) out.push_back(e->d_name);
+      const std::string path = absl::StrCat(fds, "/", e->d_name);
+      char target[4096];
+      const ssize_t n = readlink(path.c_str(), target, sizeof(target) - 1);
+      if (n <= 0) continue;
+      const std::string t(target, n);
+      // A memfd, or an O_TMPFILE file ("/dir/#<inode> (deleted)").
+      if (!absl::StartsWith(t, "/memfd:shmtensor:") &&
+          !absl::StrContains(t, "/#")) {
+        continue;
+      }
+      struct stat st;
+      if (stat(path.c_str(), &st) == 0 &&
+          seen.insert({st.st_dev, st.st_ino}).second) {
+        out.push_back(path);
+      }
     }
     closedir(dir);
   }
   return out;
+}
+
+std::vector<std::string> ShmtensorFilesInDevShm() {
+  std::vector<std::string> out;
+  if (DIR* dir = opendir("/dev/shm")) {
+    while (dirent* e = readdir(dir)) {
+      if (absl::StartsWith(e->d_name, "shmtensor")) out.push_back(e->d_name);
+    }
+    closedir(dir);
+  }
+  return out;
+}
+
+uint64_t ShmemBytes() {
+  std::ifstream in("/proc/meminfo");
+  for (std::string line; std::getline(in, line);) {
+    if (absl::StartsWith(line, "Shmem:")) {
+      return std::stoull(line.substr(6)) * 1024;
+    }
+  }
+  return 0;
 }
 
 int DaemonProcess::Stop() {

@@ -75,8 +75,10 @@ class DaemonProcess {
   // The daemon's stdout and stderr go to a file (never a pipe it could
   // fill): process().ReadLine() reads its log as it grows.
   Subprocess& process() { return *process_; }
-  // /dev/shm names of this daemon's segments.
-  std::vector<std::string> Segments() const;
+  // The daemon's pools' memory: for each distinct one (memfd or O_TMPFILE
+  // file), a /proc/<pid>/fd/<n> path of a descriptor the daemon holds of
+  // it, which stat() and open() follow to the memory itself.
+  std::vector<std::string> Pools() const;
   // Sends SIGTERM and returns the wait status.
   int Stop();
 
@@ -117,6 +119,11 @@ v1::ListObjectsResponse MonitorObjects(const std::string& address);
 // of the test helper binary.
 std::string DaemonPath();
 std::string ChildPath();
+// Names in /dev/shm that a shmtensord could have made ("shmtensor*"): there
+// must never be any (pools are unnamed memory).
+std::vector<std::string> ShmtensorFilesInDevShm();
+// Shmem in /proc/meminfo, bytes.
+uint64_t ShmemBytes();
 // A fresh socket address "unix:/tmp/shmtensor-test-<pid>-<n>/d.sock".
 std::string FreshAddress();
 

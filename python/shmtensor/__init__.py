@@ -114,7 +114,8 @@ class ObjectRef:
             self._owner = None
 
 
-def connect(address=None, client_name=None, connect_timeout=5.0):
+def connect(address=None, client_name=None, connect_timeout=5.0,
+            read_only=False):
     """Connects to shmtensord and opens a session.
 
     address: "unix:/path" or "host:port"; None means $SHMTENSOR_ADDRESS, else
@@ -125,10 +126,18 @@ def connect(address=None, client_name=None, connect_timeout=5.0):
     answers within connect_timeout seconds. After fork(), call connect()
     again in the child: a client does not cross fork (the child gets its own
     session).
+
+    read_only: a session that may only read. The process receives only
+    read-only descriptors of the pools (the kernel refuses any writable
+    mapping of them) and create/put raise PermissionDeniedError. A user the
+    daemon lets only read a pool (read_only_users, read_only_groups) is
+    read-only there whatever this says. A user the daemon lets use no pool
+    gets PermissionDeniedError naming its uid.
     """
     resolved = _autostart.resolve(address)
     try:
-        return Client(resolved, client_name or "", float(connect_timeout))
+        return Client(resolved, client_name or "", float(connect_timeout),
+                      bool(read_only))
     except DaemonUnavailableError as e:
         why = _autostart.why_unavailable(resolved)
         if why is None:

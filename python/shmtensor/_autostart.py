@@ -6,10 +6,11 @@ starts one shmtensord for this process, the package's own
 (shmtensor/bin/shmtensord):
 
 - its socket in a fresh directory of its own (0700, made by the daemon,
-  under $XDG_RUNTIME_DIR or /tmp), its segments named after that address;
+  under $XDG_RUNTIME_DIR or /tmp); its pool is unnamed memory (a memfd),
+  in no file system, so a container's small /dev/shm does not bound it;
 - its pool $SHMTENSOR_POOL_SIZE (e.g. 4GiB), else the smallest of 1 GiB,
-  half of what /dev/shm has free and a quarter of this process's cgroup
-  memory limit;
+  half of the memory the kernel says is available (MemAvailable) and a
+  quarter of this process's cgroup memory limit;
 - its address exported as $SHMTENSOR_ADDRESS, so every child process
   started after it (DataLoader workers, torch.multiprocessing children;
   fork, spawn and forkserver alike: a forkserver started before has the
@@ -180,19 +181,28 @@ def _cgroup_memory_limit():
     return None
 
 
+def _mem_available():
+    """MemAvailable from /proc/meminfo in bytes, or None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def _default_pool_bytes():
-    """1 GiB, or less where that does not fit: half of /dev/shm's free
-    space (a container's is often 64 MiB), a quarter of the cgroup's memory
-    limit (a systemd unit's MemoryMax, a container's limit)."""
+    """1 GiB, or less where that does not fit: half of the memory available
+    (MemAvailable), a quarter of the cgroup's memory limit (a systemd unit's
+    MemoryMax, a container's limit). The pool is a memfd, so /dev/shm's size
+    (a container's is often 64 MiB) does not matter."""
     size = DEFAULT_POOL_BYTES
     why = "the default"
-    try:
-        st = os.statvfs("/dev/shm")
-        half_free = st.f_bavail * st.f_frsize // 2
-        if half_free < size:
-            size, why = half_free, "half of /dev/shm's free space"
-    except OSError:
-        pass
+    available = _mem_available()
+    if available is not None and available // 2 < size:
+        size, why = available // 2, "half of the available memory"
     limit = _cgroup_memory_limit()
     if limit is not None and limit // 4 < size:
         size, why = limit // 4, "a quarter of the cgroup memory limit"
@@ -201,7 +211,7 @@ def _default_pool_bytes():
         raise _unavailable(
             f"no shmtensord answers and there is no room for a private one: "
             f"{why} is {size >> 20} MiB, under {MIN_POOL_BYTES >> 20} MiB; "
-            f"set {POOL_SIZE_ENV}, free /dev/shm, or set {ADDRESS_ENV} to a "
+            f"set {POOL_SIZE_ENV}, free memory, or set {ADDRESS_ENV} to a "
             f"running daemon")
     return f"{size >> 20}MiB"
 

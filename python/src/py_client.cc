@@ -266,13 +266,14 @@ PyObject* ClientGet(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
 
 PyObject* ClientNew(PyTypeObject* type, PyObject* args, PyObject* kwds) {
   static const char* kKeywords[] = {"address", "client_name", "connect_timeout",
-                                    nullptr};
+                                    "read_only", nullptr};
   const char* address = "";
   const char* name = "";
   double connect_timeout = 5.0;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "|ssd:Client",
+  int read_only = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "|ssdp:Client",
                                    const_cast<char**>(kKeywords), &address,
-                                   &name, &connect_timeout)) {
+                                   &name, &connect_timeout, &read_only)) {
     return nullptr;
   }
   return Guarded([&]() -> PyObject* {
@@ -284,6 +285,7 @@ PyObject* ClientNew(PyTypeObject* type, PyObject* args, PyObject* kwds) {
     o.address = address;
     o.client_name = name;
     o.connect_timeout = absl::Seconds(connect_timeout);
+    o.read_only = read_only != 0;
     // Every pointer this package hands out into a writable buffer or view is
     // an array or tensor it counts (PyBuffer, MakeArray, MakeDLPack), and a
     // lease is released only when the last is gone; where one is alive at a
@@ -452,10 +454,10 @@ void AddClientType(py::module_& m) {
       {Py_tp_new, reinterpret_cast<void*>(ClientNew)},
       {Py_tp_dealloc, reinterpret_cast<void*>(ClientDealloc)},
       {Py_tp_methods, kClientMethods},
-      {Py_tp_doc,
-       const_cast<char*>(
-           "Client(address='', client_name='', connect_timeout=5.0)\n--\n\n"
-           "A session with shmtensord (use shmtensor.connect()).")},
+      {Py_tp_doc, const_cast<char*>(
+                      "Client(address='', client_name='', connect_timeout=5.0, "
+                      "read_only=False)\n--\n\n"
+                      "A session with shmtensord (use shmtensor.connect()).")},
       {0, nullptr},
   };
   PyType_Spec spec = {"shmtensor._core.Client", sizeof(ClientObject), 0,

@@ -50,23 +50,31 @@ def _die_with_parent():
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, _signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def segment_prefix(address):
-    """The /dev/shm name prefix of a daemon's segments (Daemon::SegmentPrefix
-    in daemon/daemon.cc: uid and the FNV-1a hash of the address)."""
-    h = 1469598103934665603
-    for byte in address.encode():
-        h = ((h ^ byte) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
-    return f"shmtensor-{os.getuid()}-{h & 0xFFFFFFFF:08x}-"
+def shmtensor_shm_files():
+    """Names in /dev/shm that a shmtensord could have made: there must never
+    be any, since pools are unnamed memory (memfd, O_TMPFILE)."""
+    return sorted(n for n in os.listdir("/dev/shm") if n.startswith("shmtensor"))
 
 
-def segments_of(address, directory="/dev/shm"):
-    prefix = segment_prefix(address)
-    return {n for n in os.listdir(directory) if n.startswith(prefix)}
+def pool_memfds(pid):
+    """The pool memory a process holds descriptors of, as /proc/PID/fd
+    names it ("/memfd:shmtensor:default (deleted)", or "/dir/#ino (deleted)"
+    for a pool directory's O_TMPFILE file)."""
+    out = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("/memfd:shmtensor:") or "/#" in target:
+            out.append(target)
+    return out
 
 
 class Daemon:
     """A shmtensord on a fresh socket; stop() sends SIGTERM. With
-    `pool_dir`, its pool lives in that tmpfs instead of /dev/shm; with
+    `pool_dir`, its pool is an unnamed file in that tmpfs instead of a
+    memfd; with
     `config` (a TOML file), its pools are that file's."""
 
     def __init__(self, pool_size="256MiB", pool_dir=None, config=None,
@@ -75,7 +83,6 @@ class Daemon:
         # socket directory others can write).
         self.path = path or f"/tmp/shmtensor-pytest-{os.getpid()}-{uuid.uuid4().hex[:8]}/d.sock"
         self.address = "unix:" + self.path
-        self.directory = pool_dir or "/dev/shm"
         args = [DAEMON, "--listen", self.address, "--log-level", "warn"]
         args += ["--config", config] if config else ["--pool-size", pool_size]
         if pool_dir:
@@ -93,8 +100,8 @@ class Daemon:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.01)
-        self.segments = segments_of(self.address, self.directory)
-        assert self.segments, "daemon serves but has no segment"
+        # Its pool: two descriptors (O_RDWR and O_RDONLY) of one memfd.
+        assert pool_memfds(self.proc.pid), "daemon serves but holds no pool"
 
     def stop(self):
         if self.proc.poll() is None:
@@ -104,17 +111,12 @@ class Daemon:
 
     def kill(self):
         """SIGKILLs the daemon if it still runs, then removes what a killed
-        daemon leaves behind (its segments, socket and lock file), so tests
-        that crash daemons do not fill /dev/shm."""
+        daemon leaves behind: its sockets and lock file (its pools are
+        unnamed memory, gone with their last holder)."""
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-        for name in self.segments:
-            try:
-                os.unlink(os.path.join(self.directory, name))
-            except FileNotFoundError:
-                pass
-        for p in (self.path, self.path + ".lock"):
+        for p in (self.path, self.path + ".fd", self.path + ".lock"):
             try:
                 os.unlink(p)
             except FileNotFoundError:

@@ -2,8 +2,12 @@
 
 import ctypes
 import gc
+import json
+import os
 import pickle
+import subprocess
 import sys
+import textwrap
 import threading
 import time
 import weakref
@@ -13,7 +17,7 @@ import pytest
 import torch
 
 import shmtensor
-from conftest import used
+from conftest import child_env, used
 
 ctypes_byte = ctypes.c_uint8
 
@@ -206,20 +210,36 @@ def test_exclusive_take_read_only(client, daemon):
         client.get(ref)
 
 
+def _pool_perms(inode):
+    """The permissions of every mapping of this process of the memory whose
+    inode is `inode` (both mappings of a pool: one memfd)."""
+    with open("/proc/self/maps") as f:
+        return [line.split()[1] for line in f
+                if len(line.split()) > 5 and line.split()[4] == inode]
+
+
+def _inode_at(address):
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split()
+            lo, hi = (int(x, 16) for x in fields[0].split("-"))
+            if lo <= address < hi:
+                return fields[4]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
 def test_put_opens_no_writable_mapping(client, daemon):
     ref = client.put(np.arange(3.0))
-    (segment,) = daemon.segments
-    with open("/proc/self/maps") as f:
-        perms = [line.split()[1] for line in f if segment in line]
+    view = client.get(ref)
+    inode = _inode_at(view.address)
+    perms = _pool_perms(inode)
     assert perms and all("w" not in p for p in perms), perms
-    assert np.asarray(client.get(ref)).tolist() == [0.0, 1.0, 2.0]
+    assert np.asarray(view).tolist() == [0.0, 1.0, 2.0]
     buf = client.create(4, "float32")  # A buffer does open one, while unsealed.
-    with open("/proc/self/maps") as f:
-        assert any("w" in line.split()[1] for line in f if segment in line)
+    assert any("w" in p for p in _pool_perms(inode))
     a = np.asarray(buf)
     buf.seal()  # With an array of it alive, the range closes at once.
-    with open("/proc/self/maps") as f:
-        assert all("w" not in line.split()[1] for line in f if segment in line)
+    assert all("w" not in p for p in _pool_perms(inode))
     assert not a.flags.writeable
 
 
@@ -391,3 +411,111 @@ def test_stats_dict(client):
     assert s["sessions"] == 1 and s["named_objects"] == 1
     assert s["pools"][0]["name"] == "default"
     assert s["pools"][0]["size_bytes"] == 256 << 20
+
+
+def _pool_descriptors():
+    """(fd, access mode) of every pool descriptor this process holds, as
+    /proc/self/fdinfo says."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("/memfd:shmtensor:"):
+            with open(f"/proc/self/fdinfo/{fd}") as f:
+                flags = next(int(line.split()[1], 8) for line in f
+                             if line.startswith("flags:"))
+            out.append((int(fd), flags & os.O_ACCMODE))
+    return out
+
+
+def test_a_read_only_session_can_never_write(daemon):
+    """connect(read_only=True) in a fresh process: its pool descriptors are
+    O_RDONLY, its mappings have no write permission, a writable mmap of a
+    descriptor fails with EACCES, and create/put raise; reading works."""
+    writer = shmtensor.connect(daemon.address)
+    ref = writer.put(np.arange(5.0), name="five")
+    code = textwrap.dedent(f"""
+        import errno, json, mmap, os, sys
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        import numpy as np, shmtensor
+        from test_api import _pool_descriptors
+        c = shmtensor.connect({daemon.address!r}, read_only=True)
+        fds = _pool_descriptors()
+        mmap_errors = []
+        for fd, _ in fds:
+            try:
+                mmap.mmap(fd, 4096, mmap.MAP_SHARED,
+                          mmap.PROT_READ | mmap.PROT_WRITE)
+                mmap_errors.append("ok")
+            except OSError as e:
+                mmap_errors.append(errno.errorcode[e.errno])
+        try:
+            c.put(np.ones(3))
+            put = "ok"
+        except shmtensor.PermissionDeniedError as e:
+            put = str(e)
+        try:
+            c.create(4, "float32")
+            create = "ok"
+        except shmtensor.PermissionDeniedError as e:
+            create = "denied"
+        view = np.asarray(c.get("five"))
+        with open("/proc/self/maps") as f:
+            perms = [l.split()[1] for l in f if "memfd:shmtensor:" in l]
+        print(json.dumps(dict(modes=[m for _, m in fds], mmap=mmap_errors,
+                              put=put, create=create, read=view.tolist(),
+                              perms=perms)))
+        """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                         text=True, timeout=60, env=child_env())
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["modes"] and all(m == os.O_RDONLY for m in r["modes"]), r
+    assert r["mmap"] and all(e == "EACCES" for e in r["mmap"]), r
+    assert r["perms"] and all("w" not in p for p in r["perms"]), r
+    assert "opened read-only" in r["put"], r
+    assert r["create"] == "denied"
+    assert r["read"] == [0.0, 1.0, 2.0, 3.0, 4.0]
+    del ref
+
+
+def test_a_reader_then_a_writer_in_one_process_share_one_mapping(daemon):
+    """A process whose first client is read-only, then opens a writer: the
+    writer's descriptor joins the process's one mapping of the pool, and
+    both work (and the reverse order, in another process)."""
+    code = textwrap.dedent(f"""
+        import json, sys
+        import numpy as np, shmtensor
+        address = {daemon.address!r}
+        first_ro = sys.argv[1] == "ro-first"
+        a = shmtensor.connect(address, read_only=first_ro)
+        b = shmtensor.connect(address, read_only=not first_ro)
+        writer, reader = (b, a) if first_ro else (a, b)
+        ref = writer.put(np.arange(4.0))
+        buf = writer.create(3, "float32")
+        np.asarray(buf)[:] = 7
+        sealed = buf.seal()
+        out = dict(put=np.asarray(reader.get(ref)).tolist(),
+                   create=np.asarray(reader.get(sealed)).tolist())
+        try:
+            reader.put(np.ones(2))
+            out["reader_put"] = "ok"
+        except shmtensor.PermissionDeniedError:
+            out["reader_put"] = "denied"
+        with open("/proc/self/maps") as f:
+            out["mappings"] = len({{l.split()[4] for l in f
+                                    if "memfd:shmtensor:" in l}})
+        print(json.dumps(out))
+        """)
+    for order in ("ro-first", "rw-first"):
+        out = subprocess.run([sys.executable, "-c", code, order],
+                             capture_output=True, text=True, timeout=60,
+                             env=child_env())
+        assert out.returncode == 0, out.stderr
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        assert r["put"] == [0.0, 1.0, 2.0, 3.0], (order, r)
+        assert r["create"] == [7.0, 7.0, 7.0], (order, r)
+        assert r["reader_put"] == "denied", (order, r)
+        assert r["mappings"] == 1, (order, r)  # One pool, one memory.

@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from conftest import Daemon, child_env, segments_of
+from conftest import Daemon, child_env, shmtensor_shm_files
 
 JOB_PREAMBLE = """
 import json, os, sys
@@ -88,18 +88,17 @@ def alive(pid):
 
 
 def assert_gone(pid, address, within=10.0):
-    """The private daemon `pid` ends and leaves nothing: no segment in
-    /dev/shm, no socket, no directory."""
+    """The private daemon `pid` ends and leaves nothing: no file in
+    /dev/shm (it never makes one), no socket, no directory."""
     deadline = time.monotonic() + within
     while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not alive(pid), f"private daemon {pid} still runs"
     directory = os.path.dirname(address[len("unix:"):])
     deadline = time.monotonic() + within
-    while (os.path.exists(directory) or segments_of(address)) and \
-            time.monotonic() < deadline:
+    while os.path.exists(directory) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not segments_of(address), segments_of(address)
+    assert not shmtensor_shm_files(), shmtensor_shm_files()
     assert not os.path.exists(directory), os.listdir(directory)
 
 
@@ -153,7 +152,7 @@ import time; time.sleep(300)
     try:
         first = json.loads(job.stdout.readline())
         assert json.loads(job.stdout.readline()) == {"holding": True}
-        assert alive(first["pid"]) and segments_of(first["address"])
+        assert alive(first["pid"]) and not shmtensor_shm_files()
         job.send_signal(signal.SIGKILL)
         job.wait(timeout=10)
         assert_gone(first["pid"], first["address"])
@@ -317,23 +316,22 @@ def test_the_owner_must_be_the_daemons_parent(daemon):
 
 
 
-def test_the_default_pool_shrinks_to_a_small_shm_and_a_memory_limit(monkeypatch):
+def test_the_default_pool_shrinks_to_available_memory_and_a_limit(monkeypatch):
     from shmtensor import _autostart
 
-    class Shm:
-        def __init__(self, free):
-            self.f_bavail, self.f_frsize = free // 4096, 4096
-
-    free = {"bytes": 64 << 20}  # A container's default /dev/shm, empty.
-    monkeypatch.setattr(_autostart.os, "statvfs", lambda p: Shm(free["bytes"]))
+    available = {"bytes": 64 << 20}  # A small machine, nearly full.
+    monkeypatch.setattr(_autostart, "_mem_available",
+                        lambda: available["bytes"])
     monkeypatch.setattr(_autostart, "_cgroup_memory_limit", lambda: None)
+    # /dev/shm plays no part: the pool is a memfd.
+    monkeypatch.setattr(_autostart.os, "statvfs", None)
     assert _autostart._default_pool_bytes() == "32MiB"
-    free["bytes"] = 64 << 30
+    available["bytes"] = 64 << 30
     assert _autostart._default_pool_bytes() == "1024MiB"
     # A systemd unit with MemoryMax=512M.
     monkeypatch.setattr(_autostart, "_cgroup_memory_limit", lambda: 512 << 20)
     assert _autostart._default_pool_bytes() == "128MiB"
-    free["bytes"] = 20 << 20
+    available["bytes"] = 20 << 20
     with pytest.raises(Exception) as e:
         _autostart._default_pool_bytes()
     assert "SHMTENSOR_POOL_SIZE" in str(e.value) and "10 MiB" in str(e.value)
@@ -343,8 +341,9 @@ def test_the_default_pool_shrinks_to_a_small_shm_and_a_memory_limit(monkeypatch)
 def test_in_a_container_like_setting_another_uid_and_a_64_mib_shm():
     """A job as another user (nobody), with a /dev/shm of its own of 64 MiB
     (a container's default), and no daemon: the private daemon it starts
-    fits there (32 MiB, half the free space), serves, and leaves the tmpfs
-    empty. Needs root (a mount namespace, setpriv); skipped without."""
+    gets a pool larger than that /dev/shm (its memory is a memfd), serves,
+    and never puts a file in the tmpfs. Needs root (a mount namespace,
+    setpriv); skipped without."""
     if os.geteuid() != 0 or not shutil.which("unshare") or \
             not shutil.which("setpriv"):
         pytest.skip("needs root, unshare and setpriv")
@@ -374,9 +373,9 @@ def test_in_a_container_like_setting_another_uid_and_a_64_mib_shm():
     assert out.returncode == 0, out.stdout + out.stderr
     (r,) = reports(out.stdout)
     assert r["uid"] == 65534 and r["total"] == 1 << 20
-    assert r["pool"] == 32 << 20, r
-    assert len(r["shm"]) == 1 and r["shm"][0].startswith("shmtensor-65534-"), r
-    assert "32MiB pool" in out.stderr
+    assert r["pool"] > 64 << 20, r
+    assert r["shm"] == [], r
+    assert f"{r['pool'] >> 20}MiB pool" in out.stderr
     assert "left=0" in out.stdout, out.stdout
     # The daemon ended with the job (before the shell listed /dev/shm, or
     # just after: wait for it) and its directory in /tmp is gone.
@@ -400,10 +399,10 @@ except shmtensor.DaemonUnavailableError as e:
 """)
     assert out.returncode == 0, out.stderr
     first, second = reports(out.stdout)
-    # A killed daemon cleans nothing up: the test does.
+    # A killed daemon leaves its socket directory (its pool was a memfd:
+    # nothing in /dev/shm); the test removes it.
+    assert not shmtensor_shm_files()
     directory = os.path.dirname(first["address"][len("unix:"):])
-    for name in segments_of(first["address"]):
-        os.unlink(os.path.join("/dev/shm", name))
     shutil.rmtree(directory, ignore_errors=True)
     assert f"(pid {first['pid']}) was killed by signal 9" in second["error"]
     assert "its log is on this process's stderr" in second["error"]

@@ -89,14 +89,17 @@ def both(dataset, daemon, **kwargs):
 
 def in_pool(ptr):
     """True when address `ptr` lies in this process's mapping of a
-    shmtensord pool segment: zero-copy from the pool, not a private copy."""
+    shmtensord pool: zero-copy from the pool, not a private copy. A pool is
+    a memfd ("/memfd:shmtensor:<pool> (deleted)" in /proc/self/maps) or an
+    unnamed file of a pool directory ("<dir>/#<inode> (deleted)")."""
     with open("/proc/self/maps") as f:
         for line in f:
             fields = line.split()
             lo, hi = (int(x, 16) for x in fields[0].split("-"))
             if lo <= ptr < hi:
-                return (len(fields) >= 6 and
-                        os.path.basename(fields[5]).startswith("shmtensor-"))
+                return len(fields) >= 6 and (
+                    fields[5].startswith("/memfd:shmtensor:") or
+                    "/#" in fields[5])
     return False
 
 

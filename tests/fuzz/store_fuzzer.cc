@@ -84,8 +84,10 @@ void Run(const uint8_t* data, size_t size) {
   Input in(data, size);
   std::vector<std::unique_ptr<Pool>> pools;
   pools.push_back(std::make_unique<Pool>(
-      "default", std::make_unique<FakeSegment>(
-                     kPoolPages * kPage, in.Byte() % 2 ? 0 : 16 * kPage)));
+      "default",
+      std::make_unique<FakeSegment>(kPoolPages * kPage,
+                                    in.Byte() % 2 ? 0 : 16 * kPage),
+      PoolAccessRules(1000)));  // The uid every session below runs as.
   StoreLimits limits;
   limits.max_objects = 40;
   limits.max_leases_per_client = 30;

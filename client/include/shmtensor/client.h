@@ -68,6 +68,12 @@ struct ClientOptions {
   // this process's, root, this uid (when set) or $SHMTENSOR_DAEMON_UID:
   // Connect fails PERMISSION_DENIED naming who serves the socket.
   std::optional<uint32_t> daemon_uid;
+  // A read-only session: the process receives only O_RDONLY descriptors of
+  // this session's pools (no mapping of them can ever be made writable),
+  // and create/put fail PERMISSION_DENIED. Sessions of a user the daemon
+  // lets only read a pool (read_only_users, read_only_groups) are read-only
+  // there whatever this says.
+  bool read_only = false;
 };
 
 struct CreateOptions {

@@ -2,6 +2,7 @@
 #ifndef SHMTENSOR_CLIENT_INCLUDE_SHMTENSOR_DEFAULTS_H_
 #define SHMTENSOR_CLIENT_INCLUDE_SHMTENSOR_DEFAULTS_H_
 
+#include <cstddef>
 #include <string>
 
 namespace shmtensor {
@@ -18,6 +19,16 @@ inline constexpr char kAddressEnv[] = "SHMTENSOR_ADDRESS";
 // write: no other user can take the address first (a client also checks who
 // serves it, ClientOptions::daemon_uid).
 std::string DefaultAddress();
+
+// The daemon serves pool descriptors (SCM_RIGHTS) on a second Unix socket
+// beside its gRPC one: the gRPC socket's path with this suffix appended
+// (DescriptorRequest in shmtensor.proto).
+inline constexpr char kDescriptorSocketSuffix[] = ".fd";
+
+// Most pools one daemon serves; pool ids are below it. A client receives
+// every host pool's descriptor in one message, and the kernel passes at
+// most 253 in one.
+inline constexpr size_t kMaxPools = 64;
 
 // Environment variable naming one more uid (or user name) a client accepts
 // as its daemon's, besides its own and root: e.g. the service user of a

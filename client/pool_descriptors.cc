@@ -1,0 +1,137 @@
+#include "client/pool_descriptors.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "client/daemon_socket.h"
+#include "shmtensor/defaults.h"
+
+namespace shmtensor::internal {
+namespace {
+
+// Most descriptors one reply may carry.
+constexpr size_t kMaxDescriptors = kMaxPools;
+
+void CloseAll(const std::vector<int>& fds) {
+  for (int fd : fds) close(fd);
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<PoolDescriptor>> FetchPoolDescriptors(
+    const std::string& socket_path, uint64_t session_id,
+    const std::string& secret, absl::Time deadline,
+    std::optional<uid_t> daemon_uid) {
+  const std::string path = socket_path + kDescriptorSocketSuffix;
+  absl::StatusOr<int> sock =
+      ConnectDaemonSocket(path, deadline, daemon_uid, SOCK_SEQPACKET);
+  if (!sock.ok()) return sock.status();
+  const int fd = *sock;
+  v1::DescriptorRequest request;
+  request.set_session_id(session_id);
+  request.set_secret(secret);
+  const std::string bytes = request.SerializeAsString();
+  if (send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(bytes.size())) {
+    const int e = errno;
+    close(fd);
+    return absl::UnavailableError(
+        absl::StrFormat("sending the descriptor request on unix:%s: %s", path,
+                        std::strerror(e)));
+  }
+  char buf[4096];
+  std::vector<char> control(CMSG_SPACE(sizeof(int) * kMaxDescriptors));
+  iovec iov{buf, sizeof(buf)};
+  msghdr msg{};
+  ssize_t n = -1;
+  while (true) {
+    const int64_t left = absl::ToInt64Milliseconds(deadline - absl::Now());
+    pollfd p{fd, POLLIN, 0};
+    if (left <= 0 ||
+        poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 60000))) == 0) {
+      close(fd);
+      return absl::UnavailableError(absl::StrFormat(
+          "no answer to the descriptor request on unix:%s in time", path));
+    }
+    msg = msghdr{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.data();
+    msg.msg_controllen = control.size();
+    n = recvmsg(fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (n >= 0 || (errno != EAGAIN && errno != EINTR)) break;
+  }
+  const int recv_errno = errno;
+  close(fd);
+  std::vector<int> fds;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); n >= 0 && c != nullptr;
+       c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    const size_t at = fds.size();
+    fds.resize(at + count);
+    memcpy(fds.data() + at, CMSG_DATA(c), count * sizeof(int));
+  }
+  if (n < 0) {
+    return absl::UnavailableError(
+        absl::StrFormat("reading the descriptor reply on unix:%s: %s", path,
+                        std::strerror(recv_errno)));
+  }
+  v1::DescriptorReply reply;
+  // A reply is never empty (DescriptorReply.granted, or a code): zero bytes
+  // is the daemon closing the connection.
+  if (n == 0 || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0 ||
+      !reply.ParseFromArray(buf, static_cast<int>(n))) {
+    CloseAll(fds);
+    return absl::InternalError(absl::StrFormat(
+        "the daemon's descriptor reply on unix:%s (%d bytes) is malformed",
+        path, n));
+  }
+  if (reply.code() != 0 || !reply.granted()) {
+    CloseAll(fds);
+    return absl::Status(reply.code() != 0
+                            ? static_cast<absl::StatusCode>(reply.code())
+                            : absl::StatusCode::kInternal,
+                        absl::StrCat("shmtensord refused this process the "
+                                     "pools' descriptors: ",
+                                     reply.message().substr(0, 1024)));
+  }
+  if (static_cast<size_t>(reply.pool_ids_size()) != fds.size() ||
+      reply.access_size() != reply.pool_ids_size()) {
+    CloseAll(fds);
+    return absl::InternalError(absl::StrFormat(
+        "the daemon's descriptor reply names %d pools but carries %d "
+        "descriptors",
+        reply.pool_ids_size(), fds.size()));
+  }
+  std::vector<PoolDescriptor> out;
+  for (size_t i = 0; i < fds.size(); ++i) {
+    struct stat st;
+    const int flags = fcntl(fds[i], F_GETFL);
+    const int want =
+        reply.access(i) == v1::POOL_ACCESS_READ_WRITE ? O_RDWR : O_RDONLY;
+    if (fstat(fds[i], &st) != 0 || !S_ISREG(st.st_mode) || flags < 0 ||
+        (flags & O_ACCMODE) != want) {
+      CloseAll(fds);
+      return absl::InternalError(absl::StrFormat(
+          "descriptor %d of the daemon's reply is not a pool opened for "
+          "its access",
+          i));
+    }
+    out.push_back({reply.pool_ids(i), reply.access(i), fds[i]});
+  }
+  return out;
+}
+
+}  // namespace shmtensor::internal
