@@ -247,7 +247,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   const std::string monitor_address = MonitorAddress(config.monitor_listen);
   if (!monitor_address.empty()) addresses.push_back(monitor_address);
   d->monitor_ = std::make_unique<MonitorService>(
-      *d->store_, SHMTENSOR_VERSION, addresses, std::move(unavailable));
+      *d->store_, SHMTENSOR_VERSION, addresses, std::move(unavailable),
+      d->connections_.get());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

@@ -11,8 +11,10 @@ namespace shmtensor::daemon {
 
 MonitorService::MonitorService(ObjectStore& store, std::string version,
                                std::vector<std::string> addresses,
-                               std::vector<v1::UnavailablePool> unavailable)
+                               std::vector<v1::UnavailablePool> unavailable,
+                               const ConnectionTable* connections)
     : store_(store),
+      connections_(connections),
       version_(std::move(version)),
       unavailable_(std::move(unavailable)),
       addresses_(std::move(addresses)) {}
@@ -28,8 +30,18 @@ void MonitorService::Shutdown() {
   stop_.SignalAll();
 }
 
-v1::DaemonStatus MonitorService::Snapshot() const {
-  v1::DaemonStatus s = store_.Status();
+std::optional<PeerCredentials> MonitorService::Viewer(
+    const grpc::ServerContext* ctx) const {
+  if (connections_ == nullptr) return std::nullopt;
+  std::optional<Connection> c = connections_->Find(ctx->peer());
+  if (!c.has_value() || c->peer.uid == 0 || c->peer.uid == geteuid()) {
+    return std::nullopt;
+  }
+  return c->peer;
+}
+
+v1::DaemonStatus MonitorService::Snapshot(const PeerCredentials* viewer) const {
+  v1::DaemonStatus s = store_.Status(viewer);
   s.set_version(version_);
   s.set_pid(getpid());
   for (const v1::UnavailablePool& u : unavailable_) {
@@ -43,21 +55,25 @@ v1::DaemonStatus MonitorService::Snapshot() const {
 grpc::Status MonitorService::GetStatus(grpc::ServerContext* ctx,
                                        const v1::GetStatusRequest* req,
                                        v1::DaemonStatus* resp) {
-  *resp = Snapshot();
+  const std::optional<PeerCredentials> viewer = Viewer(ctx);
+  *resp = Snapshot(viewer ? &*viewer : nullptr);
   return grpc::Status::OK;
 }
 
 grpc::Status MonitorService::ListObjects(grpc::ServerContext* ctx,
                                          const v1::ListObjectsRequest* req,
                                          v1::ListObjectsResponse* resp) {
-  *resp = store_.ListObjects(req->limit(), req->page_token());
+  const std::optional<PeerCredentials> viewer = Viewer(ctx);
+  *resp = store_.ListObjects(req->limit(), req->page_token(),
+                             viewer ? &*viewer : nullptr);
   return grpc::Status::OK;
 }
 
 grpc::Status MonitorService::ListClients(grpc::ServerContext* ctx,
                                          const v1::ListClientsRequest* req,
                                          v1::ListClientsResponse* resp) {
-  *resp = store_.ListClients();
+  const std::optional<PeerCredentials> viewer = Viewer(ctx);
+  *resp = store_.ListClients(viewer ? &*viewer : nullptr);
   return grpc::Status::OK;
 }
 
@@ -89,6 +105,7 @@ grpc::Status MonitorService::Watch(
       --m->watches_;
     }
   } done{this};
+  const std::optional<PeerCredentials> viewer = Viewer(ctx);
   const absl::Duration interval = absl::Milliseconds(req->interval_ms());
   absl::Time next = absl::Now();
   for (uint32_t sent = 0; req->count() == 0 || sent < req->count(); ++sent) {
@@ -109,7 +126,7 @@ grpc::Status MonitorService::Watch(
         return grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled");
       }
     }
-    if (!writer->Write(Snapshot())) {
+    if (!writer->Write(Snapshot(viewer ? &*viewer : nullptr))) {
       return grpc::Status(grpc::StatusCode::CANCELLED, "watcher went away");
     }
     // The next tick; after a late write, skip the missed ticks rather than

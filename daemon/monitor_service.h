@@ -2,6 +2,12 @@
 // read-only snapshots of the ObjectStore plus what only the daemon knows
 // (version, pid, addresses).
 //
+// What a caller sees: everything for root, the daemon's own user and callers
+// on the TCP monitoring address (an operator's choice, monitor_listen);
+// for any other user on the Unix socket (who may reach it when the socket is
+// shared), only the pools it may use and their objects, and its own
+// sessions (ObjectStore's `viewer`).
+//
 // Unary calls and Watch use the synchronous API; a Watch holds one server
 // thread while it streams and wakes at least every 100 ms to notice a
 // cancelled caller or Shutdown(). At most kMaxWatches stream at once (more
@@ -13,11 +19,13 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "daemon/connections.h"
 #include "daemon/object_store.h"
 #include "shmtensor/v1/monitor.grpc.pb.h"
 
@@ -35,9 +43,12 @@ class MonitorService final : public v1::Monitor::Service {
   // the socket first.
   // `unavailable` lists the configured pools the daemon serves without
   // (reported in every status).
+  // `connections` (may be null: everything for everyone) tells who calls
+  // on the Unix socket.
   MonitorService(ObjectStore& store, std::string version,
                  std::vector<std::string> addresses,
-                 std::vector<v1::UnavailablePool> unavailable = {});
+                 std::vector<v1::UnavailablePool> unavailable = {},
+                 const ConnectionTable* connections = nullptr);
 
   // Replaces the addresses reported (once ports are bound: "host:0" becomes
   // the port the kernel chose).
@@ -60,9 +71,13 @@ class MonitorService final : public v1::Monitor::Service {
                      grpc::ServerWriter<v1::DaemonStatus>* writer) override;
 
  private:
-  v1::DaemonStatus Snapshot() const;
+  v1::DaemonStatus Snapshot(const PeerCredentials* viewer) const;
+  // The caller's credentials when its view is restricted (see above), else
+  // nullopt.
+  std::optional<PeerCredentials> Viewer(const grpc::ServerContext* ctx) const;
 
   ObjectStore& store_;
+  const ConnectionTable* const connections_;
   const std::string version_;
   const std::vector<v1::UnavailablePool> unavailable_;
   mutable absl::Mutex mu_;

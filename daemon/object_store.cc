@@ -1074,14 +1074,16 @@ std::string ObjectStore::ClientString(uint64_t session_id) const {
   return absl::StrFormat("'%s' pid %d", it->second.client_name, it->second.pid);
 }
 
-v1::DaemonStatus ObjectStore::Status() const {
+v1::DaemonStatus ObjectStore::Status(const PeerCredentials* viewer) const {
   absl::MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
   v1::DaemonStatus out;
   out.set_daemon_epoch(epoch_);
   out.set_uptime_ms(absl::ToInt64Milliseconds(now - start_time_));
   out.set_time_unix_ms(absl::ToUnixMillis(now));
+  const std::vector<bool> visible = VisiblePools(viewer);
   for (size_t i = 0; i < pools_.size(); ++i) {
+    if (!visible[i]) continue;
     const Pool& pool = *pools_[i];
     v1::PoolStatus* ps = out.add_pools();
     *ps->mutable_info() = pool_infos_[i];
@@ -1116,17 +1118,27 @@ v1::DaemonStatus ObjectStore::Status() const {
   return out;
 }
 
-v1::ListObjectsResponse ObjectStore::ListObjects(uint32_t limit,
-                                                 uint64_t page_token) const {
+v1::ListObjectsResponse ObjectStore::ListObjects(
+    uint32_t limit, uint64_t page_token, const PeerCredentials* viewer) const {
   absl::MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
   if (limit == 0 || limit > kMaxListPage) limit = kMaxListPage;
   v1::ListObjectsResponse out;
-  out.set_total(live_objects_);
+  const std::vector<bool> visible = VisiblePools(viewer);
+  uint64_t total = 0;
+  for (size_t i = 0; i < pools_.size(); ++i) {
+    if (visible[i]) total += pools_[i]->objects;
+  }
+  out.set_total(viewer == nullptr ? live_objects_ : total);
   auto it = by_serial_.upper_bound(page_token);
-  for (uint32_t n = 0; it != by_serial_.end() && n < limit; ++it, ++n) {
+  uint64_t scanned = 0;
+  for (uint32_t n = 0; it != by_serial_.end() && n < limit &&
+                       scanned < uint64_t{4} * kMaxListPage;
+       ++it, ++scanned) {
     const uint32_t slot = it->second;
     const Object& obj = slots_[slot].object;
+    if (!visible[obj.pool]) continue;
+    ++n;
     v1::ObjectStatus* o = out.add_objects();
     *o->mutable_ref() = MakeRef(slot);
     o->mutable_ref()->clear_nonce();  // Listed, not usable.
@@ -1160,17 +1172,33 @@ v1::ListObjectsResponse ObjectStore::ListObjects(uint32_t limit,
         creator == sessions_.end() ? 0 : creator->second.client_id);
     o->set_creator(ClientString(obj.creator));
   }
-  if (it != by_serial_.end() && out.objects_size() > 0) {
+  if (it != by_serial_.end() && scanned > 0) {
     out.set_next_page_token(std::prev(it)->first);
   }
   return out;
 }
 
-v1::ListClientsResponse ObjectStore::ListClients() const {
+std::vector<bool> ObjectStore::VisiblePools(
+    const PeerCredentials* viewer) const {
+  std::vector<bool> visible(pools_.size(), true);
+  if (viewer == nullptr) return visible;
+  for (size_t i = 0; i < pools_.size(); ++i) {
+    visible[i] =
+        pools_[i]->access().AccessOf(*viewer) != v1::POOL_ACCESS_UNSPECIFIED;
+  }
+  return visible;
+}
+
+v1::ListClientsResponse ObjectStore::ListClients(
+    const PeerCredentials* viewer) const {
   absl::MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
   std::vector<const std::pair<const uint64_t, Session>*> open;
-  for (const auto& entry : sessions_) open.push_back(&entry);
+  for (const auto& entry : sessions_) {
+    if (viewer == nullptr || entry.second.peer.process.uid == viewer->uid) {
+      open.push_back(&entry);
+    }
+  }
   std::sort(open.begin(), open.end(), [](const auto* a, const auto* b) {
     return a->second.serial < b->second.serial;
   });

@@ -260,16 +260,23 @@ class ObjectStore {
                           const PeerCredentials* caller = nullptr) const;
 
   // Monitoring snapshots (one lock each). Status fills the store's part of
-  // DaemonStatus: pools, counts, limits, uptime, epoch.
-  v1::DaemonStatus Status() const;
+  // DaemonStatus: pools, counts, limits, uptime, epoch. With a `viewer` (a
+  // caller who is neither root nor the daemon's user), each shows only what
+  // that user may see: the pools it may use and their objects, and its own
+  // sessions; null shows everything (operators).
+  v1::DaemonStatus Status(const PeerCredentials* viewer = nullptr) const;
   // Live objects oldest first, one page: at most `limit` (0, or more than
   // kMaxListPage: kMaxListPage) created after the one `page_token` names
-  // (0: from the oldest). next_page_token is set when more follow. Refs
-  // are listed without their nonce: a listing hands out no usable ref.
+  // (0: from the oldest). next_page_token is set when more follow (a
+  // viewer's page may be short: at most 4 * kMaxListPage objects are looked
+  // at per call). Refs are listed without their nonce: a listing hands out
+  // no usable ref.
   static constexpr uint32_t kMaxListPage = 10000;
-  v1::ListObjectsResponse ListObjects(uint32_t limit,
-                                      uint64_t page_token = 0) const;
-  v1::ListClientsResponse ListClients() const;
+  v1::ListObjectsResponse ListObjects(
+      uint32_t limit, uint64_t page_token = 0,
+      const PeerCredentials* viewer = nullptr) const;
+  v1::ListClientsResponse ListClients(
+      const PeerCredentials* viewer = nullptr) const;
 
   // Fails every waiter and every later call with UNAVAILABLE. Sessions stay
   // until EndSession.
@@ -347,6 +354,8 @@ class ObjectStore {
   };
   // The pools `s` may use, with its access to each.
   std::vector<v1::PoolInfo> PoolsOf(const Session& s) const;
+  // By pool id: whether `viewer` may use the pool (all, for null).
+  std::vector<bool> VisiblePools(const PeerCredentials* viewer) const;
   // OK when `s` may read (or, with `write`, write) pool `pool_id`;
   // PERMISSION_DENIED naming the pool, the session's uid and `what` (the
   // request it refuses) otherwise.

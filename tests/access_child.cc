@@ -23,6 +23,9 @@
 //                             asks for another session's descriptors
 //   bigput ADDRESS BYTES      puts BYTES of a pattern, reads them back
 //                             through a view, prints "bigput BYTES ok"
+//   monitor ADDRESS           asks the Monitor service; prints the pools of
+//                             its status, the names of the objects it lists
+//                             and the uids of the clients it lists
 #include <fcntl.h>
 #include <grp.h>
 #include <sched.h>
@@ -46,6 +49,7 @@
 #include "absl/strings/str_split.h"
 #include "shmtensor/client.h"
 #include "shmtensor/errors.h"
+#include "shmtensor/v1/monitor.grpc.pb.h"
 #include "tests/descriptor_probe.h"
 
 namespace {
@@ -202,11 +206,38 @@ int BigPut(const std::string& address, uint64_t n) {
   return 0;
 }
 
+int Monitor(const std::string& address) {
+  auto stub = shmtensor::v1::Monitor::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext c1, c2, c3;
+  shmtensor::v1::DaemonStatus status;
+  shmtensor::v1::ListObjectsResponse objects;
+  shmtensor::v1::ListClientsResponse clients;
+  if (!stub->GetStatus(&c1, {}, &status).ok() ||
+      !stub->ListObjects(&c2, {}, &objects).ok() ||
+      !stub->ListClients(&c3, {}, &clients).ok()) {
+    Say("monitor error");
+    return 3;
+  }
+  std::vector<std::string> pools, names, uids;
+  for (const auto& p : status.pools()) pools.push_back(p.info().name());
+  for (const auto& o : objects.objects()) names.push_back(o.name());
+  for (const auto& c : clients.clients()) uids.push_back(absl::StrCat(c.uid()));
+  Say("status_pools " + absl::StrJoin(pools, ","));
+  Say("objects " + absl::StrJoin(names, ","));
+  Say("clients " + absl::StrJoin(uids, ","));
+  Say("done");
+  return 0;
+}
+
 int Run(int argc, char** argv) {
   int i = 1;
   if (i < argc && std::string(argv[i]) == "--unshare-shm") {
+    // Nothing mounted here may reach the host's namespace: every mount
+    // private, or (in a chroot, whose / is no mount point) /dev/shm's.
     if (unshare(CLONE_NEWNS) != 0 ||
-        mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+        (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 &&
+         mount(nullptr, "/dev/shm", nullptr, MS_PRIVATE, nullptr) != 0) ||
         mount("shmtensor-test-shm", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV,
               "size=16m,mode=1777") != 0) {
       Say(absl::StrCat("unshare failed ", std::strerror(errno)));
@@ -253,6 +284,7 @@ int Run(int argc, char** argv) {
         shmtensor::testing::DescriptorRequestBytes(session, secret)));
     return 0;
   }
+  if (cmd == "monitor") return Monitor(a[0]);
   if (cmd == "bigput" && a.size() == 2) {
     uint64_t n;
     if (!absl::SimpleAtoi(a[1], &n)) return 2;

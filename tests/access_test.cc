@@ -215,6 +215,31 @@ TEST_F(AccessTest, AReadOnlySessionOfAWriterIsReadOnlyByTheKernel) {
   EXPECT_TRUE(seen);
 }
 
+// Monitoring shows a user who is neither root nor the daemon's only the
+// pools it may use, their objects and its own sessions.
+TEST_F(AccessTest, MonitoringShowsAnotherUserOnlyWhatItMayUse) {
+  std::vector<uint8_t> bytes(4096, 1);
+  ASSERT_TRUE(
+      client_
+          ->Put(bytes.data(),
+                {.size_bytes = 4096, .name = "secret", .pool = "private"})
+          .ok());
+  std::map<std::string, std::string> held = Use(kReader, "");  // Stays open.
+  ASSERT_EQ(held["fds"], "rdonly");
+  children_.push_back(
+      Child({"--uid", absl::StrCat(kReader), "monitor", address_}));
+  std::map<std::string, std::string> r = Report(*children_.back());
+  EXPECT_EQ(r["status_pools"], "default");
+  EXPECT_EQ(r["objects"], "shared");  // Not "secret", in "private".
+  EXPECT_EQ(r["clients"], absl::StrCat(kReader));  // Not root's session.
+  // Root (an operator) sees everything.
+  children_.push_back(Child({"monitor", address_}));
+  r = Report(*children_.back());
+  EXPECT_EQ(r["status_pools"], "default,private");
+  EXPECT_TRUE(absl::StrContains(r["objects"], "secret")) << r["objects"];
+  EXPECT_TRUE(absl::StrContains(r["clients"], "0")) << r["clients"];
+}
+
 // The descriptor socket hands descriptors to the session's own process
 // with the session's secret, and to nobody else.
 TEST_F(AccessTest, OnlyTheSessionsProcessWithItsSecretGetsDescriptors) {
