@@ -330,6 +330,10 @@ void Daemon::Shutdown() {
   server_->GetHealthCheckService()->Shutdown();
   listener_->Stop();
   descriptors_->Stop();
+  spdlog::info(
+      "descriptor socket: {} sessions given their pools, {} "
+      "connections refused or closed without",
+      descriptors_->granted(), descriptors_->refused());
   {
     absl::MutexLock lock(&reaper_mu_);
     stopping_ = true;

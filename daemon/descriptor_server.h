@@ -66,8 +66,8 @@ class DescriptorServer {
   void Stop();
 
   // Requests answered with descriptors, and connections refused or closed
-  // without any (bad request, refused, timed out, over a bound). For tests
-  // and the log.
+  // without any (bad request, refused, timed out, over a bound). Logged at
+  // shutdown.
   uint64_t granted() const { return granted_.load(); }
   uint64_t refused() const { return refused_.load(); }
 

@@ -170,14 +170,9 @@ std::vector<v1::PoolInfo> ObjectStore::PoolsOf(const Session& s) const {
   return out;
 }
 
-absl::Status ObjectStore::CheckAccess(const Session& s, uint32_t pool_id,
-                                      bool write,
+absl::Status ObjectStore::AccessError(const Session& s, uint32_t pool_id,
                                       absl::string_view what) const {
   const v1::PoolAccess a = s.access[pool_id];
-  if (a == v1::POOL_ACCESS_READ_WRITE ||
-      (!write && a == v1::POOL_ACCESS_READ)) {
-    return absl::OkStatus();
-  }
   const std::string& pool = pools_[pool_id]->name();
   if (a == v1::POOL_ACCESS_READ) {
     return absl::PermissionDeniedError(absl::StrFormat(
@@ -486,9 +481,8 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::TryCreate(
           "this session may use no host pool; name the pool to create in");
     }
   }
-  if (absl::Status s = CheckAccess(**session, pool_id, true, "create");
-      !s.ok()) {
-    return s;
+  if (!Allowed(**session, pool_id, true)) {
+    return AccessError(**session, pool_id, "create");
   }
   Pool& pool = *pools_[pool_id];
   uint64_t capacity = 0;
@@ -619,13 +613,12 @@ absl::StatusOr<Handout> ObjectStore::Get(uint64_t session_id,
   Object& obj = slots_[*slot].object;
   const bool can_write =
       (**session).access[obj.pool] == v1::POOL_ACCESS_READ_WRITE;
-  if (absl::Status s = CheckAccess(
-          **session, obj.pool, obj.state == State::kSharedWritable,
-          obj.state == State::kSharedWritable
-              ? absl::StrCat("get of shared-writable ", RefString(ref))
-              : absl::StrCat("get of ", RefString(ref)));
-      !s.ok()) {
-    return s;
+  if (!Allowed(**session, obj.pool, obj.state == State::kSharedWritable)) {
+    return AccessError(**session, obj.pool,
+                       absl::StrCat(obj.state == State::kSharedWritable
+                                        ? "get of shared-writable "
+                                        : "get of ",
+                                    RefString(ref)));
   }
   switch (obj.state) {
     case State::kWriting:
@@ -687,11 +680,10 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::TryGetByName(
   if (!session.ok()) return session.status();
   auto it = names_.find(name);
   if (it != names_.end() && slots_[it->second].object.state == State::kSealed) {
-    if (absl::Status s =
-            CheckAccess(**session, slots_[it->second].object.pool, false,
-                        absl::StrCat("get of ", Quoted(name)));
-        !s.ok()) {
-      return s;
+    const uint32_t pool = slots_[it->second].object.pool;
+    if (!Allowed(**session, pool, false)) {
+      return AccessError(**session, pool,
+                         absl::StrCat("get of ", Quoted(name)));
     }
     if (absl::Status s = CheckClientLimits(**session, it->second,
                                            slots_[it->second].object.capacity);
@@ -799,11 +791,10 @@ absl::StatusOr<bool> ObjectStore::Delete(uint64_t session_id,
   if (it == names_.end()) {
     return absl::NotFoundError(absl::StrCat("no object named ", Quoted(name)));
   }
-  if (absl::Status s =
-          CheckAccess(**session, slots_[it->second].object.pool, true,
-                      absl::StrCat("delete of ", Quoted(name)));
-      !s.ok()) {
-    return s;
+  if (const uint32_t pool = slots_[it->second].object.pool;
+      !Allowed(**session, pool, true)) {
+    return AccessError(**session, pool,
+                       absl::StrCat("delete of ", Quoted(name)));
   }
   const uint32_t slot = it->second;
   names_.erase(it);

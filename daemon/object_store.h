@@ -356,10 +356,17 @@ class ObjectStore {
   std::vector<v1::PoolInfo> PoolsOf(const Session& s) const;
   // By pool id: whether `viewer` may use the pool (all, for null).
   std::vector<bool> VisiblePools(const PeerCredentials* viewer) const;
-  // OK when `s` may read (or, with `write`, write) pool `pool_id`;
+  // Whether `s` may read (or, with `write`, write) pool `pool_id`. Cheap:
+  // requests on the data path ask it first and build AccessError only when
+  // refused.
+  static bool Allowed(const Session& s, uint32_t pool_id, bool write) {
+    const v1::PoolAccess a = s.access[pool_id];
+    return a == v1::POOL_ACCESS_READ_WRITE ||
+           (!write && a == v1::POOL_ACCESS_READ);
+  }
   // PERMISSION_DENIED naming the pool, the session's uid and `what` (the
-  // request it refuses) otherwise.
-  absl::Status CheckAccess(const Session& s, uint32_t pool_id, bool write,
+  // request refused), for a request Allowed refused.
+  absl::Status AccessError(const Session& s, uint32_t pool_id,
                            absl::string_view what) const;
 
   absl::StatusOr<Session*> FindSession(uint64_t id)
