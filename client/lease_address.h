@@ -2,7 +2,7 @@
 // Python binding's arrays, tensors and ring slots) without including
 // client/lease.h, which needs the generated protobuf headers: the binding
 // is also built where only the public headers and the client library are
-// at hand (bench/gpu_check.sh builds it on the GPU machine).
+// at hand (testing/gpu/gpu_check.sh builds it on the GPU machine).
 #ifndef SHMTENSOR_CLIENT_LEASE_ADDRESS_H_
 #define SHMTENSOR_CLIENT_LEASE_ADDRESS_H_
 

@@ -491,9 +491,11 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::TryCreate(
   if (*bytes > 0) {
     std::optional<Pool::Placement> place = pool.Place(*bytes);
     if (!place || place->capacity > pool.allocator().size()) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("size %d bytes exceeds pool '%s' of %d bytes", *bytes,
-                          pool.name(), pool.allocator().size()));
+      return WithReason(
+          absl::InvalidArgumentError(absl::StrFormat(
+              "size %d bytes exceeds pool '%s' of %d bytes", *bytes,
+              pool.name(), pool.allocator().size())),
+          kReasonLargerThanPool);
     }
     capacity = place->capacity;
     alignment = place->alignment;

@@ -25,11 +25,13 @@ out=build-fuzz
 mkdir -p "$out/corpus"
 # The store and what it stands on, compiled with coverage for the fuzzer.
 srcs=(tests/fuzz/store_fuzzer.cc daemon/object_store.cc
-  daemon/range_allocator.cc daemon/layout.cc daemon/peer.cc client/errors.cc
+  daemon/session_table.cc daemon/object_table.cc daemon/lease_table.cc
+  daemon/release_log.cc daemon/store_views.cc daemon/pool.cc
+  daemon/range_allocator.cc daemon/layout.cc daemon/peer.cc common/errors.cc
   build/proto/shmtensor/v1/shmtensor.pb.cc build/proto/shmtensor/v1/monitor.pb.cc)
 # shellcheck disable=SC2046
 clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined \
-  -fno-sanitize-recover=undefined -I. -Iclient/include -Ibuild/proto \
+  -fno-sanitize-recover=undefined -I. -Icommon/include -Ibuild/proto \
   "${srcs[@]}" -o "$out/store_fuzzer" \
   $(pkg-config --libs absl_status absl_statusor absl_strings absl_str_format \
       absl_synchronization absl_flat_hash_map absl_flat_hash_set absl_time \

@@ -24,7 +24,7 @@
 #include "shmtensor/client.h"
 #include "shmtensor/errors.h"
 #include "shmtensor/v1/monitor.grpc.pb.h"
-#include "tests/scoped_tmpfs.h"
+#include "testing/cpp/scoped_tmpfs.h"
 #include "tests/test_util.h"
 
 namespace shmtensor {

@@ -34,7 +34,7 @@ from . import _autostart
 from . import _dtypes
 from .errors import (AlreadyExistsError, AlreadyTakenError,
                      DaemonUnavailableError, Error, InvalidArgumentError,
-                     NotFoundError, PermissionDeniedError, PoolExhaustedError,
+                     LargerThanPoolError, NotFoundError, PermissionDeniedError, PoolExhaustedError,
                      PreconditionError, StaleReferenceError, TimeoutError)
 
 # At interpreter exit, live clients are kept rather than torn down: gRPC
@@ -46,10 +46,10 @@ _atexit.register(_core._keep_clients_alive_until_exit)
 __version__ = "0.1.0"
 __all__ = [
     "connect", "Client", "Buffer", "View", "ObjectRef", "default_address",
-    "Error", "InvalidArgumentError", "NotFoundError", "StaleReferenceError",
-    "AlreadyExistsError", "PreconditionError", "AlreadyTakenError",
-    "PermissionDeniedError", "PoolExhaustedError", "TimeoutError",
-    "DaemonUnavailableError",
+    "Error", "InvalidArgumentError", "LargerThanPoolError", "NotFoundError",
+    "StaleReferenceError", "AlreadyExistsError", "PreconditionError",
+    "AlreadyTakenError", "PermissionDeniedError", "PoolExhaustedError",
+    "TimeoutError", "DaemonUnavailableError",
 ]
 
 

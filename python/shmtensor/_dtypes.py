@@ -15,28 +15,24 @@ import sys
 
 import numpy as np
 
+from . import _core
 from .errors import InvalidArgumentError
 
-BOOL, UINT8, INT8, INT16, INT32, INT64 = 1, 2, 3, 4, 5, 6
-FLOAT16, BFLOAT16, FLOAT32, FLOAT64 = 7, 8, 9, 10
-COMPLEX64, COMPLEX128, UINT16, UINT32, UINT64 = 11, 12, 13, 14, 15
+# The one dtype table, the C++ one (shmtensor/dtype.h, checked against the
+# proto): rows of (code, name, item size, kind, NumPy dtype string or None,
+# whether torch has it). Everything below is derived from it.
+TABLE = _core._dtype_table()
+_CODE_BY_NAME = {row[1]: row[0] for row in TABLE}
 
-_NUMPY_BY_CODE = {
-    BOOL: np.dtype(np.bool_), UINT8: np.dtype(np.uint8),
-    INT8: np.dtype(np.int8), INT16: np.dtype("<i2"), INT32: np.dtype("<i4"),
-    INT64: np.dtype("<i8"), FLOAT16: np.dtype("<f2"),
-    FLOAT32: np.dtype("<f4"), FLOAT64: np.dtype("<f8"),
-    COMPLEX64: np.dtype("<c8"), COMPLEX128: np.dtype("<c16"),
-    UINT16: np.dtype("<u2"), UINT32: np.dtype("<u4"), UINT64: np.dtype("<u8"),
-}
+BOOL, UINT8, INT8 = _CODE_BY_NAME["bool"], _CODE_BY_NAME["uint8"], _CODE_BY_NAME["int8"]
+BFLOAT16 = _CODE_BY_NAME["bfloat16"]
+
+# Code 0 (untyped bytes) is never what a NumPy or torch dtype maps to.
+_NUMPY_BY_CODE = {code: np.dtype(numpy)
+                  for code, _, _, _, numpy, _ in TABLE if code and numpy}
 _CODE_BY_NUMPY = {(d.kind, d.itemsize): c for c, d in _NUMPY_BY_CODE.items()}
-
-_TORCH_NAMES = {
-    BOOL: "bool", UINT8: "uint8", INT8: "int8", INT16: "int16",
-    INT32: "int32", INT64: "int64", FLOAT16: "float16",
-    BFLOAT16: "bfloat16", FLOAT32: "float32", FLOAT64: "float64",
-    COMPLEX64: "complex64", COMPLEX128: "complex128",
-}
+_TORCH_NAMES = {code: name for code, name, _, _, _, torch in TABLE
+                if code and torch}
 
 
 def _torch():

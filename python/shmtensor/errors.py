@@ -6,6 +6,7 @@ so ``except KeyError`` or ``except TimeoutError`` work as expected::
 
     Error
     ├── InvalidArgumentError (ValueError)   bad input; the message names it
+    │   └── LargerThanPoolError             bigger than the whole pool
     ├── NotFoundError (KeyError)            no such name, pool or lease
     │   └── StaleReferenceError             the ref's object is gone
     ├── AlreadyExistsError                  the name is bound already
@@ -20,7 +21,7 @@ so ``except KeyError`` or ``except TimeoutError`` work as expected::
 import builtins as _builtins
 
 __all__ = [
-    "Error", "InvalidArgumentError", "NotFoundError", "StaleReferenceError",
+    "Error", "InvalidArgumentError", "LargerThanPoolError", "NotFoundError", "StaleReferenceError",
     "AlreadyExistsError", "PreconditionError", "AlreadyTakenError",
     "PermissionDeniedError", "PoolExhaustedError", "TimeoutError",
     "DaemonUnavailableError", "from_status",
@@ -43,6 +44,11 @@ class Error(Exception):
 
 class InvalidArgumentError(Error, ValueError):
     """The request was malformed; the message names the value at fault."""
+
+
+class LargerThanPoolError(InvalidArgumentError):
+    """The size asked for exceeds the whole pool: no wait and no free can make
+    room; only a larger pool (or a smaller object) can."""
 
 
 class NotFoundError(Error, KeyError):
@@ -110,6 +116,7 @@ _BY_REASON = {
     "ERROR_REASON_STALE_REFERENCE": StaleReferenceError,
     "ERROR_REASON_ALREADY_TAKEN": AlreadyTakenError,
     "ERROR_REASON_SESSION_ENDED": DaemonUnavailableError,
+    "ERROR_REASON_LARGER_THAN_POOL": LargerThanPoolError,
 }
 
 

@@ -56,7 +56,7 @@ import torch.utils.data
 
 from . import _autostart, _batch, _core
 from ._local import local_client
-from .errors import Error, InvalidArgumentError, PoolExhaustedError
+from .errors import (Error, LargerThanPoolError, PoolExhaustedError)
 
 __all__ = ["DataLoader", "PoolCollate", "to_tensors"]
 
@@ -310,9 +310,7 @@ class PoolCollate:
                                       timeout=self.pool_timeout)
         except PoolExhaustedError as e:
             raise PoolExhaustedError(self._advice(plan.size, str(e))) from None
-        except InvalidArgumentError as e:  # Larger than the whole pool.
-            if "exceeds pool" not in str(e):
-                raise
+        except LargerThanPoolError as e:
             raise PoolExhaustedError(self._advice(plan.size, str(e))) from None
         _batch.fill(plan, buf.tensor())
         ref = buf.seal(exclusive=True)

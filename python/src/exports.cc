@@ -30,56 +30,34 @@ void DropWithoutGil(std::shared_ptr<internal::Lease>* lease) {
 }
 
 // How a dtype is spelt for NumPy (numpy.dtype) and for the buffer protocol
-// (PEP 3118, the struct module's codes); null where there is none
-// (bfloat16). The bytes are little-endian: buffer formats are native on a
-// little-endian host (memoryview indexes and converts only native ones),
-// explicit "<" ones otherwise.
+// (PEP 3118), from the dtype table (shmtensor/dtype.h); null where there is
+// none (bfloat16). The bytes are little-endian: buffer formats are native
+// on a little-endian host (memoryview indexes and converts only native
+// ones), explicit "<" ones otherwise.
 struct Formats {
   const char* numpy;
   const char* buffer;
 };
 
 Formats FormatsOf(DType dtype) {
+  const DTypeInfo* info = FindDType(dtype);
+  if (info == nullptr) return {nullptr, nullptr};
 #if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-#define SHMTENSOR_LE(code) code
+  return {info->numpy, info->buffer};
 #else
-#define SHMTENSOR_LE(code) "<" code
+  static const std::vector<std::string>* explicit_le = [] {
+    auto* v = new std::vector<std::string>();  // Never freed.
+    for (const DTypeInfo* d = DTypesBegin(); d != DTypesEnd(); ++d) {
+      v->push_back(d->buffer == nullptr ? ""
+                   : d->item_size == 1  ? d->buffer
+                                        : std::string("<") + d->buffer);
+    }
+    return v;
+  }();
+  return {info->numpy, info->buffer == nullptr
+                           ? nullptr
+                           : (*explicit_le)[static_cast<int>(dtype)].c_str()};
 #endif
-  switch (dtype) {
-    case DType::kUnspecified:
-    case DType::kUInt8:
-      return {"u1", "B"};
-    case DType::kBool:
-      return {"?", "?"};
-    case DType::kInt8:
-      return {"i1", "b"};
-    case DType::kInt16:
-      return {"<i2", SHMTENSOR_LE("h")};
-    case DType::kInt32:
-      return {"<i4", SHMTENSOR_LE("i")};
-    case DType::kInt64:
-      return {"<i8", SHMTENSOR_LE("q")};
-    case DType::kFloat16:
-      return {"<f2", SHMTENSOR_LE("e")};
-    case DType::kFloat32:
-      return {"<f4", SHMTENSOR_LE("f")};
-    case DType::kFloat64:
-      return {"<f8", SHMTENSOR_LE("d")};
-    case DType::kComplex64:
-      return {"<c8", SHMTENSOR_LE("Zf")};
-    case DType::kComplex128:
-      return {"<c16", SHMTENSOR_LE("Zd")};
-    case DType::kUInt16:
-      return {"<u2", SHMTENSOR_LE("H")};
-    case DType::kUInt32:
-      return {"<u4", SHMTENSOR_LE("I")};
-    case DType::kUInt64:
-      return {"<u8", SHMTENSOR_LE("Q")};
-    case DType::kBFloat16:
-      return {nullptr, nullptr};
-  }
-#undef SHMTENSOR_LE
-  return {nullptr, nullptr};
 }
 
 // What a buffer export's owner keeps alive: the lease share and the arrays
@@ -102,39 +80,32 @@ int BufferError(const std::string& message) {
   return -1;
 }
 
+// DLPack's type of a dtype, from the dtype table; false for one torch may
+// lack (unsigned beyond 8 bits, torch 1.13).
 bool ToDLDataType(DType dtype, DLDataType* out) {
-  const uint8_t bits = static_cast<uint8_t>(ItemSize(dtype) * 8);
-  switch (dtype) {
-    // torch 1.13 rejects DLPack's bool code: bools travel as uint8 and
-    // view.tensor() reinterprets them.
-    case DType::kBool:
-      *out = {kDLUInt, 8, 1};
+  const DTypeInfo* info = FindDType(dtype);
+  if (info == nullptr || !info->torch) return false;
+  const uint8_t bits = static_cast<uint8_t>(info->item_size * 8);
+  switch (info->kind) {
+    case 'b':  // torch 1.13 rejects DLPack's bool code: bools travel as
+               // uint8 and view.tensor() reinterprets them.
+    case 'u':
+      *out = {kDLUInt, bits, 1};
       return true;
-    case DType::kUnspecified:
-    case DType::kUInt8:
-      *out = {kDLUInt, 8, 1};
-      return true;
-    case DType::kInt8:
-    case DType::kInt16:
-    case DType::kInt32:
-    case DType::kInt64:
+    case 'i':
       *out = {kDLInt, bits, 1};
       return true;
-    case DType::kFloat16:
-    case DType::kFloat32:
-    case DType::kFloat64:
+    case 'f':
       *out = {kDLFloat, bits, 1};
       return true;
-    case DType::kBFloat16:
-      *out = {kDLBfloat, 16, 1};
+    case 'B':
+      *out = {kDLBfloat, bits, 1};
       return true;
-    case DType::kComplex64:
-    case DType::kComplex128:
+    case 'c':
       *out = {kDLComplex, bits, 1};
       return true;
-    default:
-      return false;  // Unsigned beyond 8 bits: not in torch 1.13.
   }
+  return false;
 }
 
 // The DLManagedTensor's context: the shape, strides and lease it refers to.

@@ -21,6 +21,7 @@
 #include "python/src/py_support.h"
 #include "shmtensor/client.h"
 #include "shmtensor/defaults.h"
+#include "shmtensor/dtype.h"
 
 using namespace shmtensor;          // NOLINT: the module body only.
 using namespace shmtensor::python;  // NOLINT
@@ -40,13 +41,28 @@ PYBIND11_MODULE(_core, m) {
   AddObjectTypes(m);
   AddClientType(m);
 
+  // The dtype table (shmtensor/dtype.h), the package's one source of dtype
+  // codes (shmtensor/_dtypes.py): (code, name, item size, kind, NumPy
+  // dtype string or None, whether torch has it), in code order.
+  m.def("_dtype_table", [] {
+    py::list rows;
+    for (const DTypeInfo* d = DTypesBegin(); d != DTypesEnd(); ++d) {
+      rows.append(py::make_tuple(
+          static_cast<int>(d->dtype), d->name, d->item_size,
+          std::string(1, d->kind),
+          d->numpy == nullptr ? py::object(py::none()) : py::str(d->numpy),
+          d->torch));
+    }
+    return py::tuple(rows);
+  });
+
   m.def(
       "_cpp_lifecycles",
       [](py::handle client, int64_t nbytes, int count, bool timed) {
         Client& c = ClientOf(client);
-        // Benchmark hook (bench/python_bench.py): `count` lifecycles of the
-        // C++ client back to back, as a C++ program would run them, the
-        // same steps as bench/python_bench.py's Python loop. Returns the
+        // Benchmark hook (bench/python/python_bench.py): `count` lifecycles of
+        // the C++ client back to back, as a C++ program would run them, the
+        // same steps as bench/python/python_bench.py's Python loop. Returns the
         // thread CPU time they took, in microseconds (0 when not `timed`:
         // reading that clock is a system call).
         py::gil_scoped_release release;
@@ -71,8 +87,8 @@ PYBIND11_MODULE(_core, m) {
       "_cpp_lifecycle",
       [](py::handle client, int64_t nbytes) {
         Client& c = ClientOf(client);
-        // Benchmark hook (bench/python_bench.py): one lifecycle of the C++
-        // client in this process, to compare the binding's overhead
+        // Benchmark hook (bench/python/python_bench.py): one lifecycle of the
+        // C++ client in this process, to compare the binding's overhead
         // against. Returns (wall us, [thread CPU us of each step: nothing
         // (the timer's own cost), create, fill, seal, get, read, release
         // view, release ref]).

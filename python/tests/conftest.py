@@ -1,11 +1,9 @@
-"""Fixtures: a real shmtensord per test, started from the build tree."""
+"""Fixtures: a real shmtensord per test (testing/python/shmtensor_testing.py)."""
 
 import os
-import socket
 import subprocess
 import sys
 import time
-import uuid
 
 import pytest
 
@@ -24,13 +22,18 @@ else:
         sys.path.insert(0, PYTHONPATH)
 
 import shmtensor  # noqa: E402 - after the path is set.
-from shmtensor import _commands  # noqa: E402
 
 if INSTALLED and not os.path.abspath(shmtensor.__file__).startswith(
         os.path.join(sys.prefix, "")):
     raise RuntimeError(f"shmtensor imported from {shmtensor.__file__}, not "
                        f"from the environment {sys.prefix}")
-DAEMON = os.environ.get("SHMTENSOR_DAEMON", _commands.binary("shmtensord"))
+
+# The one Python daemon launcher (testing/python), shared with bench/python.
+sys.path.insert(0, os.path.join(REPO, "testing", "python"))
+from shmtensor_testing import (Daemon, HugeTmpfs, daemon_path,  # noqa: E402
+                               pool_memfds, shmtensor_shm_files)
+
+DAEMON = daemon_path()
 
 
 def child_env(**extra):
@@ -40,91 +43,6 @@ def child_env(**extra):
     if PYTHONPATH is not None:
         env["PYTHONPATH"] = PYTHONPATH
     return env
-
-
-def _die_with_parent():
-    """In the daemon's child process: SIGKILL it when this process dies, so
-    a killed run leaves no daemon (and no pool) behind."""
-    import ctypes
-    import signal as _signal
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, _signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-def shmtensor_shm_files():
-    """Names in /dev/shm that a shmtensord could have made: there must never
-    be any, since pools are unnamed memory (memfd, O_TMPFILE)."""
-    return sorted(n for n in os.listdir("/dev/shm") if n.startswith("shmtensor"))
-
-
-def pool_memfds(pid):
-    """The pool memory a process holds descriptors of, as /proc/PID/fd
-    names it ("/memfd:shmtensor:default (deleted)", or "/dir/#ino (deleted)"
-    for a pool directory's O_TMPFILE file)."""
-    out = []
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("/memfd:shmtensor:") or "/#" in target:
-            out.append(target)
-    return out
-
-
-class Daemon:
-    """A shmtensord on a fresh socket; stop() sends SIGTERM. With
-    `pool_dir`, its pool is an unnamed file in that tmpfs instead of a
-    memfd; with
-    `config` (a TOML file), its pools are that file's."""
-
-    def __init__(self, pool_size="256MiB", pool_dir=None, config=None,
-                 path=None):
-        # A directory of its own, which the daemon makes 0700 (it refuses a
-        # socket directory others can write).
-        self.path = path or f"/tmp/shmtensor-pytest-{os.getpid()}-{uuid.uuid4().hex[:8]}/d.sock"
-        self.address = "unix:" + self.path
-        args = [DAEMON, "--listen", self.address, "--log-level", "warn"]
-        args += ["--config", config] if config else ["--pool-size", pool_size]
-        if pool_dir:
-            args += ["--pool-dir", pool_dir]
-        self.proc = subprocess.Popen(args, preexec_fn=_die_with_parent)
-        deadline = time.monotonic() + 30
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"shmtensord exited with {self.proc.returncode}")
-            try:
-                with socket.socket(socket.AF_UNIX) as s:
-                    s.connect(self.path)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.01)
-        # Its pool: two descriptors (O_RDWR and O_RDONLY) of one memfd.
-        assert pool_memfds(self.proc.pid), "daemon serves but holds no pool"
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=30)
-        return self.proc.returncode
-
-    def kill(self):
-        """SIGKILLs the daemon if it still runs, then removes what a killed
-        daemon leaves behind: its sockets and lock file (its pools are
-        unnamed memory, gone with their last holder)."""
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        for p in (self.path, self.path + ".fd", self.path + ".lock"):
-            try:
-                os.unlink(p)
-            except FileNotFoundError:
-                pass
-        try:
-            os.rmdir(os.path.dirname(self.path))
-        except OSError:
-            pass
 
 
 @pytest.fixture
@@ -138,23 +56,11 @@ def daemon():
 def huge_daemon(tmp_path):
     """A daemon whose 256 MiB pool is on a tmpfs mounted huge=always (2 MiB
     pages). Mounting needs root; the test is skipped, saying so, without."""
-    mnt = tmp_path / "huge"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o",
-                        "huge=always,size=300m,mode=0700",
-                        # Named after us: a later run unmounts it if we
-                        # die first (tests/scoped_tmpfs.h).
-                        f"shmtensor-pytest-{os.getpid()}", str(mnt)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a huge=always tmpfs: {r.stderr.strip()}")
-    try:
-        d = Daemon(pool_dir=str(mnt))
-        try:
+    with HugeTmpfs("300m", parent=str(tmp_path)) as huge:
+        if huge.path is None:
+            pytest.skip(huge.why)
+        with Daemon(pool_dir=huge.path) as d:
             yield d
-        finally:
-            d.kill()
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 @pytest.fixture

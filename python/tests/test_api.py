@@ -291,8 +291,14 @@ def test_exclusive_seal_refuses_live_exports(client):
 def test_errors_name_the_value(client):
     with pytest.raises(shmtensor.InvalidArgumentError, match="-3"):
         client.create((4, -3), "float32")
-    with pytest.raises(shmtensor.InvalidArgumentError, match="exceeds pool"):
+    with pytest.raises(shmtensor.LargerThanPoolError,
+                       match="exceeds pool") as e:
         client.create(1 << 40, "uint8")
+    # A reason, not the message, says no wait can help (the DataLoader's
+    # advice relies on it).
+    assert e.value.reason == "ERROR_REASON_LARGER_THAN_POOL"
+    assert e.value.code == "INVALID_ARGUMENT"
+    assert isinstance(e.value, ValueError)
     with pytest.raises(shmtensor.InvalidArgumentError, match="name"):
         client.create(4, "uint8", name="x" * 300)
     with pytest.raises(ValueError, match="timeout"):

@@ -102,3 +102,48 @@ def test_zero_copy_through_buffer_and_dlpack(client):
     del a, t
     view = client.get(buf.seal())
     assert torch.from_dlpack(view).data_ptr() == view.address
+
+
+def _proto_dtypes():
+    """{code: name} of the wire enum, read from the repository's proto."""
+    import os
+    import re
+    from conftest import REPO
+    with open(os.path.join(REPO, "proto", "shmtensor", "v1",
+                           "shmtensor.proto")) as f:
+        text = f.read()
+    body = re.search(r"enum DType \{(.*?)\}", text, re.S).group(1)
+    return {int(code): name.lower() for name, code in
+            re.findall(r"^\s*DTYPE_(\w+)\s*=\s*(\d+);", body, re.M)}
+
+
+def test_the_dtype_table_is_the_protos():
+    """The package's codes come from one table (the C++ one, via _core); it
+    and the proto's DType enum name the same codes the same way, so a dtype
+    added to one and not the other fails here."""
+    from shmtensor import _dtypes
+    proto = _proto_dtypes()
+    table = {row[0]: row[1] for row in _dtypes.TABLE}
+    assert table == {code: "bytes" if code == 0 else name
+                     for code, name in proto.items()}
+    for code, name, itemsize, _, numpy_name, has_torch in _dtypes.TABLE:
+        if code == 0:
+            continue
+        if numpy_name is not None:  # NumPy has it (all but bfloat16).
+            assert _dtypes.numpy_dtype(code) == np.dtype(name)
+            assert np.dtype(name).itemsize == itemsize
+            assert _dtypes.dtype_code(name) == code
+        if has_torch:
+            assert _dtypes.torch_dtype(code) == getattr(torch, name)
+            assert _dtypes.code_of_torch(getattr(torch, name)) == code
+            assert torch.empty((), dtype=getattr(torch, name)).element_size() == itemsize
+        else:  # uint16/32/64: arrays, never tensors (torch 1.13 lacks them).
+            assert _dtypes.torch_dtype(code) is None
+
+
+def test_float_means_what_numpy_says():
+    """One answer to what "float" means: NumPy's (float64), in every call
+    that takes a dtype string; C++ parses no dtype strings at all."""
+    from shmtensor import _dtypes
+    assert _dtypes.dtype_code("float") == _dtypes.dtype_code(np.dtype(float))
+    assert _dtypes.numpy_dtype(_dtypes.dtype_code("float")) == np.float64

@@ -31,11 +31,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
-#include <sys/un.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -43,7 +39,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <optional>
 #include <string>
 #include <thread>
@@ -55,7 +50,8 @@
 #include "grpcpp/grpcpp.h"
 #include "shmtensor/client.h"
 #include "shmtensor/v1/monitor.grpc.pb.h"
-#include "tests/scoped_tmpfs.h"
+#include "testing/cpp/daemon_process.h"
+#include "testing/cpp/scoped_tmpfs.h"
 
 namespace {
 
@@ -104,67 +100,16 @@ void Check(const absl::Status& s, const char* what) {
   if (!s.ok()) Die(what, s);
 }
 
-// The daemon under test, on a private socket.
-class Daemon {
- public:
-  // A daemon with one pool of `pool_size` in `pool_dir` (empty: a memfd,
-  // the default).
-  Daemon(const std::string& pool_size, const std::string& pool_dir) {
-    static int count = 0;
-    // A directory of its own, which the daemon makes 0700 (and removes).
-    address_ = absl::StrCat("unix:/tmp/shmtensor-bench-", getpid(), "-",
-                            count++, "/d.sock");
-    pid_ = fork();
-    if (pid_ == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);  // No orphan daemon if we die.
-      if (pool_dir.empty()) {
-        execl(SHMTENSOR_DAEMON_PATH, SHMTENSOR_DAEMON_PATH, "--listen",
-              address_.c_str(), "--pool-size", pool_size.c_str(), "--log-level",
-              "warn", nullptr);
-      } else {
-        execl(SHMTENSOR_DAEMON_PATH, SHMTENSOR_DAEMON_PATH, "--listen",
-              address_.c_str(), "--pool-size", pool_size.c_str(), "--pool-dir",
-              pool_dir.c_str(), "--log-level", "warn", nullptr);
-      }
-      _exit(127);
-    }
-    const std::string path = address_.substr(5);
-    for (int i = 0; i < 2000; ++i) {
-      const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
-      sockaddr_un a{};
-      a.sun_family = AF_UNIX;
-      std::strncpy(a.sun_path, path.c_str(), sizeof(a.sun_path) - 1);
-      const bool up =
-          connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
-      close(fd);
-      if (up) return;
-      if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
-        Die("daemon start", absl::InternalError("shmtensord exited"));
-      }
-      usleep(10000);
-    }
-    Die("daemon start", absl::DeadlineExceededError(address_));
-  }
-  ~Daemon() {
-    kill(pid_, SIGTERM);
-    waitpid(pid_, nullptr, 0);
-  }
-  const std::string& address() const { return address_; }
-  // Resident memory of the daemon outside shared memory, in bytes.
-  long PrivateRss() const {
-    std::ifstream f(absl::StrCat("/proc/", pid_, "/status"));
-    long rss = 0, shmem = 0;
-    for (std::string line; std::getline(f, line);) {
-      if (line.rfind("VmRSS:", 0) == 0) rss = std::atol(line.c_str() + 6);
-      if (line.rfind("RssShmem:", 0) == 0) shmem = std::atol(line.c_str() + 9);
-    }
-    return (rss - shmem) * 1024;
-  }
+using shmtensor::testing::DaemonProcess;
 
- private:
-  std::string address_;
-  pid_t pid_;
-};
+// A daemon with one pool of `pool_size` in `pool_dir` (empty: a memfd, the
+// default), on a private socket (testing/cpp/daemon_process.h).
+std::unique_ptr<DaemonProcess> StartDaemon(const std::string& pool_size,
+                                           const std::string& pool_dir) {
+  std::vector<std::string> args = {"--pool-size", pool_size};
+  if (!pool_dir.empty()) args.insert(args.end(), {"--pool-dir", pool_dir});
+  return Check(DaemonProcess::Start(args), "daemon start");
+}
 
 // Phases of one lifecycle, in microseconds.
 struct Phases {
@@ -525,7 +470,7 @@ void BenchCopyIn(const Target& target, int reps) {
       fresh, pool / fresh);
 }
 
-void BenchScale(const Daemon& d, Client& solo, int iters, int clients,
+void BenchScale(const DaemonProcess& d, Client& solo, int iters, int clients,
                 int live_objects) {
   std::printf("\n== 3. Scale: %d live objects, %d concurrent clients ==\n",
               live_objects, clients);
@@ -539,7 +484,7 @@ void BenchScale(const Daemon& d, Client& solo, int iters, int clients,
   };
   for (int i = 0; i < 50; ++i) Lifecycle(solo, bytes, src.data(), nullptr);
   const Summary one = measure(solo, iters);
-  const long rss_before = d.PrivateRss();
+  const int64_t rss_before = d.PrivateRss();
 
   // Each client holds its share of the live objects (4 KiB each, sealed).
   std::vector<Client> cs;
@@ -605,14 +550,14 @@ void BenchScale(const Daemon& d, Client& solo, int iters, int clients,
     std::printf("aggregate throughput, 64 clients: %.0f lifecycles/s\n",
                 all.size() / secs);
   }
-  const long rss_after = d.PrivateRss();
+  const int64_t rss_after = d.PrivateRss();
   std::printf(
       "daemon memory outside pools: %.1f MiB before, %.1f MiB with 10k "
       "objects and 64 sessions (limit 64 MiB)\n",
       rss_before / 1048576.0, rss_after / 1048576.0);
 }
 
-void BenchMonitoring(const Daemon& d, int rounds, double round_s) {
+void BenchMonitoring(const DaemonProcess& d, int rounds, double round_s) {
   constexpr int kClients = 4;
   std::printf(
       "\n== 4. Monitoring while %d clients run 64 KiB lifecycles flat "
@@ -725,7 +670,8 @@ int main(int argc, char** argv) {
     huge &= a != "--no-huge";
     if (a == "--huge-dir" && i + 1 < argc) huge_dir = argv[++i];
   }
-  Daemon daemon("2GiB", "");
+  std::unique_ptr<DaemonProcess> daemon_process = StartDaemon("2GiB", "");
+  const DaemonProcess& daemon = *daemon_process;
   Client client = Check(
       Client::Connect({.address = daemon.address(), .client_name = "bench"}),
       "connect");
@@ -737,7 +683,7 @@ int main(int argc, char** argv) {
     // pages), side by side: mounted here for the run when we may, or the
     // directory given with --huge-dir.
     std::unique_ptr<shmtensor::testing::ScopedTmpfs> tmpfs;
-    std::unique_ptr<Daemon> huge_daemon;
+    std::unique_ptr<DaemonProcess> huge_daemon;
     std::optional<Client> huge_client;
     if (huge && huge_dir.empty()) {
       absl::StatusOr<std::unique_ptr<shmtensor::testing::ScopedTmpfs>> t =
@@ -752,7 +698,7 @@ int main(int argc, char** argv) {
       }
     }
     if (huge && !huge_dir.empty()) {
-      huge_daemon = std::make_unique<Daemon>("2GiB", huge_dir);
+      huge_daemon = StartDaemon("2GiB", huge_dir);
       huge_client = Check(Client::Connect({.address = huge_daemon->address(),
                                            .client_name = "bench-huge"}),
                           "connect");

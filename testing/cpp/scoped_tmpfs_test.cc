@@ -1,7 +1,7 @@
 // ScopedTmpfs: a mount left by a process that died is swept by the next
 // Mount; a live process's mount is not. Needs the privilege to mount (root):
 // skips, saying why, without it.
-#include "tests/scoped_tmpfs.h"
+#include "testing/cpp/scoped_tmpfs.h"
 
 #include <mntent.h>
 #include <signal.h>

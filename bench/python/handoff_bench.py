@@ -25,7 +25,7 @@ method first hands off WARM items untimed, then N timed ones; throughput =
 bytes of the N items / time from the end of the warm-up to the last item.
 The queue between them holds at most 4 items (back-pressure).
 
-Usage: PYTHONPATH=build/python /usr/bin/python3 bench/handoff_bench.py [--quick]
+Usage: PYTHONPATH=build/python /usr/bin/python3 bench/python/handoff_bench.py [--quick]
 """
 
 import multiprocessing as mp
@@ -38,10 +38,11 @@ import numpy as np
 import torch
 import torch.multiprocessing as tmp
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "build", "python"))
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "build", "python"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "testing", "python"))
 import shmtensor  # noqa: E402
-from _daemon import Daemon, HugeTmpfs  # noqa: E402
+from shmtensor_testing import Daemon, HugeTmpfs  # noqa: E402
 
 PAGE = 4096
 

@@ -1,6 +1,6 @@
 // Where an object's bytes live, and the CUDA stream type of the API.
-#ifndef SHMTENSOR_CLIENT_INCLUDE_SHMTENSOR_DEVICE_H_
-#define SHMTENSOR_CLIENT_INCLUDE_SHMTENSOR_DEVICE_H_
+#ifndef SHMTENSOR_COMMON_INCLUDE_SHMTENSOR_DEVICE_H_
+#define SHMTENSOR_COMMON_INCLUDE_SHMTENSOR_DEVICE_H_
 
 #include <cstdint>
 #include <string>
@@ -40,4 +40,4 @@ inline constexpr CudaStream kLegacyDefaultStream = 0;
 
 }  // namespace shmtensor
 
-#endif  // SHMTENSOR_CLIENT_INCLUDE_SHMTENSOR_DEVICE_H_
+#endif  // SHMTENSOR_COMMON_INCLUDE_SHMTENSOR_DEVICE_H_

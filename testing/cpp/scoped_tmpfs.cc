@@ -1,4 +1,4 @@
-#include "tests/scoped_tmpfs.h"
+#include "testing/cpp/scoped_tmpfs.h"
 
 #include <mntent.h>
 #include <signal.h>

@@ -4,17 +4,18 @@ docs/hardening.md). Starts a daemon, reads its resident set (VmRSS) before
 and after making N of each, and prints bytes per item. The pool's pages are
 shared memory the daemon never maps, so they are not in its VmRSS.
 
-    PYTHONPATH=build/python /usr/bin/python3 bench/daemon_memory_bench.py [N]
+    PYTHONPATH=build/python /usr/bin/python3 bench/python/daemon_memory_bench.py [N]
 """
 
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "testing", "python"))
 import numpy as np  # noqa: E402
 
 import shmtensor  # noqa: E402
-from _daemon import Daemon  # noqa: E402
+from shmtensor_testing import Daemon  # noqa: E402
 
 
 def rss(pid):

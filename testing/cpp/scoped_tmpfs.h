@@ -6,13 +6,14 @@
 //
 // A run killed before its destructors (a test's timeout, SIGKILL) would
 // leave its mount, and the pages in it, until reboot. So every mount of ours
-// is named after its owner, "shmtensor-test-<pid>" (the Python tests and
-// benchmarks use "shmtensor-bench-<pid>" and "shmtensor-pytest-<pid>"), and
-// Mount first unmounts those whose owner is gone.
+// is named after its owner, "shmtensor-test-<pid>" (so are the Python
+// launcher's, testing/python/shmtensor_testing.py; "shmtensor-bench-<pid>"
+// and "shmtensor-pytest-<pid>" are older names), and Mount first unmounts
+// those whose owner is gone.
 //
 // Thread safety: not thread-safe; one owner.
-#ifndef SHMTENSOR_TESTS_SCOPED_TMPFS_H_
-#define SHMTENSOR_TESTS_SCOPED_TMPFS_H_
+#ifndef SHMTENSOR_TESTING_CPP_SCOPED_TMPFS_H_
+#define SHMTENSOR_TESTING_CPP_SCOPED_TMPFS_H_
 
 #include <memory>
 #include <string>
@@ -51,4 +52,4 @@ class ScopedTmpfs {
 
 }  // namespace shmtensor::testing
 
-#endif  // SHMTENSOR_TESTS_SCOPED_TMPFS_H_
+#endif  // SHMTENSOR_TESTING_CPP_SCOPED_TMPFS_H_

@@ -4,8 +4,8 @@
 // proto's header comment). Where a code alone is ambiguous the status carries
 // a reason, which travels as gRPC trailing metadata and comes back as an
 // absl::Status payload; use these predicates rather than parsing messages.
-#ifndef SHMTENSOR_CLIENT_INCLUDE_SHMTENSOR_ERRORS_H_
-#define SHMTENSOR_CLIENT_INCLUDE_SHMTENSOR_ERRORS_H_
+#ifndef SHMTENSOR_COMMON_INCLUDE_SHMTENSOR_ERRORS_H_
+#define SHMTENSOR_COMMON_INCLUDE_SHMTENSOR_ERRORS_H_
 
 #include <string>
 
@@ -24,6 +24,7 @@ inline constexpr char kErrorReasonMetadata[] = "shmtensor-error-reason";
 inline constexpr char kReasonStaleReference[] = "ERROR_REASON_STALE_REFERENCE";
 inline constexpr char kReasonSessionEnded[] = "ERROR_REASON_SESSION_ENDED";
 inline constexpr char kReasonAlreadyTaken[] = "ERROR_REASON_ALREADY_TAKEN";
+inline constexpr char kReasonLargerThanPool[] = "ERROR_REASON_LARGER_THAN_POOL";
 
 // Returns `status` with `reason` attached.
 absl::Status WithReason(absl::Status status, absl::string_view reason);
@@ -38,6 +39,10 @@ inline bool IsStaleReference(const absl::Status& s) {
 inline bool IsAlreadyTaken(const absl::Status& s) {
   return ErrorReasonOf(s) == kReasonAlreadyTaken;
 }
+// The requested size exceeds the whole pool: no wait or free can make room.
+inline bool IsLargerThanPool(const absl::Status& s) {
+  return ErrorReasonOf(s) == kReasonLargerThanPool;
+}
 // The client's session with the daemon has ended.
 inline bool IsSessionEnded(const absl::Status& s) {
   return ErrorReasonOf(s) == kReasonSessionEnded;
@@ -45,4 +50,4 @@ inline bool IsSessionEnded(const absl::Status& s) {
 
 }  // namespace shmtensor
 
-#endif  // SHMTENSOR_CLIENT_INCLUDE_SHMTENSOR_ERRORS_H_
+#endif  // SHMTENSOR_COMMON_INCLUDE_SHMTENSOR_ERRORS_H_

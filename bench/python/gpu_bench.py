@@ -16,7 +16,7 @@
     against torch's own copy of the same bytes into a preallocated tensor
     (dst.copy_(src) + synchronize), same sizes, same run.
 
-Usage: bench/gpu_bench.py [--quick] [--device cpu]
+Usage: bench/python/gpu_bench.py [--quick] [--device cpu]
   --device cpu runs the same code on host memory and CPU tensors: a dry run
   of the benchmark on a machine without a GPU (its figures mean nothing for
   the GPU goals). Starts its own shmtensord (build/bin, or $SHMTENSOR_DAEMON)
@@ -29,13 +29,15 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "build",
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "build",
                                 "python"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "testing", "python"))
 import torch  # noqa: E402
 import torch.multiprocessing as tmp  # noqa: E402
 
 import shmtensor  # noqa: E402
-from _daemon import Daemon  # noqa: E402
+from shmtensor_testing import Daemon  # noqa: E402
 
 MiB = 1 << 20
 

@@ -1,6 +1,6 @@
 // Defaults the daemon and every client agree on.
-#ifndef SHMTENSOR_CLIENT_INCLUDE_SHMTENSOR_DEFAULTS_H_
-#define SHMTENSOR_CLIENT_INCLUDE_SHMTENSOR_DEFAULTS_H_
+#ifndef SHMTENSOR_COMMON_INCLUDE_SHMTENSOR_DEFAULTS_H_
+#define SHMTENSOR_COMMON_INCLUDE_SHMTENSOR_DEFAULTS_H_
 
 #include <cstddef>
 #include <string>
@@ -37,4 +37,4 @@ inline constexpr char kDaemonUidEnv[] = "SHMTENSOR_DAEMON_UID";
 
 }  // namespace shmtensor
 
-#endif  // SHMTENSOR_CLIENT_INCLUDE_SHMTENSOR_DEFAULTS_H_
+#endif  // SHMTENSOR_COMMON_INCLUDE_SHMTENSOR_DEFAULTS_H_

@@ -1,28 +1,28 @@
 #!/bin/bash
 # GPU verification of shmtensor's CUDA pools, in two steps:
 #
-#   bench/gpu_check.sh prepare   Here (Debian, CUDA toolkit, no GPU needed):
+#   testing/gpu/gpu_check.sh prepare   Here (Debian, CUDA toolkit, no GPU needed):
 #                                builds, and gathers into .gpu/ what the GPU
 #                                machine lacks: shmtensord, cuda_test and its
 #                                helper, every shared library they and the
 #                                Python binding need, the binding's static
 #                                client libraries and link line, and the absl
 #                                headers. (.gpu/ is git-ignored; ~50 MiB.)
-#   bench/gpu_check.sh run       On the GPU machine, from the repository root
+#   testing/gpu/gpu_check.sh run       On the GPU machine, from the repository root
 #                                with .gpu/ carried (the device tool:
-#                                run(command="bench/gpu_check.sh run",
+#                                run(command="testing/gpu/gpu_check.sh run",
 #                                carry=[".gpu"])): runs the CUDA GoogleTests,
 #                                builds the Python binding for that machine's
 #                                python3 and torch, runs the CUDA pytest file
-#                                and bench/gpu_bench.py, and ends with a
+#                                and bench/python/gpu_bench.py, and ends with a
 #                                short table.
-#   bench/gpu_check.sh run --dry-run
+#   testing/gpu/gpu_check.sh run --dry-run
 #                                The same here, against .gpu/ alone, with
 #                                /usr/bin/python3 and the benchmark on the CPU:
 #                                checks the bundle and the script before device
 #                                minutes are spent on them.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 ROOT=$PWD
 G=$ROOT/.gpu
 
@@ -80,7 +80,7 @@ prepare() {
 run() {
   local dry=0 py=python3
   [[ "${1:-}" == --dry-run ]] && { dry=1; py=/usr/bin/python3; }
-  [[ -d "$G" ]] || { echo "gpu_check: no .gpu/; run 'bench/gpu_check.sh prepare' first"; exit 1; }
+  [[ -d "$G" ]] || { echo "gpu_check: no .gpu/; run 'testing/gpu/gpu_check.sh prepare' first"; exit 1; }
   export LD_LIBRARY_PATH=$G/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   export SHMTENSOR_DAEMON=$G/bin/shmtensord SHMTENSOR_CUDA_CHILD=$G/bin/st_cuda_child
   export PYTHONUNBUFFERED=1
@@ -100,14 +100,13 @@ run() {
   ext=$($py -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
   # pybind11's headers: the pip package's there, /usr/include/pybind11 here.
   pyb=$($py -c 'import pybind11; print("-isystem", pybind11.get_include())' 2>/dev/null)
-  mkdir -p "$G"/python/shmtensor
-  cp python/shmtensor/*.py "$G"/python/shmtensor/
+  mkdir -p "$G"/python && cp -r python/shmtensor "$G"/python/
   local build=0 cxx
   cxx=${CXX:-$(command -v g++ || command -v c++ || command -v clang++)}
   [[ -n "$cxx" ]] || echo "gpu_check: no C++ compiler here: Python part skipped"
   # shellcheck disable=SC2046
   [[ -n "$cxx" ]] && "$cxx" -O2 -fPIC -fvisibility=hidden -std=c++17 -shared \
-      -I. -Iclient/include -isystem "$G"/include $pyb -isystem "$inc" \
+      -I. -Icommon/include -Iclient/include -isystem "$G"/include $pyb -isystem "$inc" \
       python/src/*.cc \
       -o "$G/python/shmtensor/_core$ext" $(G=$G eval echo "$(cat "$G"/link_args)") \
       2>&1 | tail -20 || true
@@ -119,10 +118,10 @@ run() {
     (cd python/tests && SHMTENSOR_PYTHONPATH=$G/python PYTHONPATH=$G/python \
       $py -m pytest -q -rs -p no:cacheprovider test_cuda.py 2>&1 | tee "$out"/pytest.log | tail -15)
     pytest=$?
-    echo "== 4. GPU benchmark (bench/gpu_bench.py)"
+    echo "== 4. GPU benchmark (bench/python/gpu_bench.py)"
     local dev=()
     [[ $dry == 1 ]] && dev=(--device cpu --quick)
-    PYTHONPATH=$G/python timeout 420 $py bench/gpu_bench.py "${dev[@]}" 2>&1 | tee "$out"/gpu_bench.txt
+    PYTHONPATH=$G/python timeout 420 $py bench/python/gpu_bench.py "${dev[@]}" 2>&1 | tee "$out"/gpu_bench.txt
   fi
 
   echo "== summary"

@@ -11,7 +11,7 @@ of one copy. PSS divides a shared page among the processes mapping it, so
 memory shared through the pool counts once; RSS would count it once per
 rank.
 
-Usage: PYTHONPATH=build/python /usr/bin/python3 bench/broadcast_bench.py
+Usage: PYTHONPATH=build/python /usr/bin/python3 bench/python/broadcast_bench.py
 """
 
 import gc
@@ -25,9 +25,9 @@ from datetime import timedelta
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "build", "python"))
-sys.path.insert(0, HERE)
-from _daemon import Daemon  # noqa: E402
+sys.path.insert(0, os.path.join(HERE, "..", "..", "build", "python"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "testing", "python"))
+from shmtensor_testing import Daemon  # noqa: E402
 
 WORLD = 4
 SIZES = [64 << 20, 512 << 20]

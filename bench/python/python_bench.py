@@ -29,7 +29,7 @@ Both are CPU times on a shared VM, where runs differ by tens of percent;
 and C++, each from two runs of N and 3N lifecycles (the difference cancels
 start-up), the daemon running outside valgrind.
 
-Usage: PYTHONPATH=build/python /usr/bin/python3 bench/python_bench.py
+Usage: PYTHONPATH=build/python /usr/bin/python3 bench/python/python_bench.py
 [--quick | --instructions]. Starts its own shmtensord from build/bin.
 """
 
@@ -44,10 +44,12 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "build", "python"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "build", "python"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "testing", "python"))
 import shmtensor  # noqa: E402
 from shmtensor import _core  # noqa: E402
-from _daemon import Daemon  # noqa: E402
+from shmtensor_testing import Daemon  # noqa: E402
 
 NBYTES = 64 << 10
 BLOCK = 200

@@ -28,7 +28,7 @@ Prints a table with ratios, the page faults a batch of each loader's timed
 part (to show the shmtensor runs are in steady state), and writes a plot
 (matplotlib) to docs/dataloader_bench.png, or to the path given with --plot.
 
-Usage: PYTHONPATH=build/python /usr/bin/python3 bench/dataloader_bench.py
+Usage: PYTHONPATH=build/python /usr/bin/python3 bench/python/dataloader_bench.py
        [--quick] [--plot PATH]
 """
 
@@ -43,10 +43,10 @@ import torch
 from torch.utils.data import DataLoader as TorchLoader, Dataset
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "build", "python"))
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "..", "build", "python"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "testing", "python"))
 import shmtensor.torch as st  # noqa: E402
-from _daemon import Daemon, HugeTmpfs  # noqa: E402
+from shmtensor_testing import Daemon, HugeTmpfs  # noqa: E402
 
 WORKERS = 2
 SAMPLES = 4
@@ -288,7 +288,7 @@ class _Nothing:
 
 def main():
     quick = "--quick" in sys.argv
-    plot = os.path.join(HERE, "..", "docs", "dataloader_bench.png")
+    plot = os.path.join(HERE, "..", "..", "docs", "dataloader_bench.png")
     if "--plot" in sys.argv:
         plot = sys.argv[sys.argv.index("--plot") + 1]
     sizes = [(64 << 10, 400), (1 << 20, 200), (16 << 20, 60), (128 << 20, 20)]

@@ -1,0 +1,133 @@
+#include "testing/cpp/daemon_process.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace shmtensor::testing {
+
+std::string DaemonPath() {
+  // Overridable for test binaries run away from their build tree
+  // (testing/gpu/gpu_check.sh runs them on a GPU machine).
+  const char* env = std::getenv("SHMTENSOR_DAEMON");
+  return env != nullptr && *env != '\0' ? env : SHMTENSOR_DAEMON_PATH;
+}
+std::string FreshAddress() {
+  static std::atomic<int> counter{0};
+  // In a directory of its own, which the daemon makes 0700: a socket
+  // directory others can write is refused.
+  return absl::StrCat("unix:/tmp/shmtensor-test-", getpid(), "-", counter++,
+                      "/d.sock");
+}
+
+absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(
+    std::vector<std::string> args, std::string address,
+    std::vector<std::string> wrapper) {
+  auto d = std::make_unique<DaemonProcess>();
+  d->address_ = address.empty() ? FreshAddress() : address;
+  d->socket_path_ = d->address_.substr(5);
+  std::vector<std::string> argv = {DaemonPath(), "--listen", d->address_,
+                                   "--log-level", "warn"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  argv.insert(argv.begin(), wrapper.begin(), wrapper.end());
+  d->log_path_ =
+      d->socket_path_.substr(0, d->socket_path_.rfind('/')) + "-daemon.log";
+  absl::StatusOr<std::unique_ptr<Subprocess>> p =
+      Subprocess::Spawn(argv, d->log_path_);
+  if (!p.ok()) return p.status();
+  d->process_ = *std::move(p);
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  // Ready when the socket accepts a connection (a file alone may be the
+  // stale socket of a crashed instance).
+  auto accepts = [&] {
+    const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, d->socket_path_.c_str(),
+                 sizeof(addr.sun_path) - 1);
+    const bool ok =
+        connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    close(fd);
+    return ok;
+  };
+  while (!accepts()) {
+    int status;
+    if (waitpid(d->process_->pid(), &status, WNOHANG) == d->process_->pid()) {
+      return absl::InternalError("daemon exited during start");
+    }
+    if (absl::Now() > deadline)
+      return absl::DeadlineExceededError("daemon start");
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return d;
+}
+
+DaemonProcess::~DaemonProcess() {
+  process_.reset();
+  unlink(log_path_.c_str());
+  unlink(socket_path_.c_str());
+  unlink((socket_path_ + ".fd").c_str());
+  unlink((socket_path_ + ".lock").c_str());
+  rmdir(socket_path_.substr(0, socket_path_.rfind('/')).c_str());
+}
+
+std::vector<std::string> DaemonProcess::Pools() const {
+  std::vector<std::string> out;
+  std::set<std::pair<dev_t, ino_t>> seen;
+  const std::string fds = absl::StrCat("/proc/", process_->pid(), "/fd");
+  if (DIR* dir = opendir(fds.c_str())) {
+    while (dirent* e = readdir(dir)) {
+      const std::string path = absl::StrCat(fds, "/", e->d_name);
+      char target[4096];
+      const ssize_t n = readlink(path.c_str(), target, sizeof(target) - 1);
+      if (n <= 0) continue;
+      const std::string t(target, n);
+      // A memfd, or an O_TMPFILE file ("/dir/#<inode> (deleted)").
+      if (!absl::StartsWith(t, "/memfd:shmtensor:") &&
+          !absl::StrContains(t, "/#")) {
+        continue;
+      }
+      struct stat st;
+      if (stat(path.c_str(), &st) == 0 &&
+          seen.insert({st.st_dev, st.st_ino}).second) {
+        out.push_back(path);
+      }
+    }
+    closedir(dir);
+  }
+  return out;
+}
+
+int DaemonProcess::Stop() {
+  process_->Signal(SIGTERM);
+  return process_->Wait();
+}
+
+int64_t DaemonProcess::PrivateRss() const {
+  std::ifstream f(absl::StrCat("/proc/", process_->pid(), "/status"));
+  int64_t rss = 0, shmem = 0;
+  for (std::string line; std::getline(f, line);) {
+    if (absl::StartsWith(line, "VmRSS:")) rss = std::atoll(line.c_str() + 6);
+    if (absl::StartsWith(line, "RssShmem:")) {
+      shmem = std::atoll(line.c_str() + 9);
+    }
+  }
+  return (rss - shmem) * 1024;
+}
+
+}  // namespace shmtensor::testing

@@ -1,0 +1,65 @@
+// The one C++ launcher of shmtensord, for the multi-process tests and the
+// C++ benchmarks alike: a real daemon on a fresh socket.
+//
+// Which daemon: $SHMTENSOR_DAEMON if set, else the build tree's (the path
+// CMake compiled in).
+// Thread safety: none; one owner.
+#ifndef SHMTENSOR_TESTING_CPP_DAEMON_PROCESS_H_
+#define SHMTENSOR_TESTING_CPP_DAEMON_PROCESS_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "testing/cpp/subprocess.h"
+
+namespace shmtensor::testing {
+
+// A shmtensord on a fresh socket, started from the build tree.
+class DaemonProcess {
+ public:
+  // Starts the daemon with `args` (default: a 64 MiB pool) and waits until it
+  // serves. The socket lives at `address`, by default a fresh path under
+  // /tmp.
+  // `wrapper` comes before the daemon's path (e.g. {"/usr/bin/prlimit",
+  // "--nofile=64", "--"}).
+  static absl::StatusOr<std::unique_ptr<DaemonProcess>> Start(
+      std::vector<std::string> args = {"--pool-size", "64MiB"},
+      std::string address = "", std::vector<std::string> wrapper = {});
+  // SIGKILLs the daemon if still running and removes its leftovers (its
+  // log file too).
+  ~DaemonProcess();
+
+  const std::string& address() const { return address_; }
+  const std::string& socket_path() const { return socket_path_; }
+  // The daemon's stdout and stderr go to a file (never a pipe it could
+  // fill): process().ReadLine() reads its log as it grows.
+  Subprocess& process() { return *process_; }
+  // The daemon's pools' memory: for each distinct one (memfd or O_TMPFILE
+  // file), a /proc/<pid>/fd/<n> path of a descriptor the daemon holds of
+  // it, which stat() and open() follow to the memory itself.
+  std::vector<std::string> Pools() const;
+  // Sends SIGTERM and returns the wait status.
+  int Stop();
+  // Resident memory of the daemon outside shared memory (VmRSS less
+  // RssShmem), in bytes.
+  int64_t PrivateRss() const;
+
+ private:
+  std::string address_;
+  std::string socket_path_;
+  std::string log_path_;
+  std::unique_ptr<Subprocess> process_;
+};
+
+// Path of the daemon DaemonProcess starts.
+std::string DaemonPath();
+// A fresh socket address "unix:/tmp/shmtensor-test-<pid>-<n>/d.sock", in a
+// directory of its own (the daemon makes it 0700).
+std::string FreshAddress();
+
+}  // namespace shmtensor::testing
+
+#endif  // SHMTENSOR_TESTING_CPP_DAEMON_PROCESS_H_
