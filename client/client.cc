@@ -305,6 +305,10 @@ bool Client::HasPoolOn(const Device& device) const {
   return core_->PoolOn(device).ok();
 }
 
+absl::StatusOr<std::string> Client::PoolOn(const Device& device) const {
+  return core_->PoolOn(device);
+}
+
 uint64_t Client::session_id() const { return core_->session_id(); }
 uint64_t Client::client_id() const { return core_->client_id(); }
 uint64_t Client::daemon_epoch() const { return core_->epoch(); }

@@ -1,8 +1,8 @@
-// SealedRef's lease handling lives in the client library (object_ref.cc is
-// shared with the daemon, which has no leases of its own).
+// SealedRef: the creator's ref and its lease (shmtensor/sealed_ref.h).
+#include "shmtensor/sealed_ref.h"
+
 #include "absl/status/status.h"
 #include "client/lease.h"
-#include "shmtensor/object_ref.h"
 
 namespace shmtensor {
 

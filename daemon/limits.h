@@ -10,8 +10,9 @@ namespace shmtensor::daemon {
 // at once, naming the client and the limit. The defaults bound what one
 // client, or one user, can make the daemon hold in its own memory: an object
 // costs the daemon about 400 bytes, a lease about 100 and a session about
-// 37 KB (bench/python/daemon_memory_bench.py, docs/hardening.md), so at the caps
-// objects take about 100 MiB, leases 50 MiB and one user's sessions 37 MiB.
+// 37 KB (bench/python/daemon_memory_bench.py, docs/hardening.md), so at the
+// caps objects take about 100 MiB, leases 50 MiB and one user's sessions 37
+// MiB.
 struct StoreLimits {
   uint64_t max_objects = 262144;           // Live objects, all sessions.
   uint64_t max_leases = 524288;            // Leases, all sessions.

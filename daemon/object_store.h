@@ -28,6 +28,14 @@
 // AwaitReleases block the calling thread in the same loop (tests, tools). A
 // waiting call is counted against the waiter limits (BeginWait).
 //
+// Parts: ObjectStore is the facade and owns the one lock. The parts it owns
+// are lock-free and it calls them only under that lock: SessionTable
+// (sessions, uid usage and the limits on them; each session's ReleaseLog
+// orders its ReleaseLeases), ObjectTable (slots, generations, names, refs),
+// LeaseTable (leases) and each Pool (memory, and allocation affinity). The
+// monitoring views (Status, ListObjects, ListClients) are built in
+// store_views.cc; include daemon/store_views.h to use them.
+//
 // Thread safety: every public method is thread-safe; none holds the lock
 // while waiting.
 #ifndef SHMTENSOR_DAEMON_OBJECT_STORE_H_
@@ -42,36 +50,29 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/btree_map.h"
-#include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "daemon/lease_table.h"
 #include "daemon/limits.h"
+#include "daemon/object_table.h"
 #include "daemon/peer.h"
 #include "daemon/pool.h"
-#include "shmtensor/v1/monitor.pb.h"
+#include "daemon/session_table.h"
 #include "shmtensor/v1/shmtensor.pb.h"
+
+// The monitoring views' messages (monitor.proto): include
+// daemon/store_views.h for them whole.
+namespace shmtensor::v1 {
+class DaemonStatus;
+class ListClientsResponse;
+class ListObjectsResponse;
+}  // namespace shmtensor::v1
 
 namespace shmtensor::daemon {
 
-// Longest object name, in bytes.
-inline constexpr size_t kMaxNameBytes = 255;
-// Most objects alive at once (slots in the object table).
-inline constexpr uint32_t kMaxObjects = 1u << 24;
-
-// Who a session belongs to, by the kernel's word (peer.h): never what a
-// request claims.
-struct PeerInfo {
-  PeerCredentials process;
-  OwnerKey owner = 0;  // Who may act for the session (peer.h).
-  // Follows the process; null only in tests that run the store without
-  // processes (then a session whose stream ends without a clean close is
-  // ended at once, as if its process were gone).
-  std::shared_ptr<const UniqueFd> pidfd;
-  std::string command_line;  // For operators, from /proc.
-};
+struct StoreView;  // store_views.h
 
 // What OpenSession and ResumeSession return.
 struct OpenedSession {
@@ -87,9 +88,6 @@ struct OpenedSession {
   // Proof of the session for the descriptor socket (DescriptorGrant).
   std::string descriptor_secret;
 };
-
-// Bytes of SessionOpened.descriptor_secret.
-inline constexpr size_t kDescriptorSecretBytes = 32;
 
 // What the descriptor socket may hand a session's process: its host pools
 // and its access to each.
@@ -283,79 +281,13 @@ class ObjectStore {
   void Shutdown();
 
  private:
-  enum class State {
-    kWriting,
-    kSealed,
-    kPendingTransfer,
-    kTaken,
-    kSharedWritable
-  };
+  using Session = SessionTable::Session;
+  using Object = ObjectTable::Object;
+  using State = ObjectTable::State;
+  using Lease = LeaseTable::Lease;
 
-  struct Object {
-    uint32_t pool = 0;
-    uint64_t offset = 0;
-    uint64_t size = 0;
-    uint64_t capacity = 0;
-    v1::Layout layout;
-    State state = State::kWriting;
-    std::string name;      // Non-empty while a name is bound to it.
-    uint64_t creator = 0;  // Session that created it.
-    uint32_t leases = 0;
-    absl::Time created;
-    uint64_t serial = 0;  // Creation order, for oldest-first listings.
-    // Random, per object: a ref must carry it (ObjectRef.nonce), so refs
-    // cannot be guessed from slot and generation.
-    uint64_t nonce = 0;
-  };
-  struct Slot {
-    uint32_t generation = 1;  // Never 0, so an all-zero ref is never valid.
-    bool live = false;
-    Object object;
-  };
-  struct Lease {
-    uint64_t session = 0;
-    uint32_t slot = 0;
-    bool write = false;
-  };
-  struct WrittenRange {
-    uint32_t pool = 0;
-    uint64_t offset = 0;
-    uint64_t capacity = 0;
-  };
-  static constexpr size_t kWrittenRanges = 16;
-  struct Session {
-    std::string client_name;
-    int pid = 0;             // The kernel's, as peer.process.pid.
-    uint64_t client_id = 0;  // Public id (opening order).
-    // The stream attached now (0: detached, the process lost its
-    // connection); each attach gets a new number.
-    uint64_t stream = 0;
-    uint32_t waiters = 0;  // Calls of the session waiting now.
-    absl::flat_hash_set<uint64_t> leases;
-    absl::flat_hash_set<uint32_t> pending_transfers;  // Slots it offered.
-    uint64_t releases_applied = 0;  // Last ReleaseLeases seq applied.
-    PeerInfo peer;
-    absl::Time opened;
-    uint64_t serial = 0;  // Opening order, for oldest-first listings.
-    // Leases per object it holds, and the capacity of those objects plus of
-    // its untaken transfers: what max_bytes_per_client limits.
-    absl::flat_hash_map<uint32_t, uint32_t> held_slots;
-    uint64_t bytes_held = 0;
-    // Ranges this client was given writable (created, or taken from an
-    // exclusive hand-off), most recent first, at most kWrittenRanges: their
-    // pages are in its page tables. Create places a new object of the same
-    // size on one of them when it is free (see Allocate).
-    std::vector<WrittenRange> written;
-    // By pool id: what the session may do with each pool.
-    std::vector<v1::PoolAccess> access;
-    bool read_only = false;  // OpenSession.read_only.
-    std::string descriptor_secret;
-    bool descriptors_granted = false;  // GrantDescriptors answered it.
-  };
   // The pools `s` may use, with its access to each.
   std::vector<v1::PoolInfo> PoolsOf(const Session& s) const;
-  // By pool id: whether `viewer` may use the pool (all, for null).
-  std::vector<bool> VisiblePools(const PeerCredentials* viewer) const;
   // Whether `s` may read (or, with `write`, write) pool `pool_id`. Cheap:
   // requests on the data path ask it first and build AccessError only when
   // refused.
@@ -369,10 +301,6 @@ class ObjectStore {
   absl::Status AccessError(const Session& s, uint32_t pool_id,
                            absl::string_view what) const;
 
-  absl::StatusOr<Session*> FindSession(uint64_t id)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<uint32_t> ResolveRef(const v1::ObjectRef& ref) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The lease `lease_id` of session `session_id`; UNAVAILABLE while
   // shutting down, else as LookupLease.
   absl::StatusOr<Lease*> FindLease(uint64_t session_id, uint64_t lease_id)
@@ -387,18 +315,10 @@ class ObjectStore {
   // Drops a lease; discards the object if it was the unsealed writer's.
   // Returns true when the object was freed.
   bool DropLease(uint64_t lease_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Reserves `capacity` bytes of `pool` for a Create by `session`: on a
-  // range the session was given writable before when one of that capacity is
-  // free, else where the pool's placement puts it. nullopt when nothing fits.
-  std::optional<uint64_t> Allocate(const Session& session, uint32_t pool,
-                                   uint64_t capacity, uint64_t alignment,
-                                   RangeAllocator::End end)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees the object's memory if nothing refers to it any more.
   bool MaybeFree(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Handout MakeHandout(uint32_t slot, uint64_t lease_id, bool writable) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  v1::ObjectRef MakeRef(uint32_t slot) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The blocking form of a Try* call: `attempt(last_try)` until it answers,
   // counted as a waiter after its first "not yet", polling `cancelled`
   // every 100 ms.
@@ -409,24 +329,16 @@ class ObjectStore {
   void Changed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // 64 bits from getrandom(2), drawn 64 at a time.
   uint64_t Random64() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Adds `delta` to the bytes `session` holds, and to its uid's.
-  void Charge(Session& session, int64_t delta)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // RESOURCE_EXHAUSTED naming the client and the limit if taking one more
-  // lease on `slot` (of `capacity` bytes) would break a per-client limit.
-  absl::Status CheckClientLimits(const Session& session, uint32_t slot,
-                                 uint64_t capacity) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves the capacity of an offered transfer into or out of its creator's
   // holdings.
   void HoldTransfer(uint32_t slot, bool hold)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // "'name' pid 12" of a session, or "session <id> (ended)".
-  std::string ClientString(uint64_t session_id) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // "pool 'default' has 123 bytes free ...; most held by ..." for errors.
   std::string DescribePressure(uint32_t pool, uint64_t capacity) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What the monitoring views read (store_views.h); the references live
+  // while mu_ is held.
+  StoreView View() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const uint64_t epoch_;
   const absl::Time start_time_;
@@ -437,26 +349,12 @@ class ObjectStore {
   uint64_t changes_ ABSL_GUARDED_BY(mu_) = 0;  // See changes().
   std::function<void()> listener_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Pool>> pools_ ABSL_GUARDED_BY(mu_);
-  std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
-  std::vector<uint32_t> free_slots_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint64_t, Lease> leases_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint64_t, Session> sessions_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, uint32_t> names_ ABSL_GUARDED_BY(mu_);
-  // Live objects by serial (creation order), for paged listings.
-  absl::btree_map<uint64_t, uint32_t> by_serial_ ABSL_GUARDED_BY(mu_);
-  // Per uid: bytes held by its sessions, and sessions and waiters open.
-  struct UidUsage {
-    uint64_t bytes = 0;
-    uint32_t sessions = 0;
-    uint32_t waiters = 0;
-  };
-  absl::flat_hash_map<uid_t, UidUsage> uids_ ABSL_GUARDED_BY(mu_);
-  uint32_t waiters_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t next_stream_ ABSL_GUARDED_BY(mu_) = 1;
-  uint64_t next_lease_id_ ABSL_GUARDED_BY(mu_) = 1;
+  SessionTable sessions_ ABSL_GUARDED_BY(mu_);
+  ObjectTable objects_ ABSL_GUARDED_BY(mu_);
+  LeaseTable leases_ ABSL_GUARDED_BY(mu_);
+  // Opening order of sessions and creation order of objects, one count:
+  // client ids come from it too.
   uint64_t next_serial_ ABSL_GUARDED_BY(mu_) = 1;
-  uint64_t live_objects_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t pending_transfers_ ABSL_GUARDED_BY(mu_) = 0;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   std::array<uint64_t, 64> random_ ABSL_GUARDED_BY(mu_);
   size_t random_next_ ABSL_GUARDED_BY(mu_) = 64;

@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "daemon/fake_segment.h"
+#include "daemon/store_views.h"
 #include "gtest/gtest.h"
 #include "shmtensor/errors.h"
 

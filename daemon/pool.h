@@ -1,5 +1,6 @@
-// A named pool: a segment of memory, the allocator of ranges inside it, and
-// who may use it (pool_access.h).
+// A named pool: a segment of memory, the allocator of ranges inside it, who
+// may use it (pool_access.h), and the ranges each client was given writable
+// (for allocation affinity, see Allocate).
 //
 // Thread safety: not thread-safe; ObjectStore serialises access under its lock.
 #ifndef SHMTENSOR_DAEMON_POOL_H_
@@ -7,11 +8,14 @@
 
 #include <unistd.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "daemon/pool_access.h"
 #include "daemon/range_allocator.h"
 #include "daemon/segment.h"
@@ -62,6 +66,41 @@ class Pool {
         huge > 0 ? RangeAllocator::End::kHigh : RangeAllocator::End::kLow};
   }
 
+  // Allocation affinity. `client` is a key the owner picks (ObjectStore: the
+  // session id).
+  //
+  // Reserves `capacity` bytes at a multiple of `alignment` (0: any) for an
+  // object client `client` creates: on a range NoteWritten noted for that
+  // client, of exactly `capacity` bytes, when one is free (most recent
+  // first), else carved from `end` of a free range as the allocator places
+  // it. Returns the offset; nullopt when nothing fits.
+  std::optional<uint64_t> Allocate(uint64_t client, uint64_t capacity,
+                                   uint64_t alignment, RangeAllocator::End end);
+  // Notes that client `client` was given [offset, offset + capacity)
+  // writable (created, or taken from an exclusive hand-off): its pages are
+  // in the client's page tables. Keeps the kWrittenRanges most recent.
+  void NoteWritten(uint64_t client, uint64_t offset, uint64_t capacity);
+  // Forgets the ranges of client `client` (its session ended).
+  void ForgetClient(uint64_t client);
+  struct Range {
+    uint64_t offset = 0;
+    uint64_t capacity = 0;
+  };
+  static constexpr size_t kWrittenRanges = 16;
+  // The ranges noted for `client`, most recent first.
+  std::vector<Range> written(uint64_t client) const;
+
+  // The pool's figures now, for Stats and monitoring.
+  struct Usage {
+    uint64_t used_bytes = 0;
+    uint64_t free_bytes = 0;
+    uint64_t largest_free_bytes = 0;
+    uint64_t high_water_bytes = 0;
+    uint64_t objects = 0;
+    uint64_t leases = 0;
+  };
+  Usage usage() const;
+
   const std::string& name() const { return name_; }
   const Segment& segment() const { return *segment_; }
   const PoolAccessRules& access() const { return access_; }
@@ -78,6 +117,9 @@ class Pool {
   std::unique_ptr<Segment> segment_;
   PoolAccessRules access_;
   RangeAllocator allocator_;
+  // By client: ranges it was given writable, most recent first, at most
+  // kWrittenRanges.
+  absl::flat_hash_map<uint64_t, std::vector<Range>> written_;
 };
 
 }  // namespace shmtensor::daemon

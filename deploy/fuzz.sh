@@ -27,7 +27,8 @@ mkdir -p "$out/corpus"
 srcs=(tests/fuzz/store_fuzzer.cc daemon/object_store.cc
   daemon/session_table.cc daemon/object_table.cc daemon/lease_table.cc
   daemon/release_log.cc daemon/store_views.cc daemon/pool.cc
-  daemon/range_allocator.cc daemon/layout.cc daemon/peer.cc common/errors.cc
+  daemon/pool_access.cc daemon/range_allocator.cc daemon/layout.cc
+  daemon/peer.cc common/errors.cc common/dtype.cc
   build/proto/shmtensor/v1/shmtensor.pb.cc build/proto/shmtensor/v1/monitor.pb.cc)
 # shellcheck disable=SC2046
 clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined \

@@ -81,8 +81,8 @@ std::string WhyNoGpu() {
   return n > 0 ? "" : "no CUDA device";
 }
 
-// The helper process: $SHMTENSOR_CUDA_CHILD if set (testing/gpu/gpu_check.sh runs
-// this test away from its build tree), else the build tree's.
+// The helper process: $SHMTENSOR_CUDA_CHILD if set (testing/gpu/gpu_check.sh
+// runs this test away from its build tree), else the build tree's.
 std::string CudaChildPath() {
   const char* env = std::getenv("SHMTENSOR_CUDA_CHILD");
   return env != nullptr && *env != '\0' ? env : SHMTENSOR_CUDA_CHILD_PATH;

@@ -48,7 +48,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "build", 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                 "testing", "python"))
 import shmtensor  # noqa: E402
-from shmtensor import _core  # noqa: E402
+# The C++ client, from the benchmarks' own module (bench/CMakeLists.txt).
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "build",
+                                "bench", "python"))
+from shmtensor_bench_hooks import CppClient  # noqa: E402
 from shmtensor_testing import Daemon  # noqa: E402
 
 NBYTES = 64 << 10
@@ -108,9 +111,9 @@ def py_block(c, n):
     return (clock() - t) / 1e3
 
 
-def cpp_lifecycle(c):
+def cpp_lifecycle(cpp):
     """One C++ lifecycle (timed inside C++), same return value."""
-    return _core._cpp_lifecycle(c, NBYTES)
+    return cpp.lifecycle(NBYTES)
 
 
 def py_block_bare(c, n):
@@ -129,26 +132,27 @@ def py_block_bare(c, n):
     return (clock() - t) / 1e3
 
 
-def cpp_block_one_by_one(c, n):
+def cpp_block_one_by_one(cpp, n):
     """The control: n C++ lifecycles, one _cpp_lifecycles call each from a
     Python loop (the loop, one call and one GIL release per lifecycle, and
     none of the binding's lifecycle code); returns the thread CPU time in
     us."""
     clock = time.thread_time_ns
-    run = _core._cpp_lifecycles
+    run = cpp.lifecycles
     t = clock()
     for _ in range(n):
-        run(c, NBYTES, 1, False)
+        run(NBYTES, 1, False)
     return (clock() - t) / 1e3
 
 
 def instructions_child(address, variant, n):
     """In a process under callgrind: 50 lifecycles to warm up, then n."""
     c = shmtensor.connect(address)
+    cpp = CppClient(address)
     run = {"python": lambda k: py_block(c, k),
            "python, no numpy": lambda k: py_block_bare(c, k),
-           "cpp": lambda k: _core._cpp_lifecycles(c, NBYTES, k),
-           "cpp, one call each": lambda k: cpp_block_one_by_one(c, k)}[variant]
+           "cpp": lambda k: cpp.lifecycles(NBYTES, k),
+           "cpp, one call each": lambda k: cpp_block_one_by_one(cpp, k)}[variant]
     for k in (50, n):
         run(k)
 
@@ -217,10 +221,11 @@ def main():
     iters = 500 if "--quick" in sys.argv else 4000
     with Daemon("512MiB") as d:
         c = shmtensor.connect(d.address)
+        hooks = CppClient(d.address)
         py, cpp = [], []
         for i in range(iters + 100):
             p = py_lifecycle(c)
-            q = cpp_lifecycle(c)
+            q = cpp_lifecycle(hooks)
             if i >= 100:  # Warm-up done.
                 py.append(p)
                 cpp.append(q)
@@ -229,8 +234,8 @@ def main():
         for r in range(rounds + 2):
             p = py_block(c, BLOCK) / BLOCK
             b = py_block_bare(c, BLOCK) / BLOCK
-            q = _core._cpp_lifecycles(c, NBYTES, BLOCK) / BLOCK
-            k = cpp_block_one_by_one(c, BLOCK) / BLOCK
+            q = hooks.lifecycles(NBYTES, BLOCK) / BLOCK
+            k = cpp_block_one_by_one(hooks, BLOCK) / BLOCK
             if r >= 2:  # Warm-up done.
                 blocks_py.append(p)
                 blocks_bare.append(b)

@@ -27,7 +27,7 @@ import atexit as _atexit
 import numpy as _np
 
 from . import errors
-from ._core import Buffer, View, default_address
+from ._core import Buffer, ObjectRef, View, default_address
 from . import _core
 from . import _autostart
 
@@ -51,67 +51,6 @@ __all__ = [
     "AlreadyTakenError", "PermissionDeniedError", "PoolExhaustedError",
     "TimeoutError", "DaemonUnavailableError",
 ]
-
-
-def _unpickle_ref(ref_bytes):
-    return ObjectRef(ref_bytes)
-
-
-class ObjectRef:
-    """A reference to a sealed object: small, hashable, picklable.
-
-    The ref that seal()/put() return holds a lease, so the object lives at
-    least as long as that ref (or until release()). A copy made by pickling
-    holds nothing until some process calls get() with it; if the object is
-    gone by then, get() raises StaleReferenceError, never another object's
-    bytes.
-    """
-
-    __slots__ = ("_bytes", "_owner", "__weakref__")
-
-    def __init__(self, ref_bytes, owner=None):
-        _core.parse_ref(ref_bytes)  # Validates.
-        self._bytes = bytes(ref_bytes)
-        self._owner = owner
-
-    def __reduce__(self):
-        return (_unpickle_ref, (self._bytes,))
-
-    def __bytes__(self):
-        return self._bytes
-
-    def __eq__(self, other):
-        return isinstance(other, ObjectRef) and other._bytes == self._bytes
-
-    def __hash__(self):
-        return hash(self._bytes)
-
-    def __repr__(self):
-        _, slot, gen, excl = _core.parse_ref(self._bytes)
-        return (f"ObjectRef(slot={slot}, generation={gen}"
-                f"{', exclusive' if excl else ''}"
-                f"{', holds lease' if self.holds_lease else ''})")
-
-    @property
-    def exclusive(self):
-        """True for a ref sealed for hand-off to exactly one consumer."""
-        return _core.parse_ref(self._bytes)[3]
-
-    @property
-    def holds_lease(self):
-        """True while this ref keeps its object alive."""
-        return self._owner is not None and self._owner.holds_lease
-
-    def release(self):
-        """Drops the lease this ref holds (if any); the ref stays usable as a
-        plain reference. If nothing else of this process holds the lease,
-        waits for the daemon, so the memory is back in the pool for every
-        process on return. (Dropping the last reference to the ref instead
-        releases without waiting: this client sees it at once, other
-        processes a moment later.)"""
-        if self._owner is not None:
-            self._owner.reset()
-            self._owner = None
 
 
 def connect(address=None, client_name=None, connect_timeout=5.0,
@@ -241,10 +180,8 @@ class Client(_core.Client):
         return ref
 
 
-# seal() and put() return ObjectRefs; create() reads dtypes and devices with
-# these helpers.
-_core._bind_package(ObjectRef, _dtypes.dtype_code, _dtypes._CACHE,
-                    _device_name)
+# create() reads dtypes and devices with these helpers.
+_core._bind_package(_dtypes.dtype_code, _dtypes._CACHE, _device_name)
 
 
 # -- Methods added to the C++ Buffer and View types ---------------------------

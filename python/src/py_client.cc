@@ -396,6 +396,13 @@ void AddClientAttributes() {
       py::arg("device"),
       "True when the daemon has a pool on `device` (\"cpu\", \"cuda:N\").");
   Def(
+      g_client_type, "_pool_on",
+      [](py::handle s, const std::string& device) {
+        return Check(ClientOf(s).PoolOn(Check(ParseDevice(device))));
+      },
+      py::arg("device"),
+      "The name of the pool create() on `device` goes to by default.");
+  Def(
       g_client_type, "_put",
       [](py::handle s, uintptr_t src, std::vector<int64_t> shape, int dtype,
          uint64_t nbytes, const std::string& name, bool exclusive,

@@ -33,24 +33,30 @@ struct Native {
   Value* value() { return std::launder(reinterpret_cast<Value*>(storage)); }
 };
 
-// What a SealedRef holds: the creator's ref, dropped with the GIL released
-// (its lease share is usually the last one: the release goes out then).
-struct CreatorRef {
-  explicit CreatorRef(SealedRef r) : ref(std::move(r)) {}
-  ~CreatorRef() {
-    if (!ref.holds_lease()) return;
+// What an ObjectRef holds: the ref's bytes (a Python bytes object, for
+// __bytes__, __hash__ and pickling), its parsed fields, and the creator's
+// lease when it is the ref seal() or put() returned. The lease is dropped
+// with the GIL released (its share is usually the last one: the release
+// goes out then).
+struct RefValue {
+  RefValue(py::bytes b, const ObjectRef& r, SealedRef l)
+      : bytes(std::move(b)), parsed(r), lease(std::move(l)) {}
+  ~RefValue() {
+    if (!lease.holds_lease()) return;
     ReleaseGil release;
-    ref.Reset();
+    lease.Reset();
   }
-  CreatorRef(const CreatorRef&) = delete;
-  CreatorRef& operator=(const CreatorRef&) = delete;
+  RefValue(const RefValue&) = delete;
+  RefValue& operator=(const RefValue&) = delete;
 
-  SealedRef ref;
+  py::bytes bytes;
+  ObjectRef parsed;
+  SealedRef lease;  // Empty (holds nothing) for every other ref.
 };
 
 using BufferObject = Native<PyBuffer>;
 using ViewObject = Native<PyView>;
-using SealedRefObject = Native<CreatorRef>;
+using RefObject = Native<RefValue>;
 
 template <typename Value>
 Value& ValueOf(PyObject* obj) {
@@ -59,17 +65,7 @@ Value& ValueOf(PyObject* obj) {
 
 PyTypeObject* g_buffer_type = nullptr;
 PyTypeObject* g_view_type = nullptr;
-PyTypeObject* g_sealed_ref_type = nullptr;
-
-// shmtensor.ObjectRef (a strong reference, never dropped) and where its
-// slots _bytes and _owner are in an instance.
 PyTypeObject* g_ref_type = nullptr;
-Py_ssize_t g_ref_bytes_offset = 0;
-Py_ssize_t g_ref_owner_offset = 0;
-
-PyObject*& Slot(PyObject* obj, Py_ssize_t offset) {
-  return *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj) + offset);
-}
 
 // A new instance of `type` holding Value(args...); on an exception the
 // instance is freed unconstructed.
@@ -234,20 +230,42 @@ int ViewGetBuffer(PyObject* self, Py_buffer* out, int flags) {
   return -1;
 }
 
-PyObject* SealedRefHoldsLease(PyObject* self, void*) {
-  return PyBool_FromLong(ValueOf<CreatorRef>(self).ref.holds_lease());
-}
+// -- ObjectRef ------------------------------------------------------------
 
-PyObject* SealedRefBytes(PyObject* self, void*) {
-  return Guarded([&] {
-    return RefBytes(ValueOf<CreatorRef>(self).ref.ref()).release().ptr();
+RefValue& RefOf(PyObject* self) { return ValueOf<RefValue>(self); }
+
+// ObjectRef(ref_bytes): validates and parses the bytes once.
+PyObject* RefNew(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
+  return Guarded([&]() -> PyObject* {
+    PyObject* arg = nullptr;
+    static const char* kNames[] = {"ref_bytes", nullptr};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O:ObjectRef",
+                                     const_cast<char**>(kNames), &arg)) {
+      return nullptr;
+    }
+    py::bytes bytes = py::reinterpret_steal<py::bytes>(PyBytes_FromObject(arg));
+    if (!bytes) throw py::error_already_set();
+    const ObjectRef parsed =
+        Check(ObjectRef::Parse(static_cast<std::string>(bytes)));
+    return NewInstance<RefValue>(type, std::move(bytes), parsed, SealedRef())
+        .release()
+        .ptr();
   });
 }
 
-PyObject* SealedRefReset(PyObject* self, PyObject*) {
-  SealedRef& ref = ValueOf<CreatorRef>(self).ref;
-  SealedRef share = ref;  // With the GIL held; `ref` keeps the ref.
-  ref.Reset();
+PyObject* RefReduce(PyObject* self, PyObject*) {
+  // (ObjectRef, (bytes,)): a copy made by pickling holds nothing.
+  return Py_BuildValue("(O(O))", Py_TYPE(self), RefOf(self).bytes.ptr());
+}
+
+PyObject* RefBytesMethod(PyObject* self, PyObject*) {
+  return RefOf(self).bytes.inc_ref().ptr();
+}
+
+PyObject* RefRelease(PyObject* self, PyObject*) {
+  SealedRef& lease = RefOf(self).lease;
+  SealedRef share = lease;  // With the GIL held.
+  lease.Reset();
   {
     ReleaseGil release;
     share.Release().IgnoreError();  // Explicit: waits (last holder).
@@ -255,8 +273,76 @@ PyObject* SealedRefReset(PyObject* self, PyObject*) {
   Py_RETURN_NONE;
 }
 
+PyObject* RefRichCompare(PyObject* self, PyObject* other, int op) {
+  if ((op != Py_EQ && op != Py_NE) || Py_TYPE(other) != Py_TYPE(self)) {
+    Py_RETURN_NOTIMPLEMENTED;
+  }
+  const bool equal = static_cast<std::string_view>(RefOf(self).bytes) ==
+                     static_cast<std::string_view>(RefOf(other).bytes);
+  return PyBool_FromLong(equal == (op == Py_EQ));
+}
+
+Py_hash_t RefHash(PyObject* self) {
+  return PyObject_Hash(RefOf(self).bytes.ptr());
+}
+
+PyObject* RefRepr(PyObject* self) {
+  const RefValue& r = RefOf(self);
+  return PyUnicode_FromFormat("ObjectRef(slot=%u, generation=%u%s%s)",
+                              r.parsed.slot, r.parsed.generation,
+                              r.parsed.exclusive ? ", exclusive" : "",
+                              r.lease.holds_lease() ? ", holds lease" : "");
+}
+
+PyObject* RefExclusive(PyObject* self, void*) {
+  return PyBool_FromLong(RefOf(self).parsed.exclusive);
+}
+
+PyObject* RefHoldsLease(PyObject* self, void*) {
+  return PyBool_FromLong(RefOf(self).lease.holds_lease());
+}
+
+const char kRefDoc[] =
+    "ObjectRef(ref_bytes)\n--\n\n"
+    "A reference to a sealed object: small, hashable, picklable; "
+    "bytes(ref) is its serialised form, and ObjectRef(those bytes) the "
+    "same reference again.\n\n"
+    "The ref that seal()/put() return holds a lease, so the object lives at "
+    "least as long as that ref (or until release()). A copy made by "
+    "pickling, or from the bytes, holds nothing until some process calls "
+    "get() with it; if the object is gone by then, get() raises "
+    "StaleReferenceError, never another object's bytes. InvalidArgumentError "
+    "for bytes that are no ref.";
+
+PyMethodDef kRefMethods[] = {
+    {"__reduce__", RefReduce, METH_NOARGS, nullptr},
+    {"__bytes__", RefBytesMethod, METH_NOARGS, nullptr},
+    {"release", RefRelease, METH_NOARGS,
+     "Drops the lease this ref holds (if any); the ref stays usable as a "
+     "plain reference. If nothing else of this process holds the lease, "
+     "waits for the daemon, so the memory is back in the pool for every "
+     "process on return. (Dropping the last reference to the ref instead "
+     "releases without waiting: this client sees it at once, other "
+     "processes a moment later.)"},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyGetSetDef kRefGetSet[] = {
+    {"exclusive", RefExclusive, nullptr,
+     "True for a ref sealed for hand-off to exactly one consumer.", nullptr},
+    {"holds_lease", RefHoldsLease, nullptr,
+     "True while this ref keeps its object alive.", nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr},
+};
+
+PyMemberDef kRefMembers[] = {
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(RefObject, weakrefs), READONLY,
+     nullptr},
+    {nullptr, 0, 0, 0, nullptr},
+};
+
 // The native methods' docstrings are the API reference; the package's
-// README section points here.
+// guide (docs/guide.md) points here.
 const char kSealDoc[] =
     "seal(exclusive=False, stream=None)\n--\n\n"
     "Makes the object immutable and returns its ObjectRef.\n\n"
@@ -288,20 +374,6 @@ PyMethodDef kViewMethods[] = {
      "__array__(dtype=None)\n--\n\nA zero-copy ndarray (read-only unless "
      "writable). It keeps the object alive while it lives."},
     {nullptr, nullptr, 0, nullptr},
-};
-
-PyMethodDef kSealedRefMethods[] = {
-    {"reset", SealedRefReset, METH_NOARGS,
-     "Drops the lease; waits for the daemon if it was the last share."},
-    {nullptr, nullptr, 0, nullptr},
-};
-
-PyGetSetDef kSealedRefGetSet[] = {
-    {"holds_lease", SealedRefHoldsLease, nullptr,
-     "True while this keeps its object alive.", nullptr},
-    {"ref_bytes", SealedRefBytes, nullptr, "The serialised ObjectRef.",
-     nullptr},
-    {nullptr, nullptr, nullptr, nullptr, nullptr},
 };
 
 PyMemberDef kBufferMembers[] = {
@@ -596,11 +668,26 @@ void AddObjectTypes(py::module_& m) {
       MakeType(m, "shmtensor._core.View", "A view of a sealed object.",
                sizeof(ViewObject), Dealloc<PyView>, kViewMethods, kViewMembers,
                nullptr, ViewGetBuffer, nullptr);
-  g_sealed_ref_type =
-      MakeType(m, "shmtensor._core.SealedRef",
-               "The creator's ref; holds a lease while alive.",
-               sizeof(SealedRefObject), Dealloc<CreatorRef>, kSealedRefMethods,
-               nullptr, kSealedRefGetSet, nullptr, nullptr);
+  // Made from Python too (ObjectRef(bytes)), so not with MakeType. Named
+  // shmtensor.ObjectRef: that is where pickle finds it.
+  PyType_Slot ref_slots[] = {
+      {Py_tp_dealloc, reinterpret_cast<void*>(Dealloc<RefValue>)},
+      {Py_tp_doc, const_cast<char*>(kRefDoc)},
+      {Py_tp_new, reinterpret_cast<void*>(RefNew)},
+      {Py_tp_methods, kRefMethods},
+      {Py_tp_getset, kRefGetSet},
+      {Py_tp_members, kRefMembers},
+      {Py_tp_richcompare, reinterpret_cast<void*>(RefRichCompare)},
+      {Py_tp_hash, reinterpret_cast<void*>(RefHash)},
+      {Py_tp_repr, reinterpret_cast<void*>(RefRepr)},
+      {0, nullptr},
+  };
+  PyType_Spec ref_spec = {"shmtensor.ObjectRef", sizeof(RefObject), 0,
+                          Py_TPFLAGS_DEFAULT, ref_slots};
+  PyObject* ref_type = PyType_FromSpec(&ref_spec);
+  if (ref_type == nullptr) throw py::error_already_set();
+  m.add_object("ObjectRef", py::handle(ref_type));
+  g_ref_type = reinterpret_cast<PyTypeObject*>(ref_type);
   AddBufferAttributes(g_buffer_type);
   AddViewAttributes(g_view_type);
 }
@@ -629,55 +716,17 @@ PyView& ViewOf(py::handle obj) {
   return ValueOf<PyView>(obj.ptr());
 }
 
-void SetRefClass(py::handle cls) {
-  if (!PyType_Check(cls.ptr())) throw py::type_error("a class");
-  auto offset_of = [&](const char* slot) {
-    PyObject* d = PyDict_GetItemString(
-        reinterpret_cast<PyTypeObject*>(cls.ptr())->tp_dict, slot);
-    if (d == nullptr || !PyObject_TypeCheck(d, &PyMemberDescr_Type)) {
-      throw py::type_error(std::string("the ref class has no slot ") + slot);
-    }
-    PyMemberDef* member = reinterpret_cast<PyMemberDescrObject*>(d)->d_member;
-    if (member->type != T_OBJECT_EX) {
-      throw py::type_error(std::string("slot ") + slot + " is not an object");
-    }
-    return member->offset;
-  };
-  g_ref_bytes_offset = offset_of("_bytes");
-  g_ref_owner_offset = offset_of("_owner");
-  g_ref_type = reinterpret_cast<PyTypeObject*>(cls.inc_ref().ptr());
-}
-
 py::object NewObjectRef(SealedRef ref) {
-  if (g_ref_type == nullptr) {
-    throw std::logic_error("shmtensor._core: _set_ref_class was not called");
-  }
   py::bytes bytes = RefBytes(ref.ref());
-  py::object owner = py::none();
-  if (ref.holds_lease()) {
-    owner = NewInstance<CreatorRef>(g_sealed_ref_type, std::move(ref));
-  }
-  py::object obj =
-      py::reinterpret_steal<py::object>(g_ref_type->tp_alloc(g_ref_type, 0));
-  if (!obj) throw py::error_already_set();
-  // What ObjectRef.__init__ would store, without its parse (the bytes were
-  // just made from a valid ref).
-  Slot(obj.ptr(), g_ref_bytes_offset) = bytes.release().ptr();
-  Slot(obj.ptr(), g_ref_owner_offset) = owner.release().ptr();
-  return obj;
+  const ObjectRef parsed = ref.ref();
+  if (!ref.holds_lease()) ref = SealedRef();
+  return NewInstance<RefValue>(g_ref_type, std::move(bytes), parsed,
+                               std::move(ref));
 }
 
 PyObject* RefBytesOf(PyObject* obj) {
-  if (g_ref_type == nullptr || !PyObject_TypeCheck(obj, g_ref_type)) {
-    return nullptr;
-  }
-  PyObject* bytes = Slot(obj, g_ref_bytes_offset);
-  if (bytes == nullptr || !PyBytes_Check(bytes)) {
-    throw py::type_error(
-        "ObjectRef without its bytes (made by ObjectRef.__new__ alone); "
-        "make refs with ObjectRef(bytes) or take them from seal()/put()");
-  }
-  return bytes;
+  if (Py_TYPE(obj) != g_ref_type) return nullptr;
+  return RefOf(obj).bytes.ptr();
 }
 
 }  // namespace shmtensor::python

@@ -2,10 +2,10 @@
 //
 //   Buffer     a writable, unsealed buffer (PyBuffer);
 //   View       a view of a sealed object (PyView);
-//   SealedRef  the lease a creator's ObjectRef holds (shmtensor.SealedRef).
+//   ObjectRef  a reference to a sealed object (shmtensor.ObjectRef), which
+//              holds the creator's lease when seal() or put() returned it.
 //
-// and the shmtensor.ObjectRef that seal() and put() return, made here
-// (the class is the package's; SetRefClass hands it over).
+// Each type's methods are defined here, once.
 //
 // Their allocation, deallocation and the calls a lifecycle makes on them
 // (Buffer.seal, numpy.asarray of either) are hand-written CPython
@@ -91,7 +91,7 @@ class PyView {
   View view_;
 };
 
-// Creates Buffer, View and SealedRef and adds them to `m`.
+// Creates Buffer, View and ObjectRef and adds them to `m`.
 void AddObjectTypes(py::module_& m);
 
 // New Python objects owning `b` / `v`.
@@ -102,17 +102,11 @@ py::object NewView(View v);
 PyBuffer& BufferOf(py::handle obj);
 PyView& ViewOf(py::handle obj);
 
-// For the package, once: shmtensor.ObjectRef, a class with the slots
-// _bytes and _owner. TypeError if it has not.
-void SetRefClass(py::handle cls);
-
-// A new shmtensor.ObjectRef for `ref`: its serialised bytes in _bytes, and
-// in _owner a SealedRef holding the lease, or None when `ref` holds none.
+// A new shmtensor.ObjectRef for `ref`, holding its lease if it holds one.
 py::object NewObjectRef(SealedRef ref);
 
 // The serialised ref (bytes, borrowed) of `obj` if it is a
-// shmtensor.ObjectRef, else null. TypeError for an ObjectRef that has none
-// (never initialised).
+// shmtensor.ObjectRef, else null.
 PyObject* RefBytesOf(PyObject* obj);
 
 }  // namespace shmtensor::python

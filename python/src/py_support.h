@@ -7,8 +7,8 @@
 // deallocation) run once per batch, and pybind11's generic dispatch (an
 // argument tuple and dict per call, type lookups by hashed type name, a
 // registry entry per instance) cost more than the rest of the binding
-// together (bench/python/python_bench.py --instructions). Everything else stays on
-// pybind11.
+// together (bench/python/python_bench.py --instructions). Everything else stays
+// on pybind11.
 //
 // Thread safety: everything here is called with the GIL held, except what
 // runs inside a ReleaseGil scope.

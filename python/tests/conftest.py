@@ -30,7 +30,7 @@ if INSTALLED and not os.path.abspath(shmtensor.__file__).startswith(
 
 # The one Python daemon launcher (testing/python), shared with bench/python.
 sys.path.insert(0, os.path.join(REPO, "testing", "python"))
-from shmtensor_testing import (Daemon, HugeTmpfs, daemon_path,  # noqa: E402
+from shmtensor_testing import (Daemon, HugeTmpfs, daemon_path,  # noqa: E402,F401
                                pool_memfds, shmtensor_shm_files)
 
 DAEMON = daemon_path()

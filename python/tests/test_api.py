@@ -128,6 +128,33 @@ def test_buffer_context_manager_discards_unsealed(client):
     assert used(client) == 0
 
 
+def test_object_ref_is_one_native_value(client):
+    """ObjectRef is one native type: its bytes round-trip, equal refs hash
+    alike (as dict keys), it pickles to the same ref holding nothing, and
+    release() leaves a plain reference."""
+    ref = client.put(np.arange(4, dtype=np.int32))
+    assert type(ref) is shmtensor.ObjectRef
+    assert type(ref).__module__ == "shmtensor"
+    again = shmtensor.ObjectRef(bytes(ref))
+    assert again == ref and hash(again) == hash(ref) and again is not ref
+    assert {ref: 1}[again] == 1
+    assert shmtensor.ObjectRef(bytearray(bytes(ref))) == ref
+    assert ref != bytes(ref) and not (ref == 3)
+    assert not again.holds_lease and ref.holds_lease
+    assert "holds lease" in repr(ref) and "holds lease" not in repr(again)
+    assert weakref.ref(ref)() is ref
+    copy = pickle.loads(pickle.dumps(ref))
+    assert copy == ref and not copy.holds_lease
+    exclusive = client.put(np.zeros(2), exclusive=True)
+    assert exclusive.exclusive and not ref.exclusive
+    assert "exclusive" in repr(exclusive)
+    ref.release()
+    assert not ref.holds_lease and ref == again
+    ref.release()  # Idempotent.
+    assert used(client) > 0  # The exclusive one, until taken.
+    np.testing.assert_array_equal(np.asarray(client.get(exclusive)), [0, 0])
+
+
 def test_pickled_ref_holds_nothing(client):
     ref = client.put(np.ones(4))
     copy = pickle.loads(pickle.dumps(ref))
@@ -335,8 +362,9 @@ def test_bad_arguments_name_the_value(client):
          "timeout must be None or >= 0 seconds, got nan"),
         (lambda: client.create(4, "no-such-dtype"),
          shmtensor.InvalidArgumentError, "no-such-dtype"),
-        (lambda: client.get(shmtensor.ObjectRef.__new__(shmtensor.ObjectRef)),
-         TypeError, "ObjectRef without its bytes"),
+        (lambda: shmtensor.ObjectRef(), TypeError,
+         r"ObjectRef\(\) missing required argument 'ref_bytes'"),
+        (lambda: shmtensor.ObjectRef(3), TypeError, "bytes"),
         (lambda: client.create_bytes("4k"), TypeError,
          "size must be an int, got '4k'"),
         (lambda: client.create_bytes(-1), ValueError,
@@ -360,12 +388,13 @@ def test_bad_arguments_name_the_value(client):
 
 
 def test_native_objects_free_what_they_hold(client):
-    """Buffer, View and the ref's SealedRef are native types with their own
+    """Buffer, View and ObjectRef are native types with their own
     allocation: many lifecycles, exports and failures leave no reference,
-    lease or object behind, and the types are made only by the client."""
-    types = (shmtensor.Buffer, shmtensor.View, shmtensor._core.SealedRef,
-             shmtensor.ObjectRef, shmtensor.Client)
-    for cls in (shmtensor.Buffer, shmtensor.View, shmtensor._core.SealedRef):
+    lease or object behind, and Buffer and View are made only by the
+    client."""
+    types = (shmtensor.Buffer, shmtensor.View, shmtensor.ObjectRef,
+             shmtensor.Client)
+    for cls in (shmtensor.Buffer, shmtensor.View):
         with pytest.raises(TypeError, match="cannot create"):
             cls()
     gc.collect()

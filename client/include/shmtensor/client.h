@@ -176,6 +176,10 @@ class Client {
 
   // True when the daemon has a pool on `device` (CreateOptions::device).
   bool HasPoolOn(const Device& device) const;
+  // The name of the pool a Create on `device` without a pool name goes to:
+  // the first pool there this session may write (else one it may read);
+  // NOT_FOUND listing the daemon's pools when it has none there.
+  absl::StatusOr<std::string> PoolOn(const Device& device) const;
 
   // The session's secret id (requests carry it); do not show it to others.
   uint64_t session_id() const;

@@ -14,6 +14,7 @@
 #include "shmtensor/device.h"
 #include "shmtensor/dtype.h"
 #include "shmtensor/object_ref.h"
+#include "shmtensor/sealed_ref.h"
 
 namespace shmtensor {
 
@@ -47,8 +48,8 @@ enum class WriteRevocation {
   kWhenExposed,
   // At once, with mprotect: a write through any pointer kept from it (say,
   // data() saved before Seal) faults instead of changing what others see.
-  // Costs two page-table changes per writable use (open and close), which
-  // on some VMs is most of a small object's lifecycle.
+  // Costs two page-table changes per writable use (open and close); what
+  // that is per lifecycle: docs/performance.md (lifecycle_bench section 5).
   kImmediate,
   // The caller vouches that no pointer into the bytes outlives the seal or
   // release (the Python package can: it counts the arrays and tensors it
@@ -60,11 +61,12 @@ enum class WriteRevocation {
   kDeferred,
 };
 
-// A read-only (or, for the taker of an exclusive transfer, writable) view of
-// a sealed object. Copies share one lease; the lease is released when the
-// last copy, and the last tensor made from one (ToTensor), is gone. Reading
-// through a view never changes: the object is immutable and its memory
-// cannot be reused while the lease is held.
+// A read-only view of a sealed object (writable for the taker of an
+// exclusive transfer, and for every view of a shared-writable object). Copies
+// share one lease; the lease is released when the last copy, and the last
+// tensor made from one (ToTensor), is gone. Reading through a view never
+// changes: the object is immutable and its memory cannot be reused while the
+// lease is held.
 //
 // A read-only view's bytes (host pools) lie in a read-only mapping: a write
 // through a const_cast pointer faults (SIGSEGV) instead of changing what
@@ -174,7 +176,10 @@ class Buffer {
       bool exclusive = false, CudaStream stream = kLegacyDefaultStream,
       std::optional<WriteRevocation> revocation = std::nullopt);
 
-  // Discards the unsealed object now. FAILED_PRECONDITION if not valid.
+  // Gives up this copy's share of the unsealed object (copies of a Buffer
+  // share it): the object is discarded, its memory back in the pool, when
+  // the last share goes, copies and exports made from lease() included.
+  // FAILED_PRECONDITION if this copy was sealed or discarded already.
   absl::Status Discard();
 
   // As View::UseOnStream.

@@ -1,4 +1,4 @@
-#include "python/src/batch_ring.h"
+#include "client/batch_ring.h"
 
 #include <unistd.h>
 
@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_format.h"
 
-namespace shmtensor::python {
+namespace shmtensor {
 namespace {
 
 constexpr uint64_t kPage = 4096;
@@ -17,17 +17,6 @@ uint64_t RoundUp(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
 bool Cas(uint32_t* word, uint32_t from, uint32_t to) {
   return __atomic_compare_exchange_n(word, &from, to, /*weak=*/false,
                                      __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
-}
-
-// A uint8 [nbytes] tensor's description, for MakeDLPack.
-ObjectInfo BytesInfo(uint64_t nbytes) {
-  ObjectInfo info;
-  info.dtype = DType::kUInt8;
-  info.shape = {static_cast<int64_t>(nbytes)};
-  info.strides_bytes = {1};
-  info.size_bytes = nbytes;
-  info.device = Device::Host();
-  return info;
 }
 
 }  // namespace
@@ -54,21 +43,18 @@ absl::StatusOr<uint64_t> BatchRing::Bytes(int slots, uint64_t slot_bytes,
 }
 
 absl::StatusOr<std::unique_ptr<BatchRing>> BatchRing::Open(
-    const ExportSource& src, int slots, uint64_t slot_bytes, uint64_t align,
+    void* base, uint64_t size, int slots, uint64_t slot_bytes, uint64_t align,
     bool create) {
   absl::StatusOr<uint64_t> need = Bytes(slots, slot_bytes, align);
   if (!need.ok()) return need.status();
-  if (!src.writable || src.info->device.is_cuda()) {
-    return absl::InvalidArgumentError(
-        "a batch ring needs a writable view of a shared-writable host object");
-  }
-  if (src.info->size_bytes < *need) {
+  if (size < *need) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "object of %d bytes is too small for a ring of %d slots of %d bytes "
         "(%d bytes)",
-        src.info->size_bytes, slots, slot_bytes, *need));
+        size, slots, slot_bytes, *need));
   }
-  std::unique_ptr<BatchRing> ring(new BatchRing(src, slots, slot_bytes, align));
+  std::unique_ptr<BatchRing> ring(
+      new BatchRing(base, slots, slot_bytes, align));
   if (create) {
     for (int i = 0; i < slots; ++i) {
       __atomic_store_n(ring->GenerationWord(i), 0, __ATOMIC_RELAXED);
@@ -78,10 +64,8 @@ absl::StatusOr<std::unique_ptr<BatchRing>> BatchRing::Open(
   return ring;
 }
 
-BatchRing::BatchRing(const ExportSource& src, int slots, uint64_t slot_bytes,
-                     uint64_t align)
-    : lease_(src.lease),
-      base_(static_cast<uint8_t*>(src.data)),
+BatchRing::BatchRing(void* base, int slots, uint64_t slot_bytes, uint64_t align)
+    : base_(static_cast<uint8_t*>(base)),
       slots_(slots),
       slot_bytes_(slot_bytes),
       stride_align_(align),
@@ -127,12 +111,9 @@ uint32_t BatchRing::Generation(int slot) const {
   return __atomic_load_n(GenerationWord(slot), __ATOMIC_ACQUIRE);
 }
 
-py::capsule BatchRing::Target(int slot, uint64_t nbytes) {
-  if (absl::Status s = CheckSlot(slot, nbytes); !s.ok()) {
-    throw py::value_error(std::string(s.message()));
-  }
-  const ObjectInfo info = BytesInfo(nbytes);
-  return MakeDLPack({&info, SlotData(slot), lease_, true, nullptr, {}});
+absl::StatusOr<uint8_t*> BatchRing::Target(int slot, uint64_t nbytes) {
+  if (absl::Status s = CheckSlot(slot, nbytes); !s.ok()) return s;
+  return SlotData(slot);
 }
 
 absl::Status BatchRing::Hand(int slot) { return EndFilling(slot, kHanded); }
@@ -148,8 +129,9 @@ absl::Status BatchRing::EndFilling(int slot, SlotState to) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<py::capsule> BatchRing::Adopt(int slot, uint32_t generation,
-                                             uint64_t nbytes) {
+absl::StatusOr<BatchRing::Adopted> BatchRing::Adopt(int slot,
+                                                    uint32_t generation,
+                                                    uint64_t nbytes) {
   if (absl::Status s = CheckSlot(slot, nbytes); !s.ok()) return s;
   // The generation is checked while the slot is handed: the producer
   // changes it only in kFilling, which a handed slot reaches only after this
@@ -171,14 +153,11 @@ absl::StatusOr<py::capsule> BatchRing::Adopt(int slot, uint32_t generation,
   }
   uint32_t* state = StateWord(slot);
   const pid_t owner = pid_;
-  const ObjectInfo info = BytesInfo(nbytes);
-  // The lease share in the capsule keeps the header mapped for the store.
-  return MakeDLPack(
-      {&info, SlotData(slot), lease_, true, nullptr, [state, owner] {
-         if (getpid() == owner) {
-           __atomic_store_n(state, kFree, __ATOMIC_RELEASE);
-         }
-       }});
+  return Adopted{SlotData(slot), [state, owner] {
+                   if (getpid() == owner) {
+                     __atomic_store_n(state, kFree, __ATOMIC_RELEASE);
+                   }
+                 }};
 }
 
-}  // namespace shmtensor::python
+}  // namespace shmtensor

@@ -20,24 +20,24 @@
 // at each Claim. A slot whose producer died while filling it stays kFilling
 // until the ring goes: lost, never reused.
 //
-// Every tensor made from the ring holds a share of this process's lease on
-// the object, so its memory stays, and is not reused by the pool, while any
-// such tensor lives, wherever the ring and its processes went.
+// The ring only reads and writes the memory it is given; the caller keeps
+// that memory mapped while the ring, or anything over its slots, lives (the
+// Python binding: a share of the object's lease in every tensor it makes).
 //
-// Thread safety: thread-safe (the header is changed atomically). Call the
-// methods that return capsules with the GIL held.
-#ifndef SHMTENSOR_PYTHON_SRC_BATCH_RING_H_
-#define SHMTENSOR_PYTHON_SRC_BATCH_RING_H_
+// Thread safety: thread-safe (the header is changed atomically).
+#ifndef SHMTENSOR_CLIENT_BATCH_RING_H_
+#define SHMTENSOR_CLIENT_BATCH_RING_H_
 
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "python/src/exports.h"
 
-namespace shmtensor::python {
+namespace shmtensor {
 
 class BatchRing {
  public:
@@ -58,13 +58,12 @@ class BatchRing {
   static absl::StatusOr<uint64_t> Bytes(int slots, uint64_t slot_bytes,
                                         uint64_t align);
 
-  // The ring over `src` (a writable buffer or view of a shared-writable
-  // object), keeping a share of its lease. `create`: this process made the
+  // The ring over the `size` writable bytes at `base` (the mapping of a
+  // shared-writable object, page aligned). `create`: this process made the
   // object and nobody else has it yet: every slot starts kFree.
-  // INVALID_ARGUMENT when the object is smaller than Bytes() or not
-  // writable.
+  // INVALID_ARGUMENT as Bytes(), or when `size` is smaller than Bytes().
   static absl::StatusOr<std::unique_ptr<BatchRing>> Open(
-      const ExportSource& src, int slots, uint64_t slot_bytes, uint64_t align,
+      void* base, uint64_t size, int slots, uint64_t slot_bytes, uint64_t align,
       bool create);
 
   int slots() const { return slots_; }
@@ -75,25 +74,29 @@ class BatchRing {
   // when every slot is in use.
   int Claim();
   uint32_t Generation(int slot) const;
-  // A writable uint8 DLPack tensor over the first `nbytes` of a slot this
-  // process claimed (for filling; it does not change the slot's state).
-  py::capsule Target(int slot, uint64_t nbytes);
+  // The first byte of a slot this process claimed, to fill `nbytes` (it
+  // does not change the slot's state). INVALID_ARGUMENT for a slot outside
+  // the ring or `nbytes` over slot_bytes().
+  absl::StatusOr<uint8_t*> Target(int slot, uint64_t nbytes);
   // kFilling -> kHanded: the batch is complete.
   absl::Status Hand(int slot);
   // kFilling -> kFree: the fill failed, the slot was never handed.
   absl::Status Unclaim(int slot);
 
-  // Consumer. kHanded -> kAdopted when `generation` is the slot's, and a
-  // writable uint8 DLPack tensor over its first `nbytes` whose last user
-  // makes the slot kFree again (in this process only: a forked child's
-  // copies never free the parent's slots). FAILED_PRECONDITION (stale)
-  // when the slot is not handed with that generation.
-  absl::StatusOr<py::capsule> Adopt(int slot, uint32_t generation,
-                                    uint64_t nbytes);
+  // Consumer. kHanded -> kAdopted when `generation` is the slot's: the
+  // slot's bytes, and `release`, to be called once when the last user of
+  // them is done, which makes the slot kFree again (in this process only: a
+  // forked child that calls it frees nothing of the parent's).
+  // FAILED_PRECONDITION (stale) when the slot is not handed with that
+  // generation.
+  struct Adopted {
+    uint8_t* data = nullptr;
+    std::function<void()> release;
+  };
+  absl::StatusOr<Adopted> Adopt(int slot, uint32_t generation, uint64_t nbytes);
 
  private:
-  BatchRing(const ExportSource& src, int slots, uint64_t slot_bytes,
-            uint64_t align);
+  BatchRing(void* base, int slots, uint64_t slot_bytes, uint64_t align);
   uint32_t* StateWord(int slot) const;
   uint32_t* GenerationWord(int slot) const;
   uint8_t* SlotData(int slot) const;
@@ -101,7 +104,6 @@ class BatchRing {
   // kFilling -> `to`.
   absl::Status EndFilling(int slot, SlotState to);
 
-  std::shared_ptr<internal::Lease> lease_;
   uint8_t* const base_;
   const int slots_;
   const uint64_t slot_bytes_;
@@ -110,6 +112,6 @@ class BatchRing {
   const pid_t pid_;        // This process: a forked child frees nothing.
 };
 
-}  // namespace shmtensor::python
+}  // namespace shmtensor
 
-#endif  // SHMTENSOR_PYTHON_SRC_BATCH_RING_H_
+#endif  // SHMTENSOR_CLIENT_BATCH_RING_H_
