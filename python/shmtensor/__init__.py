@@ -27,7 +27,7 @@ import atexit as _atexit
 import numpy as _np
 
 from . import errors
-from ._core import Buffer, ObjectRef, View, default_address
+from ._core import ObjectRef, default_address
 from . import _core
 from . import _autostart
 
@@ -180,25 +180,17 @@ class Client(_core.Client):
         return ref
 
 
-# create() reads dtypes and devices with these helpers.
-_core._bind_package(_dtypes.dtype_code, _dtypes._CACHE, _device_name)
 
 
-# -- Methods added to the C++ Buffer and View types ---------------------------
+# -- Buffer and View: the native types, with their Python methods ----------
 
-def _dtype(self):
-    """The NumPy dtype, or torch.bfloat16 for bfloat16 objects."""
-    dt = _dtypes.numpy_dtype(self.dtype_code)
+def _dtype_of(obj):
+    dt = _dtypes.numpy_dtype(obj.dtype_code)
     if dt is not None:
         return dt
-    if self.dtype_code == 0:
+    if obj.dtype_code == 0:
         return _np.dtype(_np.uint8)
-    return _dtypes.torch_dtype(self.dtype_code)
-
-
-def _numpy(self):
-    """numpy.asarray(self): zero-copy, keeps the object alive."""
-    return _np.asarray(self)
+    return _dtypes.torch_dtype(obj.dtype_code)
 
 
 def _to_tensor(obj, read_only):
@@ -212,56 +204,93 @@ def _to_tensor(obj, read_only):
     return t
 
 
-def _view_tensor(self):
-    """A zero-copy torch tensor that keeps the object alive while it lives.
-
-    For a read-only view this is a ReadOnlyTensor: in-place operations on it
-    raise RuntimeError (torch 1.13 has no read-only tensors, and a write into
-    the read-only mapping would kill the process). For the consumer of an
-    exclusive hand-off it is an ordinary writable tensor. TypeError for
-    uint16/32/64, which torch 1.13 lacks (use numpy.asarray)."""
-    return _to_tensor(self, read_only=not self.writable)
-
-
-def _buffer_tensor(self):
-    """A zero-copy writable torch tensor over the unsealed buffer."""
-    return _to_tensor(self, read_only=False)
-
-
-def _view_ref(self):
-    """The object's ObjectRef (holding nothing)."""
-    return ObjectRef(self.ref_bytes)
-
-
-def _view_exit(self, *exc):
-    self.close()
-    return False
-
-
-def _buffer_exit(self, *exc):
-    if self.valid:
-        self.discard()
-    return False
-
-
-def _repr(self):
-    kind = type(self).__name__
+def _repr_of(obj, writable):
+    kind = type(obj).__name__
     try:
-        return (f"<shmtensor.{kind} shape={self.shape} dtype={_dtype(self)}"
-                f"{' writable' if kind == 'Buffer' or self.writable else ''}>")
+        return (f"<shmtensor.{kind} shape={obj.shape} dtype={_dtype_of(obj)}"
+                f"{' writable' if writable() else ''}>")
     except Error:
         return f"<shmtensor.{kind} (closed)>"
 
 
-Buffer.tensor = _buffer_tensor
-Buffer.__enter__ = lambda self: self
-Buffer.__exit__ = _buffer_exit
-View.tensor = _view_tensor
-View.ref = property(_view_ref)
-View.__enter__ = lambda self: self
-View.__exit__ = _view_exit
-for _cls in (Buffer, View):
-    _cls.dtype = property(_dtype)
-    _cls.numpy = _numpy
-    _cls.__repr__ = _repr
-del _cls
+class Buffer(_core.Buffer):
+    """A writable, unsealed object, visible to nobody until sealed (made by
+    Client.create and create_bytes; the rest of its methods are the native
+    base class's, help(shmtensor._core.Buffer)). As a context manager, an
+    unsealed buffer is discarded at the end of the block."""
+
+    __slots__ = ()
+
+    @property
+    def dtype(self):
+        """The NumPy dtype, or torch.bfloat16 for bfloat16 objects."""
+        return _dtype_of(self)
+
+    def numpy(self):
+        """numpy.asarray(self): zero-copy, keeps the object alive."""
+        return _np.asarray(self)
+
+    def tensor(self):
+        """A zero-copy writable torch tensor over the unsealed buffer."""
+        return _to_tensor(self, read_only=False)
+
+    def __repr__(self):
+        return _repr_of(self, lambda: True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.valid:
+            self.discard()
+        return False
+
+
+class View(_core.View):
+    """A view of a sealed object (made by Client.get; the rest of its
+    methods are the native base class's, help(shmtensor._core.View)). As a
+    context manager, closed at the end of the block."""
+
+    __slots__ = ()
+
+    @property
+    def dtype(self):
+        """The NumPy dtype, or torch.bfloat16 for bfloat16 objects."""
+        return _dtype_of(self)
+
+    @property
+    def ref(self):
+        """The object's ObjectRef (holding nothing)."""
+        return ObjectRef(self.ref_bytes)
+
+    def numpy(self):
+        """numpy.asarray(self): zero-copy, keeps the object alive."""
+        return _np.asarray(self)
+
+    def tensor(self):
+        """A zero-copy torch tensor that keeps the object alive while it
+        lives.
+
+        For a read-only view this is a ReadOnlyTensor: in-place operations
+        on it raise RuntimeError (torch 1.13 has no read-only tensors, and a
+        write into the read-only mapping would kill the process). For the
+        consumer of an exclusive hand-off, or a view of a shared-writable
+        object, it is an ordinary writable tensor. TypeError for
+        uint16/32/64, which torch 1.13 lacks (use numpy.asarray)."""
+        return _to_tensor(self, read_only=not self.writable)
+
+    def __repr__(self):
+        return _repr_of(self, lambda: self.writable)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+# create() and get() make these classes' instances; create() reads dtypes
+# and devices with these helpers.
+_core._bind_package(Buffer, View, _dtypes.dtype_code, _dtypes._CACHE,
+                    _device_name)

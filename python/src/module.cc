@@ -99,13 +99,16 @@ PYBIND11_MODULE(_core, m) {
       "For atexit: see Client::KeepAliveUntilExit (shmtensor/client.h).");
   m.def(
       "_bind_package",
-      [](py::handle dtype_code, py::handle dtype_cache,
-         py::handle device_name) {
+      [](py::handle buffer_class, py::handle view_class, py::handle dtype_code,
+         py::handle dtype_cache, py::handle device_name) {
+        BindObjectClasses(buffer_class, view_class);
         BindPackage(dtype_code, dtype_cache, device_name);
       },
-      py::arg("dtype_code"), py::arg("dtype_cache"), py::arg("device_name"),
-      "For the package, once: the dtype and device helpers Client uses "
-      "(see python/src/py_client.h).");
+      py::arg("buffer_class"), py::arg("view_class"), py::arg("dtype_code"),
+      py::arg("dtype_cache"), py::arg("device_name"),
+      "For the package, once: its Buffer and View classes (subclasses of "
+      "the native ones) and the dtype and device helpers Client uses (see "
+      "python/src/py_objects.h, py_client.h).");
   m.def("default_address", &DefaultAddress,
         "The daemon address used when none is given ($SHMTENSOR_ADDRESS or "
         "$XDG_RUNTIME_DIR/shmtensord.sock, or "

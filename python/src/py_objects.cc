@@ -63,8 +63,12 @@ Value& ValueOf(PyObject* obj) {
   return *reinterpret_cast<Native<Value>*>(obj)->value();
 }
 
+// The native types, and the package's subclasses of them that NewBuffer
+// and NewView make (the native types themselves until BindObjectClasses).
 PyTypeObject* g_buffer_type = nullptr;
 PyTypeObject* g_view_type = nullptr;
+PyTypeObject* g_buffer_class = nullptr;
+PyTypeObject* g_view_class = nullptr;
 PyTypeObject* g_ref_type = nullptr;
 
 // A new instance of `type` holding Value(args...); on an exception the
@@ -409,10 +413,12 @@ PyTypeObject* MakeType(py::module_& m, const char* name, const char* doc,
   }
   slots.push_back({0, nullptr});
   // Made here only (NewBuffer, NewView, NewObjectRef), never from Python.
+  // The package subclasses them (its Python methods; BindObjectClasses).
 #ifdef Py_TPFLAGS_DISALLOW_INSTANTIATION  // Python >= 3.10.
-  const unsigned flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION;
+  const unsigned flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE |
+                         Py_TPFLAGS_DISALLOW_INSTANTIATION;
 #else
-  const unsigned flags = Py_TPFLAGS_DEFAULT;
+  const unsigned flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE;
 #endif
   PyType_Spec spec = {name, basicsize, 0, flags, slots.data()};
   PyObject* type = PyType_FromSpec(&spec);
@@ -690,18 +696,35 @@ void AddObjectTypes(py::module_& m) {
   g_ref_type = reinterpret_cast<PyTypeObject*>(ref_type);
   AddBufferAttributes(g_buffer_type);
   AddViewAttributes(g_view_type);
+  g_buffer_class = g_buffer_type;
+  g_view_class = g_view_type;
+}
+
+void BindObjectClasses(py::handle buffer_class, py::handle view_class) {
+  auto check = [](py::handle cls, PyTypeObject* base) {
+    if (!PyType_Check(cls.ptr()) ||
+        !PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(cls.ptr()), base) ||
+        reinterpret_cast<PyTypeObject*>(cls.ptr())->tp_basicsize !=
+            base->tp_basicsize) {
+      throw py::type_error(std::string("expected a subclass of ") +
+                           base->tp_name + " without instance attributes");
+    }
+    return reinterpret_cast<PyTypeObject*>(cls.inc_ref().ptr());  // Kept.
+  };
+  g_buffer_class = check(buffer_class, g_buffer_type);
+  g_view_class = check(view_class, g_view_type);
 }
 
 py::object NewBuffer(Buffer b) {
-  return NewInstance<PyBuffer>(g_buffer_type, std::move(b));
+  return NewInstance<PyBuffer>(g_buffer_class, std::move(b));
 }
 
 py::object NewView(View v) {
-  return NewInstance<PyView>(g_view_type, std::move(v));
+  return NewInstance<PyView>(g_view_class, std::move(v));
 }
 
 PyBuffer& BufferOf(py::handle obj) {
-  if (Py_TYPE(obj.ptr()) != g_buffer_type) {
+  if (!PyObject_TypeCheck(obj.ptr(), g_buffer_type)) {
     throw py::type_error(std::string("expected a shmtensor Buffer, got ") +
                          Py_TYPE(obj.ptr())->tp_name);
   }
@@ -709,7 +732,7 @@ PyBuffer& BufferOf(py::handle obj) {
 }
 
 PyView& ViewOf(py::handle obj) {
-  if (Py_TYPE(obj.ptr()) != g_view_type) {
+  if (!PyObject_TypeCheck(obj.ptr(), g_view_type)) {
     throw py::type_error(std::string("expected a shmtensor View, got ") +
                          Py_TYPE(obj.ptr())->tp_name);
   }

@@ -94,6 +94,12 @@ class PyView {
 // Creates Buffer, View and ObjectRef and adds them to `m`.
 void AddObjectTypes(py::module_& m);
 
+// For the package, once: its subclasses of Buffer and View (their Python
+// methods, shmtensor/__init__.py), which NewBuffer and NewView make from
+// then on. TypeError unless each subclasses its native type and adds no
+// instance attributes (__slots__ = ()).
+void BindObjectClasses(py::handle buffer_class, py::handle view_class);
+
 // New Python objects owning `b` / `v`.
 py::object NewBuffer(Buffer b);
 py::object NewView(View v);

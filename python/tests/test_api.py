@@ -397,6 +397,15 @@ def test_native_objects_free_what_they_hold(client):
     for cls in (shmtensor.Buffer, shmtensor.View):
         with pytest.raises(TypeError, match="cannot create"):
             cls()
+    # Each type's methods in one place: the native ones on the native type,
+    # the Python ones on the package's subclass, nothing patched on.
+    for cls, native in ((shmtensor.Buffer, shmtensor._core.Buffer),
+                        (shmtensor.View, shmtensor._core.View)):
+        assert cls.__bases__ == (native,) and cls.__module__ == "shmtensor"
+        assert not hasattr(native, "tensor") and "tensor" in vars(cls)
+    with client.create(4, "uint8") as b:
+        assert type(b) is shmtensor.Buffer
+        assert type(client.get(b.seal())) is shmtensor.View
     gc.collect()
     before = [sys.getrefcount(t) for t in types]
     for _ in range(300):
