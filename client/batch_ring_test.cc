@@ -38,10 +38,11 @@ class SharedMemory {
 };
 
 // Runs `body` in a forked child; returns its exit code (the body's return
-// value), or 128 + the signal that killed it.
+// value), 128 + the signal that killed it, or -1 when fork failed.
 template <typename Body>
 int InChild(Body body) {
   const pid_t pid = fork();
+  if (pid < 0) return -1;
   if (pid == 0) _exit(body());
   int status = 0;
   waitpid(pid, &status, 0);
@@ -51,8 +52,10 @@ int InChild(Body body) {
 class BatchRingTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const uint64_t bytes = *BatchRing::Bytes(kSlots, kSlotBytes, kAlign);
-    memory_ = std::make_unique<SharedMemory>(bytes);
+    absl::StatusOr<uint64_t> bytes =
+        BatchRing::Bytes(kSlots, kSlotBytes, kAlign);
+    ASSERT_TRUE(bytes.ok()) << bytes.status();
+    memory_ = std::make_unique<SharedMemory>(*bytes);
     ASSERT_NE(memory_->base(), MAP_FAILED);
     producer_ = Open(true);
     consumer_ = Open(false);

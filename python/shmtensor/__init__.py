@@ -290,6 +290,9 @@ class View(_core.View):
         return False
 
 
+# Pickles of refs from before ObjectRef was native name this.
+_unpickle_ref = ObjectRef
+
 # create() and get() make these classes' instances; create() reads dtypes
 # and devices with these helpers.
 _core._bind_package(Buffer, View, _dtypes.dtype_code, _dtypes._CACHE,

@@ -247,6 +247,11 @@ PyObject* RefNew(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
                                      const_cast<char**>(kNames), &arg)) {
       return nullptr;
     }
+    if (!PyObject_CheckBuffer(arg)) {  // bytes, bytearray, memoryview.
+      throw py::type_error(std::string("ObjectRef() takes the ref's bytes, "
+                                       "not ") +
+                           Py_TYPE(arg)->tp_name);
+    }
     py::bytes bytes = py::reinterpret_steal<py::bytes>(PyBytes_FromObject(arg));
     if (!bytes) throw py::error_already_set();
     const ObjectRef parsed =
@@ -689,7 +694,8 @@ void AddObjectTypes(py::module_& m) {
       {0, nullptr},
   };
   PyType_Spec ref_spec = {"shmtensor.ObjectRef", sizeof(RefObject), 0,
-                          Py_TPFLAGS_DEFAULT, ref_slots};
+                          Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
+                          ref_slots};
   PyObject* ref_type = PyType_FromSpec(&ref_spec);
   if (ref_type == nullptr) throw py::error_already_set();
   m.add_object("ObjectRef", py::handle(ref_type));
@@ -705,7 +711,13 @@ void BindObjectClasses(py::handle buffer_class, py::handle view_class) {
     if (!PyType_Check(cls.ptr()) ||
         !PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(cls.ptr()), base) ||
         reinterpret_cast<PyTypeObject*>(cls.ptr())->tp_basicsize !=
-            base->tp_basicsize) {
+            base->tp_basicsize ||
+        reinterpret_cast<PyTypeObject*>(cls.ptr())->tp_dictoffset != 0
+#ifdef Py_TPFLAGS_MANAGED_DICT  // Python >= 3.11: a __dict__ before the object.
+        || (reinterpret_cast<PyTypeObject*>(cls.ptr())->tp_flags &
+            Py_TPFLAGS_MANAGED_DICT) != 0
+#endif
+    ) {
       throw py::type_error(std::string("expected a subclass of ") +
                            base->tp_name + " without instance attributes");
     }

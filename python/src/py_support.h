@@ -66,17 +66,28 @@ PyObject* Guarded(Body&& body) noexcept {
   }
 }
 
-// Releases the GIL for its scope. Not movable; the thread must hold the GIL
-// on construction.
+// Releases the GIL for its scope, except while the interpreter finalizes:
+// then a thread other than the main one that took the GIL back would be
+// made to exit (pthread_exit) inside our destructors, which is fatal.
+// Not movable; the thread must hold the GIL on construction.
 class ReleaseGil {
  public:
-  ReleaseGil() : state_(PyEval_SaveThread()) {}
-  ~ReleaseGil() { PyEval_RestoreThread(state_); }
+  ReleaseGil() : state_(Finalizing() ? nullptr : PyEval_SaveThread()) {}
+  ~ReleaseGil() {
+    if (state_ != nullptr) PyEval_RestoreThread(state_);
+  }
   ReleaseGil(const ReleaseGil&) = delete;
   ReleaseGil& operator=(const ReleaseGil&) = delete;
 
  private:
-  PyThreadState* state_;
+  static bool Finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+    return Py_IsFinalizing();
+#else
+    return _Py_IsFinalizing();
+#endif
+  }
+  PyThreadState* state_;  // Null: the GIL was kept.
 };
 
 // Binds the arguments of a METH_FASTCALL | METH_KEYWORDS call to the

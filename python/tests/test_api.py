@@ -145,6 +145,9 @@ def test_object_ref_is_one_native_value(client):
     assert weakref.ref(ref)() is ref
     copy = pickle.loads(pickle.dumps(ref))
     assert copy == ref and not copy.holds_lease
+    assert shmtensor._unpickle_ref(bytes(ref)) == ref  # Older pickles.
+    with pytest.raises(TypeError):
+        type(ref).__hash__ = None  # An immutable type.
     exclusive = client.put(np.zeros(2), exclusive=True)
     assert exclusive.exclusive and not ref.exclusive
     assert "exclusive" in repr(exclusive)
@@ -364,7 +367,9 @@ def test_bad_arguments_name_the_value(client):
          shmtensor.InvalidArgumentError, "no-such-dtype"),
         (lambda: shmtensor.ObjectRef(), TypeError,
          r"ObjectRef\(\) missing required argument 'ref_bytes'"),
-        (lambda: shmtensor.ObjectRef(3), TypeError, "bytes"),
+        (lambda: shmtensor.ObjectRef(3), TypeError, "ref's bytes, not int"),
+        (lambda: shmtensor.ObjectRef([1, 2]), TypeError,
+         "ref's bytes, not list"),
         (lambda: client.create_bytes("4k"), TypeError,
          "size must be an int, got '4k'"),
         (lambda: client.create_bytes(-1), ValueError,

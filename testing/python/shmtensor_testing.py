@@ -67,8 +67,9 @@ class Daemon:
     unnamed file in that tmpfs instead; with `config` (a TOML file) its pools
     are that file's. `path` places the socket (default: a directory of its
     own under /tmp, which the daemon makes 0700). stop() sends SIGTERM;
-    kill() (also the context manager's exit) SIGKILLs it and removes what a
-    killed daemon leaves: its sockets, lock file and socket directory.
+    kill() SIGKILLs it if it still runs and removes what a killed daemon
+    leaves: its sockets, lock file and socket directory. The context
+    manager's exit does both, in that order.
     """
 
     def __init__(self, pool_size="256MiB", pool_dir=None, config=None,
@@ -103,7 +104,10 @@ class Daemon:
         return self
 
     def __exit__(self, *exc):
-        self.kill()
+        try:
+            self.stop()  # A clean shutdown (its log's last lines) first.
+        finally:
+            self.kill()
 
     def stop(self):
         """SIGTERM, then waits (30 s); returns the exit status."""

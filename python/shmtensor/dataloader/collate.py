@@ -1,6 +1,8 @@
 """PoolCollate: the producing side's collate_fn, which collates a batch
 straight into pool memory and returns a small handle (handles.py)."""
 
+import copy
+
 import torch
 import torch.utils.data
 
@@ -45,9 +47,13 @@ class PoolCollate:
         self._ring = WorkerRing(self.ring_slots)
 
     def with_consumer(self, consumer, ring_slots):
-        """The same collate_fn for another consumer (a new iterator)."""
-        return PoolCollate(self.address, self.collate_fn, self.pool_timeout,
-                           self.in_flight, ring_slots, consumer)
+        """The same collate_fn (a subclass's too) for another consumer (a
+        new iterator), with a batch ring of `ring_slots` slots."""
+        other = copy.copy(self)
+        other.consumer = consumer
+        other.ring_slots = ring_slots if consumer is not None else 0
+        other._ring = WorkerRing(other.ring_slots)
+        return other
 
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -102,9 +108,10 @@ class PoolCollate:
     def _advice(self, nbytes, error):
         workers = _workers()
         try:
-            size = pool_of(local_client(self.address))["size_bytes"]
+            pool = pool_of(local_client(self.address))
         except Error:
-            size = 0
+            pool = None
+        size = pool["size_bytes"] if pool is not None else 0
         return pool_advice(error, nbytes, workers,
                            self.in_flight or 2 * workers,
                            self._ring.held_bytes(), size)

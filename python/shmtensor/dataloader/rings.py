@@ -44,6 +44,8 @@ class WorkerRing:
             self._ring = False
             try:
                 pool = pool_of(client)
+                if pool is None:
+                    return None
                 align = max(pool["huge_page_size"], 4096)
                 size = _core.BatchRing.bytes(self.slots, nbytes, align)
                 slot_bytes = self.slots * -(-nbytes // align) * align
@@ -67,9 +69,10 @@ class WorkerRing:
 
 def pool_of(client):
     """stats() of the host pool a create without a pool name goes to (the
-    ring's, and every batch's)."""
+    ring's, and every batch's); None if the daemon no longer lists it."""
     name = client._pool_on("cpu")
-    return next(p for p in client.stats()["pools"] if p["name"] == name)
+    return next((p for p in client.stats()["pools"] if p["name"] == name),
+                None)
 
 
 class RingCache:
