@@ -1,10 +1,15 @@
-// shmtensor_bench_hooks: the C++ client driven from Python, for
-// bench/python/python_bench.py to measure the binding against. Built with
-// the benchmarks only (never part of the package).
+// shmtensor._core._bench: the C++ client driven from Python, for
+// bench/python/python_bench.py to measure the binding against. Compiled
+// into the build tree's binding only when the benchmarks are built
+// (SHMTENSOR_BUILD_BENCH; a pip-built package never has it). In _core, not
+// a module of its own: a second copy of the client would register the
+// generated protos with libprotobuf a second time, which aborts.
 //
 // CppClient(address) is a C++ Client of its own in this process (a session
 // beside the Python client's, on the same daemon). Its calls release the
 // GIL while they run.
+#include "bench/python/hooks.h"
+
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -110,7 +115,9 @@ class CppClient {
 
 }  // namespace
 
-PYBIND11_MODULE(shmtensor_bench_hooks, m) {
+namespace shmtensor::python {
+
+void AddBenchHooks(py::module_& m) {
   m.doc() = "The C++ client, for bench/python/python_bench.py.";
   py::class_<CppClient>(m, "CppClient")
       .def(py::init<const std::string&>(), py::arg("address"))
@@ -118,3 +125,5 @@ PYBIND11_MODULE(shmtensor_bench_hooks, m) {
            py::arg("count"), py::arg("timed") = true)
       .def("lifecycle", &CppClient::Lifecycle, py::arg("nbytes"));
 }
+
+}  // namespace shmtensor::python

@@ -48,10 +48,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "build", 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                 "testing", "python"))
 import shmtensor  # noqa: E402
-# The C++ client, from the benchmarks' own module (bench/CMakeLists.txt).
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "build",
-                                "bench", "python"))
-from shmtensor_bench_hooks import CppClient  # noqa: E402
+# The C++ client, from the build tree's benchmark hooks (bench/python/hooks.cc).
+from shmtensor._core import _bench  # noqa: E402
+
+CppClient = _bench.CppClient
 from shmtensor_testing import Daemon  # noqa: E402
 
 NBYTES = 64 << 10
@@ -133,7 +133,7 @@ def py_block_bare(c, n):
 
 
 def cpp_block_one_by_one(cpp, n):
-    """The control: n C++ lifecycles, one _cpp_lifecycles call each from a
+    """The control: n C++ lifecycles, one CppClient.lifecycles call each from a
     Python loop (the loop, one call and one GIL release per lifecycle, and
     none of the binding's lifecycle code); returns the thread CPU time in
     us."""

@@ -15,6 +15,9 @@
 #include <vector>
 
 #include "client/batch_ring.h"
+#ifdef SHMTENSOR_BENCH_HOOKS
+#include "bench/python/hooks.h"
+#endif
 #include "python/src/exports.h"
 #include "python/src/py_client.h"
 #include "python/src/py_objects.h"
@@ -74,6 +77,10 @@ PYBIND11_MODULE(_core, m) {
 
   AddObjectTypes(m);
   AddClientType(m);
+#ifdef SHMTENSOR_BENCH_HOOKS
+  py::module_ bench = m.def_submodule("_bench");
+  AddBenchHooks(bench);
+#endif
 
   // The dtype table (shmtensor/dtype.h), the package's one source of dtype
   // codes (shmtensor/_dtypes.py): (code, name, item size, kind, NumPy

@@ -93,6 +93,16 @@ def run_job(tmp_path, env, *contexts):
                           cwd=str(tmp_path))
 
 
+def test_the_package_ships_no_benchmark_hooks():
+    """The benchmarks' C++ hooks (bench/python/hooks.cc) exist only in a
+    build tree's binding built with the benchmarks, never in a package; the
+    package has its subpackages."""
+    import shmtensor
+    import shmtensor.dataloader as dataloader  # The subpackage is installed.
+    assert not hasattr(shmtensor._core, "_bench")
+    assert {"DataLoader", "PoolCollate", "to_tensors"} <= set(dataloader.__all__)
+
+
 def test_dataloader_with_a_daemon_given(tmp_path, daemon):
     out = run_job(tmp_path, venv_env(SHMTENSOR_ADDRESS=daemon.address),
                   "default")
