@@ -238,9 +238,8 @@ PyObject* ClientGet(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
     BindArgs("get()", args, nargs, kwnames,
              {"ref_or_name", "timeout", "writable"}, 1, a);
     Client& c = Self(self);
-    if (PyObject* bytes = RefBytesOf(a[0]); bytes != nullptr) {
-      const ObjectRef ref = Check(ObjectRef::Parse(
-          std::string_view(PyBytes_AS_STRING(bytes), PyBytes_GET_SIZE(bytes))));
+    if (const ObjectRef* parsed = ParsedRefOf(a[0]); parsed != nullptr) {
+      const ObjectRef ref = *parsed;  // Parsed once, when the ref was made.
       const bool writable = Truth(a[2], true);
       std::optional<absl::StatusOr<View>> v;
       {

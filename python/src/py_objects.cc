@@ -759,9 +759,9 @@ py::object NewObjectRef(SealedRef ref) {
                                std::move(ref));
 }
 
-PyObject* RefBytesOf(PyObject* obj) {
+const ObjectRef* ParsedRefOf(PyObject* obj) {
   if (Py_TYPE(obj) != g_ref_type) return nullptr;
-  return RefOf(obj).bytes.ptr();
+  return &RefOf(obj).parsed;
 }
 
 }  // namespace shmtensor::python

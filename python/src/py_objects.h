@@ -111,9 +111,9 @@ PyView& ViewOf(py::handle obj);
 // A new shmtensor.ObjectRef for `ref`, holding its lease if it holds one.
 py::object NewObjectRef(SealedRef ref);
 
-// The serialised ref (bytes, borrowed) of `obj` if it is a
-// shmtensor.ObjectRef, else null.
-PyObject* RefBytesOf(PyObject* obj);
+// The ref `obj` names if it is a shmtensor.ObjectRef (valid while `obj`
+// lives), else null.
+const ObjectRef* ParsedRefOf(PyObject* obj);
 
 }  // namespace shmtensor::python
 
