@@ -54,7 +54,9 @@ TEST(DTypeTable, SpellingsAgreeWithTheItemSize) {
       if (absl::ascii_isdigit(*c)) digits += *c;
     }
     int64_t n = 1;
-    if (!digits.empty()) ASSERT_TRUE(absl::SimpleAtoi(digits, &n));
+    if (!digits.empty()) {
+      ASSERT_TRUE(absl::SimpleAtoi(digits, &n));
+    }
     EXPECT_EQ(n, d->item_size);
     // Multi-byte types say little-endian explicitly.
     EXPECT_EQ(d->numpy[0] == '<', d->item_size > 1);

@@ -314,6 +314,121 @@ void ClientDealloc(PyObject* self) {
   Py_DECREF(type);
 }
 
+py::dict StatsDict(const StoreStats& s) {
+  py::dict d;
+  py::list pools;
+  for (const PoolUsage& p : s.pools) {
+    py::dict pd;
+    pd["name"] = p.name;
+    pd["size_bytes"] = p.size_bytes;
+    pd["used_bytes"] = p.used_bytes;
+    pd["free_bytes"] = p.free_bytes;
+    pd["largest_free_bytes"] = p.largest_free_bytes;
+    pd["huge_page_size"] = p.huge_page_size;
+    pd["objects"] = p.objects;
+    pools.append(pd);
+  }
+  d["pools"] = pools;
+  d["sessions"] = s.sessions;
+  d["objects"] = s.objects;
+  d["named_objects"] = s.named_objects;
+  d["leases"] = s.leases;
+  d["pending_transfers"] = s.pending_transfers;
+  return d;
+}
+
+PyObject* ClientSessionId(PyObject* self, void*) {
+  return ToPython(Self(self).session_id());
+}
+
+PyObject* ClientDaemonEpoch(PyObject* self, void*) {
+  return ToPython(Self(self).daemon_epoch());
+}
+
+PyObject* ClientAddress(PyObject* self, void*) {
+  return Guarded([&] { return ToPython(Self(self).address()); });
+}
+
+PyObject* ClientHasPoolOn(PyObject* self, PyObject* device) {
+  return Guarded([&] {
+    return PyBool_FromLong(
+        Self(self).HasPoolOn(Check(ParseDevice(Text("device", device)))));
+  });
+}
+
+PyObject* ClientPoolOn(PyObject* self, PyObject* device) {
+  return Guarded([&] {
+    return ToPython(
+        Check(Self(self).PoolOn(Check(ParseDevice(Text("device", device))))));
+  });
+}
+
+// _put(src, shape, dtype, nbytes, name, exclusive, timeout, device="cpu",
+// stream=0), for the package's put(): its arguments are already checked
+// and converted there.
+PyObject* ClientPut(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
+                    PyObject* kwnames) {
+  return Guarded([&] {
+    constexpr const char* kFn = "_put()";
+    PyObject* a[9];
+    BindArgs(kFn, args, nargs, kwnames,
+             {"src", "shape", "dtype", "nbytes", "name", "exclusive", "timeout",
+              "device", "stream"},
+             7, a);
+    Client& c = Self(self);
+    CreateOptions o;
+    const auto src = ArgAs<uintptr_t>(kFn, "src", a[0]);
+    o.shape = ArgAs<std::vector<int64_t>>(kFn, "shape", a[1]);
+    o.dtype = static_cast<DType>(ArgAs<int>(kFn, "dtype", a[2]));
+    // Exactly the bytes at `src`: the daemon refuses a layout that needs
+    // more, so Put never reads past the caller's data.
+    o.size_bytes = ArgAs<uint64_t>(kFn, "nbytes", a[3]);
+    o.name = Text("name", a[4]);
+    const bool exclusive = Truth(a[5], false);
+    const absl::Duration timeout = Timeout(a[6]);
+    o.device =
+        Check(ParseDevice(a[7] == nullptr ? "cpu" : Text("device", a[7])));
+    const CudaStream stream =
+        a[8] == nullptr ? 0 : ArgAs<CudaStream>(kFn, "stream", a[8]);
+    // The caller keeps `src` alive and unchanged for this call.
+    return NewObjectRef(WaitInSlices<SealedRef>(
+                            timeout, absl::StatusCode::kResourceExhausted,
+                            [&](absl::Duration slice) {
+                              o.timeout = slice;
+                              return c.Put(reinterpret_cast<const void*>(src),
+                                           o, exclusive, stream);
+                            }))
+        .release()
+        .ptr();
+  });
+}
+
+PyObject* ClientDelete(PyObject* self, PyObject* name) {
+  return Guarded([&] {
+    const std::string n = Text("name", name);
+    Client& c = Self(self);
+    absl::Status st;
+    {
+      ReleaseGil release;
+      st = c.Delete(n);
+    }
+    Check(st);
+    Py_RETURN_NONE;
+  });
+}
+
+PyObject* ClientStats(PyObject* self, PyObject*) {
+  return Guarded([&] {
+    Client& c = Self(self);
+    std::optional<absl::StatusOr<StoreStats>> st;
+    {
+      ReleaseGil release;
+      st = c.Stats();
+    }
+    return StatsDict(Check(*std::move(st))).release().ptr();
+  });
+}
+
 PyMethodDef kClientMethods[] = {
     {"create", FastMethod(ClientCreate), METH_FASTCALL | METH_KEYWORDS,
      "create(shape, dtype, name=None, timeout=None, device=None, "
@@ -347,111 +462,37 @@ PyMethodDef kClientMethods[] = {
      "range is opened, which is cheaper when you only read it. For a name, "
      "waits up to `timeout` seconds for an object of that name to be sealed "
      "(None: without limit; 0: NotFoundError at once; else TimeoutError)."},
+    {"_has_pool_on", ClientHasPoolOn, METH_O,
+     "_has_pool_on(device)\n--\n\n"
+     "True when the daemon has a pool on `device` (\"cpu\", \"cuda:N\")."},
+    {"_pool_on", ClientPoolOn, METH_O,
+     "_pool_on(device)\n--\n\n"
+     "The name of the pool create() on `device` goes to by default."},
+    {"_put", FastMethod(ClientPut), METH_FASTCALL | METH_KEYWORDS,
+     "_put(src, shape, dtype, nbytes, name, exclusive, timeout, device='cpu', "
+     "stream=0)\n--\n\n"
+     "Creates on `device`, copies `nbytes` from address `src` (host memory, "
+     "or for a CUDA pool device memory, copied on `stream`), seals."},
+    {"delete", ClientDelete, METH_O,
+     "delete(name)\n--\n\n"
+     "Unbinds `name`. The memory is freed once nothing uses it (deferred "
+     "while views are alive). NotFoundError if unbound."},
+    {"stats", ClientStats, METH_NOARGS,
+     "stats()\n--\n\n"
+     "Pool, session, object and lease counters, as a dict."},
     {nullptr, nullptr, 0, nullptr},
 };
 
-py::dict StatsDict(const StoreStats& s) {
-  py::dict d;
-  py::list pools;
-  for (const PoolUsage& p : s.pools) {
-    py::dict pd;
-    pd["name"] = p.name;
-    pd["size_bytes"] = p.size_bytes;
-    pd["used_bytes"] = p.used_bytes;
-    pd["free_bytes"] = p.free_bytes;
-    pd["largest_free_bytes"] = p.largest_free_bytes;
-    pd["huge_page_size"] = p.huge_page_size;
-    pd["objects"] = p.objects;
-    pools.append(pd);
-  }
-  d["pools"] = pools;
-  d["sessions"] = s.sessions;
-  d["objects"] = s.objects;
-  d["named_objects"] = s.named_objects;
-  d["leases"] = s.leases;
-  d["pending_transfers"] = s.pending_transfers;
-  return d;
-}
-
-void AddClientAttributes() {
-  DefProperty(
-      g_client_type, "session_id",
-      [](py::handle s) { return ClientOf(s).session_id(); },
-      "This session's id at the daemon.");
-  DefProperty(
-      g_client_type, "daemon_epoch",
-      [](py::handle s) { return ClientOf(s).daemon_epoch(); },
-      "Random id of the daemon instance: clients with the same epoch share "
-      "its pools (the same node).");
-  DefProperty(
-      g_client_type, "address",
-      [](py::handle s) { return ClientOf(s).address(); },
-      "The daemon's address.");
-  Def(
-      g_client_type, "_has_pool_on",
-      [](py::handle s, const std::string& device) {
-        return ClientOf(s).HasPoolOn(Check(ParseDevice(device)));
-      },
-      py::arg("device"),
-      "True when the daemon has a pool on `device` (\"cpu\", \"cuda:N\").");
-  Def(
-      g_client_type, "_pool_on",
-      [](py::handle s, const std::string& device) {
-        return Check(ClientOf(s).PoolOn(Check(ParseDevice(device))));
-      },
-      py::arg("device"),
-      "The name of the pool create() on `device` goes to by default.");
-  Def(
-      g_client_type, "_put",
-      [](py::handle s, uintptr_t src, std::vector<int64_t> shape, int dtype,
-         uint64_t nbytes, const std::string& name, bool exclusive,
-         py::handle timeout, const std::string& device, CudaStream stream) {
-        Client& c = ClientOf(s);
-        CreateOptions o;
-        o.device = Check(ParseDevice(device));
-        o.shape = std::move(shape);
-        o.dtype = static_cast<DType>(dtype);
-        // Exactly the bytes at `src`: the daemon refuses a layout that needs
-        // more, so Put never reads past the caller's data.
-        o.size_bytes = nbytes;
-        o.name = name;
-        // The caller keeps `src` alive and unchanged for this call.
-        return NewObjectRef(WaitInSlices<SealedRef>(
-            Timeout(timeout.ptr()), absl::StatusCode::kResourceExhausted,
-            [&](absl::Duration slice) {
-              o.timeout = slice;
-              return c.Put(reinterpret_cast<const void*>(src), o, exclusive,
-                           stream);
-            }));
-      },
-      py::arg("src"), py::arg("shape"), py::arg("dtype"), py::arg("nbytes"),
-      py::arg("name"), py::arg("exclusive"), py::arg("timeout"),
-      py::arg("device") = "cpu", py::arg("stream") = 0,
-      "Creates on `device`, copies `nbytes` from address `src` (host memory, "
-      "or for a CUDA pool device memory, copied on `stream`), seals.");
-  Def(
-      g_client_type, "delete",
-      [](py::handle s, const std::string& name) {
-        Client& c = ClientOf(s);
-        ReleaseGil release;
-        Check(c.Delete(name));
-      },
-      py::arg("name"),
-      "Unbinds `name`. The memory is freed once nothing uses it (deferred "
-      "while views are alive). NotFoundError if unbound.");
-  Def(
-      g_client_type, "stats",
-      [](py::handle s) {
-        Client& c = ClientOf(s);
-        std::optional<absl::StatusOr<StoreStats>> st;
-        {
-          ReleaseGil release;
-          st = c.Stats();
-        }
-        return StatsDict(Check(*std::move(st)));
-      },
-      "Pool, session, object and lease counters, as a dict.");
-}
+PyGetSetDef kClientGetSet[] = {
+    {"session_id", ClientSessionId, nullptr, "This session's id at the daemon.",
+     nullptr},
+    {"daemon_epoch", ClientDaemonEpoch, nullptr,
+     "Random id of the daemon instance: clients with the same epoch share "
+     "its pools (the same node).",
+     nullptr},
+    {"address", ClientAddress, nullptr, "The daemon's address.", nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr},
+};
 
 }  // namespace
 
@@ -460,6 +501,7 @@ void AddClientType(py::module_& m) {
       {Py_tp_new, reinterpret_cast<void*>(ClientNew)},
       {Py_tp_dealloc, reinterpret_cast<void*>(ClientDealloc)},
       {Py_tp_methods, kClientMethods},
+      {Py_tp_getset, kClientGetSet},
       {Py_tp_doc, const_cast<char*>(
                       "Client(address='', client_name='', connect_timeout=5.0, "
                       "read_only=False)\n--\n\n"
@@ -472,7 +514,6 @@ void AddClientType(py::module_& m) {
   if (type == nullptr) throw py::error_already_set();
   g_client_type = reinterpret_cast<PyTypeObject*>(type);
   m.add_object("Client", py::handle(type));
-  AddClientAttributes();
 }
 
 void BindPackage(py::handle dtype_code, py::handle dtype_cache,

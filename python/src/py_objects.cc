@@ -105,13 +105,14 @@ py::bytes RefBytes(const ObjectRef& ref) { return py::bytes(ref.Serialize()); }
 // (must be where the bytes are) and copy (a copy cannot be made here).
 void CheckDlpackKeywords(const ObjectInfo& info, const py::object& dl_device,
                          const py::object& copy) {
-  if (!copy.is_none() && copy.cast<bool>()) {
+  if (Truth(copy.ptr(), false)) {
     throw py::buffer_error(
         "__dlpack__(copy=True): shmtensor exports its bytes without a copy "
         "only; copy the resulting tensor instead");
   }
   if (dl_device.is_none()) return;
-  const auto want = dl_device.cast<std::pair<int, int>>();
+  const auto want =
+      ArgAs<std::pair<int, int>>("__dlpack__()", "dl_device", dl_device.ptr());
   const std::pair<int, int> have = info.device.is_cuda()
                                        ? std::make_pair(2, info.device.index)
                                        : std::make_pair(1, 0);
@@ -371,20 +372,6 @@ const char kSealDoc[] =
     "reused here; views always read through a read-only mapping "
     "(docs/shm_layout.md, \"Deferred closing\").";
 
-PyMethodDef kBufferMethods[] = {
-    {"seal", FastMethod(BufferSeal), METH_FASTCALL | METH_KEYWORDS, kSealDoc},
-    {"__array__", FastMethod(BufferArray), METH_FASTCALL | METH_KEYWORDS,
-     "__array__(dtype=None)\n--\n\nA zero-copy writable ndarray."},
-    {nullptr, nullptr, 0, nullptr},
-};
-
-PyMethodDef kViewMethods[] = {
-    {"__array__", FastMethod(ViewArray), METH_FASTCALL | METH_KEYWORDS,
-     "__array__(dtype=None)\n--\n\nA zero-copy ndarray (read-only unless "
-     "writable). It keeps the object alive while it lives."},
-    {nullptr, nullptr, 0, nullptr},
-};
-
 PyMemberDef kBufferMembers[] = {
     {"__weaklistoffset__", T_PYSSIZET, offsetof(BufferObject, weakrefs),
      READONLY, nullptr},
@@ -443,104 +430,204 @@ py::tuple Tuple(const std::vector<T>& v) {
   return t;
 }
 
-// Properties shared by Buffer and View; `info(self)` is the ObjectInfo.
-template <typename Info>
-void AddInfoProperties(PyTypeObject* type, Info info) {
-  DefProperty(
-      type, "shape", [info](py::handle s) { return Tuple(info(s).shape); },
-      "Elements per dimension.");
-  DefProperty(
-      type, "strides",
-      [info](py::handle s) { return Tuple(info(s).strides_bytes); },
-      "Bytes between elements per dimension (NumPy convention).");
-  DefProperty(
-      type, "dtype_code",
-      [info](py::handle s) { return static_cast<int>(info(s).dtype); },
-      "The shmtensor.v1.DType value.");
-  DefProperty(
-      type, "nbytes", [info](py::handle s) { return info(s).size_bytes; },
-      "Bytes the data spans.");
-  DefProperty(
-      type, "ref_bytes", [info](py::handle s) { return RefBytes(info(s).ref); },
-      "The serialised ObjectRef of the object.");
-  DefProperty(
-      type, "device",
-      [info](py::handle s) { return DeviceName(info(s).device); },
-      "Where the bytes are: 'cpu' or 'cuda:N'.");
-  Def(type, "__dlpack_device__", [info](py::handle s) {
-    const Device& d = info(s).device;
-    // DLPack: kDLCPU = 1, kDLCUDA = 2.
-    return d.is_cuda() ? py::make_tuple(2, d.index) : py::make_tuple(1, 0);
+// An optional argument as a py::object: None when not given.
+py::object Optional(PyObject* arg) {
+  return py::reinterpret_borrow<py::object>(arg == nullptr ? Py_None : arg);
+}
+
+// The attributes Buffer and View share, for the ObjectInfo `Info(self)`
+// gives (FAILED_PRECONDITION once the buffer is sealed or the view closed).
+template <const ObjectInfo& (*Info)(PyObject*)>
+struct InfoAttributes {
+  static PyObject* Shape(PyObject* s, void*) {
+    return Guarded([&] { return Tuple(Info(s).shape).release().ptr(); });
+  }
+  static PyObject* Strides(PyObject* s, void*) {
+    return Guarded(
+        [&] { return Tuple(Info(s).strides_bytes).release().ptr(); });
+  }
+  static PyObject* DTypeCode(PyObject* s, void*) {
+    return Guarded([&] { return ToPython(static_cast<int>(Info(s).dtype)); });
+  }
+  static PyObject* NBytes(PyObject* s, void*) {
+    return Guarded([&] { return ToPython(Info(s).size_bytes); });
+  }
+  static PyObject* RefBytesOf(PyObject* s, void*) {
+    return Guarded([&] { return RefBytes(Info(s).ref).release().ptr(); });
+  }
+  static PyObject* DeviceOf(PyObject* s, void*) {
+    return Guarded([&] { return ToPython(DeviceName(Info(s).device)); });
+  }
+  static PyObject* DlpackDevice(PyObject* s, PyObject*) {
+    return Guarded([&] {
+      const Device& d = Info(s).device;
+      // DLPack: kDLCPU = 1, kDLCUDA = 2.
+      return (d.is_cuda() ? py::make_tuple(2, d.index) : py::make_tuple(1, 0))
+          .release()
+          .ptr();
+    });
+  }
+
+  // The getters, then `more` (this type's own), then the sentinel. Made
+  // once per type; the type points into it for the process's life.
+  static PyGetSetDef* GetSet(std::initializer_list<PyGetSetDef> more) {
+    static std::vector<PyGetSetDef>* const table = [&] {
+      auto* t = new std::vector<PyGetSetDef>{
+          {"shape", Shape, nullptr, "Elements per dimension.", nullptr},
+          {"strides", Strides, nullptr,
+           "Bytes between elements per dimension (NumPy convention).", nullptr},
+          {"dtype_code", DTypeCode, nullptr, "The shmtensor.v1.DType value.",
+           nullptr},
+          {"nbytes", NBytes, nullptr, "Bytes the data spans.", nullptr},
+          {"ref_bytes", RefBytesOf, nullptr,
+           "The serialised ObjectRef of the object.", nullptr},
+          {"device", DeviceOf, nullptr,
+           "Where the bytes are: 'cpu' or 'cuda:N'.", nullptr},
+      };
+      t->insert(t->end(), more.begin(), more.end());
+      t->push_back({nullptr, nullptr, nullptr, nullptr, nullptr});
+      return t;
+    }();
+    return table->data();
+  }
+};
+
+const ObjectInfo& BufferInfo(PyObject* s) {
+  return ValueOf<PyBuffer>(s).get().info();
+}
+const ObjectInfo& ViewInfo(PyObject* s) {
+  return ValueOf<PyView>(s).get().info();
+}
+using BufferInfoAttributes = InfoAttributes<BufferInfo>;
+using ViewInfoAttributes = InfoAttributes<ViewInfo>;
+
+const char kDlpackDoc[] =
+    "__dlpack__(stream=None, max_version=None, dl_device=None, copy=None)\n"
+    "--\n\nA DLPack capsule (zero-copy).";
+const char kDlpackDeviceDoc[] =
+    "__dlpack_device__()\n--\n\n(device type, device index), as DLPack "
+    "numbers them: (1, 0) for host memory, (2, N) for cuda:N.";
+
+PyObject* BufferValid(PyObject* s, void*) {
+  return PyBool_FromLong(ValueOf<PyBuffer>(s).valid());
+}
+
+PyObject* BufferAddress(PyObject* s, void*) {
+  return Guarded([&] {
+    return ToPython(
+        reinterpret_cast<uintptr_t>(ValueOf<PyBuffer>(s).get().data()));
   });
 }
 
-void AddBufferAttributes(PyTypeObject* type) {
-  AddInfoProperties(type, [](py::handle s) -> const ObjectInfo& {
-    return BufferOf(s).get().info();
+PyObject* BufferDlpack(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
+                       PyObject* kwnames) {
+  return Guarded([&] {
+    PyObject* a[4];
+    BindArgs("__dlpack__()", args, nargs, kwnames,
+             {"stream", "max_version", "dl_device", "copy"}, 0, a);
+    PyBuffer& b = ValueOf<PyBuffer>(self);
+    CheckDlpackKeywords(b.get().info(), Optional(a[2]), Optional(a[3]));
+    return b.DLPack(Optional(a[0])).release().ptr();
   });
-  DefProperty(
-      type, "valid", [](py::handle s) { return BufferOf(s).valid(); },
-      "False once sealed or discarded.");
-  DefProperty(
-      type, "address",
-      [](py::handle s) {
-        return reinterpret_cast<uintptr_t>(BufferOf(s).get().data());
-      },
-      "Address of the first byte in this process, for identity checks. Not "
-      "a view: it keeps nothing alive, and after seal() a write through it "
-      "is undefined (arrays and tensors are the way to write).");
-  Def(
-      type, "__dlpack__",
-      [](py::handle s, py::object stream, py::object max_version,
-         py::object dl_device, py::object copy) {
-        PyBuffer& b = BufferOf(s);
-        CheckDlpackKeywords(b.get().info(), dl_device, copy);
-        return b.DLPack(stream);
-      },
-      py::arg("stream") = py::none(), py::arg("max_version") = py::none(),
-      py::arg("dl_device") = py::none(), py::arg("copy") = py::none(),
-      "A DLPack capsule (zero-copy).");
-  Def(
-      type, "discard", [](py::handle s) { BufferOf(s).Discard(); },
-      "Discards the unsealed object.");
 }
 
-void AddViewAttributes(PyTypeObject* type) {
-  AddInfoProperties(type, [](py::handle s) -> const ObjectInfo& {
-    return ViewOf(s).get().info();
+PyObject* BufferDiscard(PyObject* self, PyObject*) {
+  return Guarded([&] {
+    ValueOf<PyBuffer>(self).Discard();
+    Py_RETURN_NONE;
   });
-  DefProperty(
-      type, "writable", [](py::handle s) { return ViewOf(s).get().writable(); },
-      "True only for the consumer of an exclusive hand-off.");
-  DefProperty(
-      type, "closed", [](py::handle s) { return ViewOf(s).closed(); },
-      "True once close() was called.");
-  DefProperty(
-      type, "address",
-      [](py::handle s) {
-        return reinterpret_cast<uintptr_t>(ViewOf(s).get().data());
-      },
-      "Address of the first byte in this process.");
-  Def(
-      type, "__dlpack__",
-      [](py::handle s, py::object stream, py::object max_version,
-         py::object dl_device, py::object copy) {
-        PyView& v = ViewOf(s);
-        const View& view = v.get();
-        CheckDlpackKeywords(view.info(), dl_device, copy);
-        DeclareDlpackStream(stream,
-                            [&](CudaStream cs) { view.UseOnStream(cs); });
-        return MakeDLPack(v.Source());
-      },
-      py::arg("stream") = py::none(), py::arg("max_version") = py::none(),
-      py::arg("dl_device") = py::none(), py::arg("copy") = py::none(),
-      "A DLPack capsule (zero-copy).");
-  Def(
-      type, "close", [](py::handle s) { ViewOf(s).Close(); },
-      "Drops this view's share of the lease. Arrays and tensors made from it "
-      "keep their own share: the lease ends when the last one dies. When "
-      "this was the last share, waits for the daemon, so the memory is back "
-      "in the pool for every process on return.");
+}
+
+PyMethodDef kBufferMethods[] = {
+    {"seal", FastMethod(BufferSeal), METH_FASTCALL | METH_KEYWORDS, kSealDoc},
+    {"__array__", FastMethod(BufferArray), METH_FASTCALL | METH_KEYWORDS,
+     "__array__(dtype=None)\n--\n\nA zero-copy writable ndarray."},
+    {"__dlpack__", FastMethod(BufferDlpack), METH_FASTCALL | METH_KEYWORDS,
+     kDlpackDoc},
+    {"__dlpack_device__", BufferInfoAttributes::DlpackDevice, METH_NOARGS,
+     kDlpackDeviceDoc},
+    {"discard", BufferDiscard, METH_NOARGS,
+     "discard()\n--\n\nDiscards the unsealed object."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyObject* ViewWritable(PyObject* s, void*) {
+  return Guarded(
+      [&] { return PyBool_FromLong(ValueOf<PyView>(s).get().writable()); });
+}
+
+PyObject* ViewClosed(PyObject* s, void*) {
+  return PyBool_FromLong(ValueOf<PyView>(s).closed());
+}
+
+PyObject* ViewAddress(PyObject* s, void*) {
+  return Guarded([&] {
+    return ToPython(
+        reinterpret_cast<uintptr_t>(ValueOf<PyView>(s).get().data()));
+  });
+}
+
+PyObject* ViewDlpack(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
+                     PyObject* kwnames) {
+  return Guarded([&] {
+    PyObject* a[4];
+    BindArgs("__dlpack__()", args, nargs, kwnames,
+             {"stream", "max_version", "dl_device", "copy"}, 0, a);
+    PyView& v = ValueOf<PyView>(self);
+    const View& view = v.get();
+    CheckDlpackKeywords(view.info(), Optional(a[2]), Optional(a[3]));
+    DeclareDlpackStream(Optional(a[0]),
+                        [&](CudaStream cs) { view.UseOnStream(cs); });
+    return MakeDLPack(v.Source()).release().ptr();
+  });
+}
+
+PyObject* ViewClose(PyObject* self, PyObject*) {
+  return Guarded([&] {
+    ValueOf<PyView>(self).Close();
+    Py_RETURN_NONE;
+  });
+}
+
+PyMethodDef kViewMethods[] = {
+    {"__array__", FastMethod(ViewArray), METH_FASTCALL | METH_KEYWORDS,
+     "__array__(dtype=None)\n--\n\nA zero-copy ndarray (read-only unless "
+     "writable). It keeps the object alive while it lives."},
+    {"__dlpack__", FastMethod(ViewDlpack), METH_FASTCALL | METH_KEYWORDS,
+     kDlpackDoc},
+    {"__dlpack_device__", ViewInfoAttributes::DlpackDevice, METH_NOARGS,
+     kDlpackDeviceDoc},
+    {"close", ViewClose, METH_NOARGS,
+     "close()\n--\n\n"
+     "Drops this view's share of the lease. Arrays and tensors made from it "
+     "keep their own share: the lease ends when the last one dies. When "
+     "this was the last share, waits for the daemon, so the memory is back "
+     "in the pool for every process on return."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyGetSetDef* BufferGetSet() {
+  return BufferInfoAttributes::GetSet({
+      {"valid", BufferValid, nullptr, "False once sealed or discarded.",
+       nullptr},
+      {"address", BufferAddress, nullptr,
+       "Address of the first byte in this process, for identity checks. Not "
+       "a view: it keeps nothing alive, and after seal() a write through it "
+       "is undefined (arrays and tensors are the way to write).",
+       nullptr},
+  });
+}
+
+PyGetSetDef* ViewGetSet() {
+  return ViewInfoAttributes::GetSet({
+      {"writable", ViewWritable, nullptr,
+       "True for the consumer of an exclusive hand-off that took it "
+       "writable, and for every view of a shared-writable object.",
+       nullptr},
+      {"closed", ViewClosed, nullptr, "True once close() was called.", nullptr},
+      {"address", ViewAddress, nullptr,
+       "Address of the first byte in this process.", nullptr},
+  });
 }
 
 }  // namespace
@@ -674,11 +761,11 @@ void AddObjectTypes(py::module_& m) {
       MakeType(m, "shmtensor._core.Buffer",
                "A writable buffer, visible to nobody until sealed.",
                sizeof(BufferObject), Dealloc<PyBuffer>, kBufferMethods,
-               kBufferMembers, nullptr, nullptr, BufferGetAttr);
+               kBufferMembers, BufferGetSet(), nullptr, BufferGetAttr);
   g_view_type =
       MakeType(m, "shmtensor._core.View", "A view of a sealed object.",
                sizeof(ViewObject), Dealloc<PyView>, kViewMethods, kViewMembers,
-               nullptr, ViewGetBuffer, nullptr);
+               ViewGetSet(), ViewGetBuffer, nullptr);
   // Made from Python too (ObjectRef(bytes)), so not with MakeType. Named
   // shmtensor.ObjectRef: that is where pickle finds it.
   PyType_Slot ref_slots[] = {
@@ -700,8 +787,6 @@ void AddObjectTypes(py::module_& m) {
   if (ref_type == nullptr) throw py::error_already_set();
   m.add_object("ObjectRef", py::handle(ref_type));
   g_ref_type = reinterpret_cast<PyTypeObject*>(ref_type);
-  AddBufferAttributes(g_buffer_type);
-  AddViewAttributes(g_view_type);
   g_buffer_class = g_buffer_type;
   g_view_class = g_view_type;
 }

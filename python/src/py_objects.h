@@ -7,10 +7,10 @@
 //
 // Each type's methods are defined here, once.
 //
-// Their allocation, deallocation and the calls a lifecycle makes on them
-// (Buffer.seal, numpy.asarray of either) are hand-written CPython
-// (py_support.h says why); every other method and property is a pybind11
-// function attached to the type (AddObjectTypes).
+// All of it is hand-written CPython: allocation, deallocation, methods,
+// properties and the buffer protocol (py_support.h says why). The package
+// subclasses Buffer and View for its Python-level methods
+// (BindObjectClasses), which call these.
 //
 // Ownership: a Buffer owns its unsealed buffer (dropping it discards the
 // object); a View owns one share of its lease, a SealedRef the creator's.

@@ -7,8 +7,9 @@
 // deallocation) run once per batch, and pybind11's generic dispatch (an
 // argument tuple and dict per call, type lookups by hashed type name, a
 // registry entry per instance) cost more than the rest of the binding
-// together (bench/python/python_bench.py --instructions). Everything else stays
-// on pybind11.
+// together (bench/python/python_bench.py --instructions). So every method
+// and property of the binding's types is a native one, written with these
+// helpers; pybind11 is used for conversions only (arrays, capsules, casts).
 //
 // Thread safety: everything here is called with the GIL held, except what
 // runs inside a ReleaseGil scope.
@@ -20,6 +21,7 @@
 
 #include <exception>
 #include <initializer_list>
+#include <string>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -107,26 +109,25 @@ inline PyCFunction FastMethod(PyObject* (*f)(PyObject*, PyObject* const*,
   return reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(f));
 }
 
-// Attaches a pybind11 function to a native type as method `name`; its
-// first parameter is the instance (a py::handle the function converts).
-template <typename F, typename... Extra>
-void Def(PyTypeObject* type, const char* name, F&& f, const Extra&... extra) {
-  py::handle cls(reinterpret_cast<PyObject*>(type));
-  py::cpp_function fn(std::forward<F>(f), py::name(name), py::is_method(cls),
-                      py::sibling(py::getattr(cls, name, py::none())),
-                      extra...);
-  py::setattr(cls, name, fn);
+// `arg`, an argument of `function` bound to parameter `name`, as a T (by
+// pybind11's conversion). Throws py::type_error naming both, as Python's
+// own functions do, when it is not one.
+template <typename T>
+T ArgAs(const char* function, const char* name, PyObject* arg) {
+  try {
+    return py::handle(arg).cast<T>();
+  } catch (const py::cast_error&) {
+    throw py::type_error(std::string(function) + ": argument '" + name +
+                         "' has the wrong type (" + Py_TYPE(arg)->tp_name +
+                         ")");
+  }
 }
 
-// Attaches a read-only property whose getter is a pybind11 function of the
-// instance.
-template <typename F>
-void DefProperty(PyTypeObject* type, const char* name, F&& getter,
-                 const char* doc) {
-  py::handle cls(reinterpret_cast<PyObject*>(type));
-  py::cpp_function fget(std::forward<F>(getter), py::is_method(cls));
-  py::object property = py::module_::import("builtins").attr("property");
-  py::setattr(cls, name, property(fget, py::none(), py::none(), doc));
+// A new reference to `value` as a Python object (by pybind11's
+// conversion), for a native method's or getter's return.
+template <typename T>
+PyObject* ToPython(T&& value) {
+  return py::cast(std::forward<T>(value)).release().ptr();
 }
 
 // True when `arg` is absent or None.

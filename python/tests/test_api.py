@@ -379,6 +379,25 @@ def test_bad_arguments_name_the_value(client):
         (lambda: client.create(4, "uint8").seal(stream=object()), TypeError,
          "stream must be None, a stream handle or a torch.cuda.Stream, got "
          "object"),
+        (lambda: client.create(4, "uint8").__dlpack__(dl_device="cpu"),
+         TypeError, r"__dlpack__\(\): argument 'dl_device' has the wrong "
+         r"type \(str\)"),
+        (lambda: client.create(4, "uint8").__dlpack__(dl_device=(2, 0)),
+         BufferError, r"dl_device=\(2, 0\)\): the bytes are on cpu"),
+        (lambda: client.create(4, "uint8").__dlpack__(copy=True),
+         BufferError, "without a copy only"),
+        (lambda: client.create(4, "uint8").__dlpack__(bogus=1), TypeError,
+         r"__dlpack__\(\) got an unexpected keyword argument 'bogus'"),
+        (lambda: client.get(client.put(np.zeros(1))).__dlpack__(stream=-2),
+         ValueError, "stream must be None, -1 or a stream handle, got -2"),
+        (lambda: client.delete(3), TypeError,
+         "name must be a str or None, got int"),
+        (lambda: client.delete("never-bound"), shmtensor.NotFoundError,
+         "never-bound"),
+        (lambda: client.has_pool_on("gpu:0"), shmtensor.InvalidArgumentError,
+         "gpu:0"),
+        (lambda: client._put(0, "shape", 0, 0, "", False, None), TypeError,
+         r"_put\(\): argument 'shape' has the wrong type \(str\)"),
     ]
     for call, error, message in cases:
         with pytest.raises(error, match=message):
@@ -390,6 +409,47 @@ def test_bad_arguments_name_the_value(client):
     # numpy integers and sequences of them are shapes, as ints are.
     assert client.create(np.int64(3), np.float32).shape == (3,)
     assert client.create([np.int32(2), 3], "torch.float32").shape == (2, 3)
+
+
+def test_each_native_type_defines_its_attributes_once(client):
+    """Buffer, View and Client are native types whose every method and
+    property is a native descriptor of the type itself (no pybind11
+    function or Python property attached to it): one definition each, with
+    a signature and a docstring."""
+    checked = 0
+    for native in (shmtensor._core.Buffer, shmtensor._core.View,
+                   shmtensor._core.Client):
+        for name, attr in vars(native).items():
+            if name.startswith("__") and name not in (
+                    "__array__", "__dlpack__", "__dlpack_device__"):
+                continue
+            kind = type(attr).__name__
+            assert kind in ("method_descriptor", "getset_descriptor"), (
+                native.__name__, name, kind)
+            assert attr.__doc__, (native.__name__, name)
+            if kind == "method_descriptor":
+                assert attr.__text_signature__, (native.__name__, name)
+            checked += 1
+    assert checked >= 28
+    # Each answers on a live object and fails precisely on a finished one.
+    buf = client.create((2, 3), "int16")
+    code = buf.dtype_code
+    assert (buf.shape, buf.strides, buf.nbytes, buf.device) == (
+        (2, 3), (6, 2), 12, "cpu")
+    assert buf.valid and buf.address and buf.__dlpack_device__() == (1, 0)
+    assert shmtensor.ObjectRef(buf.ref_bytes) == shmtensor.ObjectRef(
+        buf.ref_bytes)
+    view = client.get(buf.seal())
+    assert not buf.valid
+    with pytest.raises(shmtensor.PreconditionError, match="sealed"):
+        buf.shape
+    assert (view.shape, view.dtype_code, view.writable, view.closed) == (
+        (2, 3), code, False, False)
+    view.close()
+    assert view.closed
+    with pytest.raises(shmtensor.PreconditionError, match="closed"):
+        view.__dlpack_device__()
+    assert isinstance(client.session_id, int) and client.address
 
 
 def test_native_objects_free_what_they_hold(client):
