@@ -24,7 +24,7 @@
 //   users = []                 # who may read and write it, besides root and
 //   groups = []                # the daemon's user: names or numeric ids
 //   read_only_users = []       # who may only read it
-//   read_only_groups = []      # (see daemon/pool_access.h)
+//   read_only_groups = []      # (see daemon/memory/pool_access.h)
 //
 // Thread safety: pure functions.
 #ifndef SHMTENSOR_DAEMON_CONFIG_H_
@@ -38,8 +38,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "daemon/limits.h"
-#include "daemon/pool_access.h"
+#include "daemon/memory/pool_access.h"
+#include "daemon/store/limits.h"
 #include "shmtensor/defaults.h"
 
 namespace shmtensor::daemon {

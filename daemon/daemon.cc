@@ -22,9 +22,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "daemon/cuda_segment.h"
-#include "daemon/host_segment.h"
-#include "daemon/unix_listener.h"
+#include "daemon/memory/cuda_segment.h"
+#include "daemon/memory/host_segment.h"
+#include "daemon/server/unix_listener.h"
 #include "shmtensor/defaults.h"
 #include "spdlog/spdlog.h"
 

@@ -30,12 +30,12 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/config.h"
-#include "daemon/connections.h"
-#include "daemon/descriptor_server.h"
-#include "daemon/monitor_service.h"
-#include "daemon/object_store.h"
-#include "daemon/service.h"
-#include "daemon/unix_listener.h"
+#include "daemon/server/connections.h"
+#include "daemon/server/descriptor_server.h"
+#include "daemon/server/monitor_service.h"
+#include "daemon/server/service.h"
+#include "daemon/server/unix_listener.h"
+#include "daemon/store/object_store.h"
 
 namespace shmtensor::daemon {
 

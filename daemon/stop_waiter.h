@@ -16,7 +16,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "daemon/peer.h"
+#include "daemon/os/peer.h"
 
 namespace shmtensor::daemon {
 

@@ -24,11 +24,11 @@ fi
 out=build-fuzz
 mkdir -p "$out/corpus"
 # The store and what it stands on, compiled with coverage for the fuzzer.
-srcs=(tests/fuzz/store_fuzzer.cc daemon/object_store.cc
-  daemon/session_table.cc daemon/object_table.cc daemon/lease_table.cc
-  daemon/release_log.cc daemon/store_views.cc daemon/pool.cc
-  daemon/pool_access.cc daemon/range_allocator.cc daemon/layout.cc
-  daemon/peer.cc common/errors.cc common/dtype.cc
+srcs=(tests/fuzz/store_fuzzer.cc daemon/store/object_store.cc
+  daemon/store/session_table.cc daemon/store/object_table.cc daemon/store/lease_table.cc
+  daemon/store/release_log.cc daemon/store/store_views.cc daemon/memory/pool.cc
+  daemon/memory/pool_access.cc daemon/memory/range_allocator.cc daemon/store/layout.cc
+  daemon/os/peer.cc common/errors.cc common/dtype.cc
   build/proto/shmtensor/v1/shmtensor.pb.cc build/proto/shmtensor/v1/monitor.pb.cc)
 # shellcheck disable=SC2046
 clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined \

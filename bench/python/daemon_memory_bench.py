@@ -1,5 +1,5 @@
 """What the daemon's own memory pays per object, per lease and per session,
-the figures its default [limits] are sized by (daemon/limits.h,
+the figures its default [limits] are sized by (daemon/store/limits.h,
 docs/hardening.md). Starts a daemon, reads its resident set (VmRSS) before
 and after making N of each, and prints bytes per item. The pool's pages are
 shared memory the daemon never maps, so they are not in its VmRSS.

@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "daemon/fake_segment.h"
-#include "daemon/object_store.h"
+#include "daemon/memory/fake_segment.h"
+#include "daemon/store/object_store.h"
 #include "shmtensor/v1/monitor.pb.h"
 #include "spdlog/spdlog.h"
 

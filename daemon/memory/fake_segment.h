@@ -1,0 +1,35 @@
+// A Segment of offsets only, for tests and fuzzers that run the store
+// without shared memory: the store never touches pool bytes.
+//
+// Thread safety: immutable.
+#ifndef SHMTENSOR_DAEMON_MEMORY_FAKE_SEGMENT_H_
+#define SHMTENSOR_DAEMON_MEMORY_FAKE_SEGMENT_H_
+
+#include <cstdint>
+#include <string>
+
+#include "daemon/memory/segment.h"
+
+namespace shmtensor::daemon {
+
+class FakeSegment final : public Segment {
+ public:
+  explicit FakeSegment(uint64_t size, uint64_t huge_page_size = 0,
+                       uint64_t page_size = 4096)
+      : size_(size), huge_(huge_page_size), page_(page_size) {}
+  v1::MemoryKind kind() const override { return v1::MEMORY_KIND_HOST; }
+  const std::string& handle() const override { return handle_; }
+  uint64_t size_bytes() const override { return size_; }
+  uint64_t page_size() const override { return page_; }
+  uint64_t huge_page_size() const override { return huge_; }
+
+ private:
+  uint64_t size_;
+  uint64_t huge_;
+  uint64_t page_;
+  std::string handle_;
+};
+
+}  // namespace shmtensor::daemon
+
+#endif  // SHMTENSOR_DAEMON_MEMORY_FAKE_SEGMENT_H_

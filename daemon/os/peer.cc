@@ -1,0 +1,107 @@
+#include "daemon/os/peer.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+#ifndef SO_PEERPIDFD
+#define SO_PEERPIDFD 77  // Linux 6.5; older headers lack it.
+#endif
+
+namespace shmtensor::daemon {
+
+UniqueFd& UniqueFd::operator=(UniqueFd&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) close(fd_);
+    fd_ = o.release();
+  }
+  return *this;
+}
+
+UniqueFd::~UniqueFd() {
+  if (fd_ >= 0) close(fd_);
+}
+
+absl::StatusOr<PeerCredentials> ReadPeerCredentials(int socket_fd) {
+  struct ucred cred {};
+  socklen_t len = sizeof(cred);
+  if (getsockopt(socket_fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    return absl::InternalError(
+        absl::StrCat("SO_PEERCRED: ", std::strerror(errno)));
+  }
+  PeerCredentials peer{cred.pid, cred.uid, cred.gid, {}};
+  // The list is as long as the peer's; NGROUPS_MAX (65536) bounds it.
+  std::vector<gid_t> groups(64);
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    socklen_t bytes = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+    if (getsockopt(socket_fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(),
+                   &bytes) == 0) {
+      groups.resize(bytes / sizeof(gid_t));
+      peer.groups = std::move(groups);
+      break;
+    }
+    if (errno != ERANGE || bytes / sizeof(gid_t) > 65536) break;
+    groups.resize(bytes / sizeof(gid_t));
+  }
+  return peer;
+}
+
+absl::StatusOr<UniqueFd> OpenPeerPidfd(int socket_fd, pid_t pid) {
+  int pidfd = -1;
+  socklen_t len = sizeof(pidfd);
+  if (getsockopt(socket_fd, SOL_SOCKET, SO_PEERPIDFD, &pidfd, &len) == 0 &&
+      pidfd >= 0) {
+    return UniqueFd(pidfd);
+  }
+  if (pid <= 0) {
+    return absl::InternalError(
+        "the peer's pid is not visible here (another pid namespace) and the "
+        "kernel has no SO_PEERPIDFD");
+  }
+  return OpenPidfd(pid);
+}
+
+absl::StatusOr<UniqueFd> OpenPidfd(pid_t pid) {
+  const long fd = syscall(SYS_pidfd_open, pid, 0);
+  if (fd >= 0) return UniqueFd(static_cast<int>(fd));
+  const std::string what =
+      absl::StrCat("pidfd_open(", pid, "): ", std::strerror(errno));
+  switch (errno) {
+    case ESRCH:
+      return absl::NotFoundError(what);
+    case ENOSYS:
+    case EPERM:
+      return absl::UnimplementedError(what);
+    default:
+      return absl::InternalError(what);
+  }
+}
+
+bool ProcessExited(int pidfd) {
+  pollfd p{pidfd, POLLIN, 0};
+  return poll(&p, 1, 0) > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR));
+}
+
+std::string CommandLineOf(pid_t pid) {
+  if (pid <= 0) return "";
+  std::ifstream in(absl::StrCat("/proc/", pid, "/cmdline"), std::ios::binary);
+  std::string raw;
+  raw.resize(4096);
+  in.read(raw.data(), raw.size());
+  raw.resize(in.gcount());
+  while (!raw.empty() && raw.back() == '\0') raw.pop_back();
+  for (char& c : raw) {
+    if (c == '\0') c = ' ';
+  }
+  return raw;
+}
+
+}  // namespace shmtensor::daemon

@@ -1,0 +1,282 @@
+#include "daemon/server/descriptor_server.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "daemon/server/log_limiter.h"
+#include "daemon/server/unix_listener.h"
+#include "shmtensor/v1/shmtensor.pb.h"
+#include "spdlog/spdlog.h"
+
+namespace shmtensor::daemon {
+
+using SteadyClock = std::chrono::steady_clock;
+
+struct DescriptorServer::Pending {
+  int fd = -1;  // Owned: closed when the entry goes.
+  PeerCredentials peer;
+  SteadyClock::time_point deadline;  // Not the wall clock: it may step.
+};
+
+namespace {
+
+// Sends `reply`, with `fds` attached when there are any. Never blocks: the
+// reply is the connection's first message and far below its buffer.
+bool SendReply(int fd, const v1::DescriptorReply& reply,
+               const std::vector<int>& fds) {
+  std::string bytes;
+  reply.SerializeToString(&bytes);
+  iovec iov{bytes.data(), bytes.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  std::vector<char> control(CMSG_SPACE(sizeof(int) * fds.size()));
+  if (!fds.empty()) {
+    msg.msg_control = control.data();
+    msg.msg_controllen = control.size();
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+  }
+  return sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT) ==
+         static_cast<ssize_t>(bytes.size());
+}
+
+v1::DescriptorReply Refusal(absl::StatusCode code, const std::string& why) {
+  v1::DescriptorReply reply;
+  reply.set_code(static_cast<int>(code));
+  reply.set_message(why);
+  return reply;
+}
+
+LogLimiter& RefusalLog() {
+  static auto* limiter = new LogLimiter(10);
+  return *limiter;
+}
+
+// At most 10 lines a second of everything a peer can cause.
+void Warn(const std::string& what) {
+  uint64_t suppressed = 0;
+  if (!RefusalLog().Allow(&suppressed)) return;
+  spdlog::warn("descriptor socket: {}{}", what,
+               suppressed > 0
+                   ? absl::StrFormat(" (%d such lines not logged before this)",
+                                     suppressed)
+                   : std::string());
+}
+
+void LogRefusal(const PeerCredentials& peer, const std::string& why) {
+  uint64_t suppressed = 0;
+  if (!RefusalLog().Allow(&suppressed)) return;
+  spdlog::warn(
+      "descriptor socket: refused pid {} uid {}: {}{}", peer.pid, peer.uid, why,
+      suppressed > 0
+          ? absl::StrFormat(" (%d refusals not logged before this)", suppressed)
+          : std::string());
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DescriptorServer>> DescriptorServer::Bind(
+    const std::string& path, mode_t mode, int gid, ObjectStore& store,
+    DescriptorServerOptions options) {
+  absl::StatusOr<UniqueFd> fd = BindUnixSocket(path, SOCK_SEQPACKET, mode, gid);
+  if (!fd.ok()) return fd.status();
+  UniqueFd wake(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!wake.valid()) {
+    return absl::InternalError(
+        absl::StrFormat("eventfd: %s", std::strerror(errno)));
+  }
+  return std::unique_ptr<DescriptorServer>(
+      new DescriptorServer(*std::move(fd), std::move(wake), store, options));
+}
+
+DescriptorServer::~DescriptorServer() { Stop(); }
+
+void DescriptorServer::Start() {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void DescriptorServer::Stop() {
+  if (!thread_.joinable()) return;
+  const uint64_t one = 1;
+  (void)!write(wake_fd_.get(), &one, sizeof(one));
+  thread_.join();
+}
+
+bool DescriptorServer::Serve(const Pending& p) {
+  char buf[kMaxDescriptorRequestBytes + 1];
+  // No control buffer: descriptors the peer attached are closed by the
+  // kernel, never installed here.
+  const ssize_t n = recv(p.fd, buf, sizeof(buf), MSG_DONTWAIT | MSG_TRUNC);
+  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return false;
+  if (n <= 0) {
+    ++refused_;  // Hung up without a request.
+    return true;
+  }
+  auto refuse = [&](absl::StatusCode code, const std::string& why) {
+    SendReply(p.fd, Refusal(code, why), {});
+    LogRefusal(p.peer, why);
+    ++refused_;
+    return true;
+  };
+  if (static_cast<size_t>(n) > kMaxDescriptorRequestBytes) {
+    return refuse(absl::StatusCode::kInvalidArgument,
+                  absl::StrFormat("request of %d bytes, at most %d", n,
+                                  kMaxDescriptorRequestBytes));
+  }
+  v1::DescriptorRequest request;
+  if (!request.ParseFromArray(buf, static_cast<int>(n))) {
+    return refuse(absl::StatusCode::kInvalidArgument,
+                  absl::StrFormat("%d bytes that are no DescriptorRequest", n));
+  }
+  absl::StatusOr<std::vector<DescriptorGrant>> grants =
+      store_.GrantDescriptors(request.session_id(), request.secret(), p.peer);
+  if (!grants.ok()) {
+    return refuse(grants.status().code(),
+                  std::string(grants.status().message()));
+  }
+  v1::DescriptorReply reply;
+  reply.set_granted(true);
+  std::vector<UniqueFd> fds;
+  for (const DescriptorGrant& g : *grants) {
+    absl::StatusOr<UniqueFd> fd = store_.segment(g.pool_id).OpenDescriptor(
+        g.access == v1::POOL_ACCESS_READ_WRITE);
+    if (!fd.ok()) {
+      spdlog::error("descriptor socket: pool {}: {}", g.pool_id,
+                    std::string(fd.status().message()));
+      return refuse(absl::StatusCode::kInternal,
+                    "the daemon could not open a pool's descriptor");
+    }
+    reply.add_pool_ids(g.pool_id);
+    reply.add_access(g.access);
+    fds.push_back(*std::move(fd));
+  }
+  std::vector<int> raw;
+  for (const UniqueFd& fd : fds) raw.push_back(fd.get());
+  if (SendReply(p.fd, reply, raw)) {
+    ++granted_;
+  } else {
+    Warn(absl::StrFormat("could not send pid %d uid %d its descriptors: %s",
+                         p.peer.pid, p.peer.uid, std::strerror(errno)));
+    ++refused_;
+  }
+  return true;  // `fds` close here; the message holds its own references.
+}
+
+void DescriptorServer::Loop() {
+  std::vector<Pending> pending;
+  absl::flat_hash_map<uid_t, size_t> per_uid;
+  auto drop = [&](size_t i) {
+    close(pending[i].fd);
+    if (--per_uid[pending[i].peer.uid] == 0) per_uid.erase(pending[i].peer.uid);
+    pending[i] = pending.back();
+    pending.pop_back();
+  };
+  // Kept for EMFILE: closed to accept one waiting connection and close it.
+  UniqueFd reserve(open("/dev/null", O_RDONLY | O_CLOEXEC));
+  std::vector<pollfd> polled;
+  while (true) {
+    SteadyClock::time_point next = SteadyClock::time_point::max();
+    for (const Pending& p : pending) next = std::min(next, p.deadline);
+    int timeout_ms = -1;
+    if (next != SteadyClock::time_point::max()) {
+      timeout_ms = static_cast<int>(std::clamp<int64_t>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(
+              next - SteadyClock::now())
+                  .count() +
+              1,
+          0, 60000));
+    }
+    polled.assign({{listen_fd_.get(), POLLIN, 0}, {wake_fd_.get(), POLLIN, 0}});
+    for (const Pending& p : pending) polled.push_back({p.fd, POLLIN, 0});
+    if (poll(polled.data(), polled.size(), timeout_ms) < 0 && errno != EINTR) {
+      Warn(absl::StrFormat("poll: %s", std::strerror(errno)));
+      absl::SleepFor(absl::Milliseconds(100));
+      continue;
+    }
+    if (polled[1].revents != 0) break;  // Stop().
+    // Answer (or forget) the connections that spoke or hung up, from the
+    // back so that dropping one moves none not yet looked at.
+    for (size_t i = polled.size(); i-- > 2;) {
+      if (polled[i].revents == 0) continue;
+      if (Serve(pending[i - 2])) drop(i - 2);
+    }
+    const SteadyClock::time_point now = SteadyClock::now();
+    for (size_t i = pending.size(); i-- > 0;) {
+      if (pending[i].deadline > now) continue;
+      LogRefusal(
+          pending[i].peer,
+          absl::StrFormat("sent no request within %s",
+                          absl::FormatDuration(options_.request_timeout)));
+      ++refused_;
+      drop(i);
+    }
+    if (polled[0].revents == 0) continue;
+    // Everything the backlog holds, so a burst is taken in one round.
+    for (int accepted = 0; accepted < 1024; ++accepted) {
+      const int fd = accept4(listen_fd_.get(), nullptr, nullptr,
+                             SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) {
+        if (errno == EMFILE || errno == ENFILE) {
+          // Refuse one waiting client with the reserved descriptor rather
+          // than leave the backlog full.
+          Warn(absl::StrFormat("cannot accept: %s; refusing a connection",
+                               std::strerror(errno)));
+          if (reserve.valid()) {
+            reserve = UniqueFd();
+            close(accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+            reserve = UniqueFd(open("/dev/null", O_RDONLY | O_CLOEXEC));
+            ++refused_;
+          } else {
+            absl::SleepFor(absl::Milliseconds(10));
+          }
+        } else if (errno == ENOBUFS || errno == ENOMEM) {
+          Warn(absl::StrFormat("cannot accept: %s", std::strerror(errno)));
+          absl::SleepFor(absl::Milliseconds(10));
+        }
+        break;
+      }
+      absl::StatusOr<PeerCredentials> peer = ReadPeerCredentials(fd);
+      if (!peer.ok()) {
+        close(fd);
+        ++refused_;
+        continue;
+      }
+      size_t& mine = per_uid[peer->uid];
+      if (pending.size() >= options_.max_pending ||
+          mine >= options_.max_pending_per_uid) {
+        const size_t of_uid = mine;
+        if (mine == 0) per_uid.erase(peer->uid);
+        LogRefusal(*peer, absl::StrFormat("%d connections of this uid (%d in "
+                                          "all) are waiting already",
+                                          of_uid, pending.size()));
+        close(fd);
+        ++refused_;
+        continue;
+      }
+      ++mine;
+      pending.push_back({fd, *std::move(peer),
+                         SteadyClock::now() + absl::ToChronoMilliseconds(
+                                                  options_.request_timeout)});
+    }
+  }
+  for (const Pending& p : pending) close(p.fd);
+}
+
+}  // namespace shmtensor::daemon

@@ -1,0 +1,98 @@
+// The descriptor socket: hands each session's process the descriptors of the
+// host pools it may use, over SCM_RIGHTS, so that pool memory needs no name
+// in any file system (host_segment.h). The protocol is DescriptorRequest /
+// DescriptorReply in shmtensor.proto; the spec is docs/shm_layout.md.
+//
+// A SOCK_SEQPACKET Unix socket at "<socket path>.fd", beside the gRPC one,
+// with the same mode and group (so any user the operator lets reach the
+// daemon can ask, and only the kernel's word decides what they get). Each
+// connection may send one request, at most kMaxRequestBytes, within the
+// request timeout; it gets one reply and is closed. Descriptors go only to
+// the process that opened the session (ObjectStore::GrantDescriptors: its
+// SO_PEERCRED pid and uid, and the session's secret); every refusal gets
+// PERMISSION_DENIED (or INVALID_ARGUMENT for bytes that are no request), no
+// descriptor, and a log line (rate-limited). A session is answered once.
+// Each descriptor sent is a new open file description of the pool, the
+// receiver's alone. Descriptors a peer sends are never accepted (the kernel
+// closes them). Pending connections are bounded, in all and per uid: one
+// past either bound is closed at once, so a user who floods the socket
+// delays only itself. Out of descriptors (EMFILE), the server closes
+// waiting connections one by one with a reserved descriptor, so clients
+// see a refusal instead of a full backlog.
+//
+// Thread safety: Start and Stop from one thread; the serving thread is
+// internal.
+#ifndef SHMTENSOR_DAEMON_SERVER_DESCRIPTOR_SERVER_H_
+#define SHMTENSOR_DAEMON_SERVER_DESCRIPTOR_SERVER_H_
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "daemon/os/peer.h"
+#include "daemon/store/object_store.h"
+
+namespace shmtensor::daemon {
+
+// Longest DescriptorRequest accepted, bytes.
+inline constexpr size_t kMaxDescriptorRequestBytes = 256;
+
+struct DescriptorServerOptions {
+  absl::Duration request_timeout = absl::Seconds(2);
+  size_t max_pending = 256;         // Connections waiting for a request.
+  size_t max_pending_per_uid = 32;  // Of those, from one user.
+};
+
+class DescriptorServer {
+ public:
+  // Binds `path` (replacing what is there: the caller holds the address
+  // lock) with `mode` and, for gid >= 0, that group. `store` must outlive
+  // the server. Errors as BindUnixSocket (unix_listener.h).
+  static absl::StatusOr<std::unique_ptr<DescriptorServer>> Bind(
+      const std::string& path, mode_t mode, int gid, ObjectStore& store,
+      DescriptorServerOptions options = {});
+  // Stops serving (if started) and closes the socket; the caller unlinks.
+  ~DescriptorServer();
+
+  DescriptorServer(const DescriptorServer&) = delete;
+  DescriptorServer& operator=(const DescriptorServer&) = delete;
+
+  void Start();
+  void Stop();
+
+  // Requests answered with descriptors, and connections refused or closed
+  // without any (bad request, refused, timed out, over a bound). Logged at
+  // shutdown.
+  uint64_t granted() const { return granted_.load(); }
+  uint64_t refused() const { return refused_.load(); }
+
+ private:
+  struct Pending;
+  DescriptorServer(UniqueFd listen_fd, UniqueFd wake_fd, ObjectStore& store,
+                   DescriptorServerOptions options)
+      : listen_fd_(std::move(listen_fd)),
+        wake_fd_(std::move(wake_fd)),
+        store_(store),
+        options_(options) {}
+  void Loop();
+  // Reads and answers the request on `p`. False when there was nothing to
+  // read yet (the connection stays pending).
+  bool Serve(const Pending& p);
+
+  UniqueFd listen_fd_;
+  UniqueFd wake_fd_;  // An eventfd: written by Stop.
+  ObjectStore& store_;
+  const DescriptorServerOptions options_;
+  std::atomic<uint64_t> granted_{0};
+  std::atomic<uint64_t> refused_{0};
+  std::thread thread_;
+};
+
+}  // namespace shmtensor::daemon
+
+#endif  // SHMTENSOR_DAEMON_SERVER_DESCRIPTOR_SERVER_H_

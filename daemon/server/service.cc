@@ -1,0 +1,631 @@
+#include "daemon/server/service.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/time.h"
+#include "daemon/os/peer.h"
+#include "shmtensor/errors.h"
+#include "spdlog/spdlog.h"
+
+namespace shmtensor::daemon {
+
+grpc::Status ToGrpcStatus(grpc::ServerContextBase* ctx,
+                          const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  const std::string reason = ErrorReasonOf(status);
+  if (!reason.empty() && ctx != nullptr) {
+    ctx->AddTrailingMetadata(std::string(kErrorReasonMetadata), reason);
+  }
+  std::string message(status.message());
+  if (message.size() > kMaxErrorBytes) {
+    message.resize(kMaxErrorBytes - 16);
+    // Never end inside a UTF-8 sequence.
+    while (!message.empty() && (message.back() & 0xC0) == 0x80) {
+      message.pop_back();
+    }
+    if (!message.empty() && (message.back() & 0x80)) message.pop_back();
+    message += "... (cut)";
+  }
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), message);
+}
+
+grpc::Status RemoteRefused(const std::string& peer) {
+  return grpc::Status(
+      grpc::StatusCode::PERMISSION_DENIED,
+      absl::StrCat("peer ", peer.substr(0, 128),
+                   " did not connect to the daemon's Unix socket: the data "
+                   "plane (shared memory) serves processes on this host "
+                   "there only, where the kernel says who they are"));
+}
+
+absl::StatusOr<Connection> ObjectStoreService::Caller(
+    const std::string& peer) const {
+  std::optional<Connection> c = connections_.Find(peer);
+  if (!c.has_value()) {
+    grpc::Status refused = RemoteRefused(peer);
+    return absl::PermissionDeniedError(refused.error_message());
+  }
+  return *std::move(c);
+}
+
+absl::Status ObjectStoreService::Authorize(grpc::CallbackServerContext* ctx,
+                                           uint64_t session_id) const {
+  absl::StatusOr<Connection> caller = Caller(ctx->peer());
+  if (!caller.ok()) return caller.status();
+  return store_.Authorize(session_id, caller->owner);
+}
+
+void ObjectStoreService::LogClientError(uint64_t session_id,
+                                        const absl::Status& s) {
+  uint64_t suppressed = 0;
+  if (!client_errors_.Allow(&suppressed)) return;
+  // The session id is a secret: log a prefix only, enough to tell lines of
+  // one session from another's.
+  spdlog::warn(
+      "session {:04x}...: {}{}", session_id >> 48,
+      std::string(s.message()).substr(0, kMaxErrorBytes),
+      suppressed > 0
+          ? absl::StrFormat(" (%d client errors not logged)", suppressed)
+          : "");
+}
+
+namespace {
+
+// Applies one ReleaseLeases of `session_id` (from its stream, or a copy a
+// unary request carried). Leases the session does not hold are skipped;
+// returns OK then, and *unknown says what was skipped (for the log).
+// INVALID_ARGUMENT: the seq is past the next one due. Other errors: the
+// session's (not open).
+absl::Status ApplyReleaseMessage(ObjectStore& store, uint64_t session_id,
+                                 const v1::ReleaseLeases& release,
+                                 absl::Status* unknown) {
+  const std::vector<uint64_t> ids(release.lease_ids().begin(),
+                                  release.lease_ids().end());
+  absl::Status s = store.ReleaseBatch(session_id, release.seq(), ids);
+  if (absl::IsNotFound(s)) {
+    *unknown = s;
+    return absl::OkStatus();
+  }
+  return s;
+}
+
+}  // namespace
+
+// One session stream. Owned by gRPC: deletes itself in OnDone.
+// One session stream, raw: its messages are parsed here, so one that does
+// not parse ends the stream INVALID_ARGUMENT naming its size (gRPC would
+// end it as if the client had closed its side).
+class SessionReactor final
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  SessionReactor(ObjectStoreService& service, std::string peer)
+      : service_(service), peer_(std::move(peer)) {
+    absl::StatusOr<Connection> caller = service_.Caller(peer_);
+    if (!caller.ok()) {
+      FinishOnce(RemoteRefused(peer_));
+      return;
+    }
+    caller_ = *std::move(caller);
+    StartRead(&raw_request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // Client closed its side, or the connection broke.
+      FinishOnce(grpc::Status::OK);
+      return;
+    }
+    const size_t size = raw_request_.Length();
+    if (!grpc::SerializationTraits<v1::SessionRequest>::Deserialize(
+             &raw_request_, &request_)
+             .ok()) {
+      FinishOnce(grpc::Status(
+          grpc::StatusCode::INVALID_ARGUMENT,
+          absl::StrFormat("session message of %d bytes is not a valid "
+                          "shmtensor.v1.SessionRequest",
+                          size)));
+      return;
+    }
+    if (session_id_ != 0 && request_.has_release()) {
+      OnRelease(request_.release());
+      return;
+    }
+    if (session_id_ != 0 || !request_.has_open()) {
+      FinishOnce(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                              session_id_ != 0
+                                  ? "session stream takes one OpenSession only"
+                                  : "first session message must be open"));
+      return;
+    }
+    const v1::OpenSession& open = request_.open();
+    absl::StatusOr<OpenedSession> opened =
+        open.resume_session_id() != 0
+            ? service_.store_.ResumeSession(open.resume_session_id(),
+                                            caller_.owner)
+            : service_.store_.OpenSession(
+                  open.client_name(),
+                  PeerInfo{caller_.peer, caller_.owner, caller_.pidfd,
+                           CommandLineOf(caller_.peer.pid)},
+                  open.read_only());
+    if (!opened.ok()) {
+      FinishOnce(ToGrpcStatus(nullptr, opened.status()));
+      return;
+    }
+    session_id_ = opened->id;
+    stream_ = opened->stream;
+    v1::SessionOpened* reply = event_.mutable_opened();
+    reply->set_session_id(opened->id);
+    reply->set_daemon_epoch(service_.store_.epoch());
+    reply->set_releases_applied(opened->releases_applied);
+    reply->set_client_id(opened->client_id);
+    for (v1::PoolInfo& p : opened->pools) *reply->add_pools() = std::move(p);
+    reply->set_descriptor_secret(opened->descriptor_secret);
+    service_.Register(this);
+    bool own = false;
+    if (!grpc::SerializationTraits<v1::SessionEvent>::Serialize(
+             event_, &raw_event_, &own)
+             .ok()) {
+      FinishOnce(grpc::Status(grpc::StatusCode::INTERNAL,
+                              "cannot serialize SessionOpened"));
+      return;
+    }
+    StartWrite(&raw_event_);
+    StartRead(&raw_request_);  // Completes when the client goes away.
+  }
+
+  // Applies a ReleaseLeases and reads on. A lease the session does not hold
+  // is only logged (the client cannot be told without a reply); a seq out of
+  // order breaks the ordering contract, so it ends the session's stream.
+  void OnRelease(const v1::ReleaseLeases& release) {
+    absl::Status unknown;
+    absl::Status s =
+        ApplyReleaseMessage(service_.store_, session_id_, release, &unknown);
+    if (!unknown.ok()) service_.LogClientError(session_id_, unknown);
+    if (absl::IsInvalidArgument(s)) {
+      service_.LogClientError(session_id_, s);
+      FinishOnce(ToGrpcStatus(nullptr, s));
+      return;
+    }
+    if (!s.ok()) service_.LogClientError(session_id_, s);
+    StartRead(&raw_request_);
+  }
+
+  void OnWriteDone(bool ok) override {}
+  void OnCancel() override {
+    FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED, "session cancelled"));
+  }
+  void OnDone() override {
+    if (session_id_ != 0) {
+      service_.Unregister(this);
+      service_.store_.StreamEnded(session_id_, stream_);
+    }
+    delete this;
+  }
+
+  // Ends the stream with `status` unless it has ended already.
+  void FinishOnce(const grpc::Status& status) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_) return;
+      finished_ = true;
+    }
+    Finish(status);
+  }
+
+ private:
+  ObjectStoreService& service_;
+  const std::string peer_;
+  Connection caller_;
+  grpc::ByteBuffer raw_request_;
+  grpc::ByteBuffer raw_event_;
+  v1::SessionRequest request_;
+  v1::SessionEvent event_;
+  // Set once, on the reactor's read callbacks (which gRPC serialises).
+  uint64_t session_id_ = 0;
+  uint64_t stream_ = 0;
+  absl::Mutex mu_;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
+ObjectStoreService::Session(grpc::CallbackServerContext* ctx) {
+  return new SessionReactor(*this, ctx->peer());
+}
+
+void ObjectStoreService::Register(SessionReactor* r) {
+  bool end_now;
+  {
+    absl::MutexLock lock(&mu_);
+    reactors_.insert(r);
+    end_now = ending_;
+  }
+  if (end_now) {
+    r->FinishOnce(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                               "shmtensord is shutting down"));
+  }
+}
+
+void ObjectStoreService::Unregister(SessionReactor* r) {
+  absl::MutexLock lock(&mu_);
+  reactors_.erase(r);
+}
+
+void ObjectStoreService::EndAllSessions() {
+  absl::MutexLock lock(&mu_);
+  ending_ = true;
+  // FinishOnce does not call back into the service, so holding mu_ keeps
+  // every reactor alive (OnDone must Unregister first).
+  for (SessionReactor* r : reactors_) {
+    r->FinishOnce(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                               "shmtensord is shutting down"));
+  }
+}
+
+namespace {
+
+// Longest wait for a session's releases to arrive on its stream; they were
+// sent before the call, so this bounds a broken client only.
+constexpr absl::Duration kMaxReleaseWait = absl::Seconds(10);
+
+// A wait never outlasts the caller's own deadline: a Create that succeeded
+// after the caller gave up would leave a write lease nobody knows of.
+absl::Time BoundedDeadline(grpc::CallbackServerContext* ctx,
+                           absl::Duration wait) {
+  absl::Time deadline = absl::Now() + wait;
+  const absl::Time theirs = absl::FromChrono(ctx->deadline());
+  if (theirs != absl::InfiniteFuture()) {
+    deadline = std::min(deadline, theirs - absl::Milliseconds(50));
+  }
+  return deadline;
+}
+
+// Most copies of stream releases one request may carry (the client sends at
+// most 64).
+constexpr int kMaxCarriedReleases = 1024;
+
+// Applies the copies of stream releases a request carries, in order, up to
+// a gap (see ReleaseLeases in the proto).
+template <typename Request>
+absl::Status ApplyCarriedReleases(ObjectStore& store, const Request& req,
+                                  absl::Status* unknown) {
+  if (req.releases_size() > kMaxCarriedReleases) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("request carries %d ReleaseLeases copies, at most %d",
+                        req.releases_size(), kMaxCarriedReleases));
+  }
+  for (const v1::ReleaseLeases& r : req.releases()) {
+    absl::Status s = ApplyReleaseMessage(store, req.session_id(), r, unknown);
+    if (absl::IsInvalidArgument(s)) break;  // A gap: the stream has the rest.
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+// Copies what Create and Get have in common into their responses.
+template <typename Response>
+void FillHandout(Handout h, Response* resp) {
+  *resp->mutable_ref() = std::move(h.ref);
+  *resp->mutable_placement() = std::move(h.placement);
+  *resp->mutable_layout() = std::move(h.layout);
+  resp->set_lease_id(h.lease_id);
+}
+
+// A unary call parked in WaitingCalls. Owned by gRPC: deleted in OnDone,
+// which comes only after Finish.
+class WaitingReactor final : public grpc::ServerUnaryReactor,
+                             public WaitingCalls::Call {
+ public:
+  WaitingReactor(ObjectStore& store, ObjectStore::WaitToken token,
+                 WaitingCalls& calls, ObjectStoreService::Attempt attempt,
+                 ObjectStoreService::Reply reply)
+      : store_(store),
+        token_(token),
+        calls_(calls),
+        attempt_(std::move(attempt)),
+        reply_(std::move(reply)) {}
+
+  bool Retry(absl::Time* wake_at) override {
+    std::optional<grpc::Status> done = attempt_(wake_at);
+    if (!done.has_value()) return false;
+    Done(done->ok() ? reply_() : *done);
+    return true;
+  }
+  void Cancel() override {
+    Done(grpc::Status(grpc::StatusCode::CANCELLED,
+                      "the caller cancelled the call"));
+  }
+  void OnCancel() override {
+    cancelled.store(true, std::memory_order_release);
+    calls_.Poke();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void Done(const grpc::Status& status) {
+    store_.EndWait(token_);
+    Finish(status);
+  }
+
+  ObjectStore& store_;
+  const ObjectStore::WaitToken token_;
+  WaitingCalls& calls_;
+  ObjectStoreService::Attempt attempt_;
+  // Serializes the response; owns the call's request and response.
+  ObjectStoreService::Reply reply_;
+};
+
+}  // namespace
+
+ObjectStoreService::ObjectStoreService(ObjectStore& store,
+                                       const ConnectionTable& connections)
+    : store_(store), connections_(connections) {
+  store_.SetChangeListener([this] { waiting_.Poke(); });
+}
+
+ObjectStoreService::~ObjectStoreService() { store_.SetChangeListener({}); }
+
+grpc::ServerUnaryReactor* ObjectStoreService::Answer(
+    grpc::CallbackServerContext* ctx, const grpc::Status& status,
+    const Reply& reply) {
+  grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+  r->Finish(status.ok() && reply ? reply() : status);
+  return r;
+}
+
+grpc::ServerUnaryReactor* ObjectStoreService::Serve(
+    grpc::CallbackServerContext* ctx, uint64_t session_id, const Reply& reply,
+    Attempt attempt) {
+  absl::Time wake_at = absl::InfiniteFuture();
+  if (std::optional<grpc::Status> done = attempt(&wake_at)) {
+    return Answer(ctx, *done, reply);
+  }
+  absl::StatusOr<ObjectStore::WaitToken> token = store_.BeginWait(session_id);
+  if (!token.ok()) {
+    return Answer(ctx, ToGrpcStatus(ctx, token.status()), nullptr);
+  }
+  auto* r =
+      new WaitingReactor(store_, *token, waiting_, std::move(attempt), reply);
+  waiting_.Add(r, wake_at);
+  return r;
+}
+
+template <typename Request>
+ObjectStoreService::Attempt ObjectStoreService::AfterReleases(
+    grpc::CallbackServerContext* ctx, const Request* req, Attempt then) {
+  const absl::Time releases_deadline = BoundedDeadline(ctx, kMaxReleaseWait);
+  auto releases_done = std::make_shared<bool>(req->releases_through() == 0);
+  return [this, ctx, req, releases_deadline, releases_done,
+          then = std::move(then)](
+             absl::Time* wake_at) -> std::optional<grpc::Status> {
+    if (!*releases_done) {
+      absl::StatusOr<bool> done =
+          store_.TryAwaitReleases(req->session_id(), req->releases_through(),
+                                  absl::Now() >= releases_deadline);
+      if (!done.ok()) return ToGrpcStatus(ctx, done.status());
+      if (!*done) {
+        *wake_at = releases_deadline;
+        return std::nullopt;
+      }
+      *releases_done = true;
+    }
+    return then(wake_at);
+  };
+}
+
+// Authorizes the call and applies what it carries of the session's
+// releases; an error to answer with, or nullopt to go on.
+template <typename Request>
+std::optional<grpc::Status> ObjectStoreService::Admit(
+    grpc::CallbackServerContext* ctx, const Request* req) {
+  if (absl::Status s = Authorize(ctx, req->session_id()); !s.ok()) {
+    return ToGrpcStatus(ctx, s);
+  }
+  absl::Status unknown;
+  absl::Status applied = ApplyCarriedReleases(store_, *req, &unknown);
+  if (!unknown.ok()) LogClientError(req->session_id(), unknown);
+  if (!applied.ok()) return ToGrpcStatus(ctx, applied);
+  return std::nullopt;
+}
+
+grpc::ServerUnaryReactor* ObjectStoreService::HandleCreate(
+    grpc::CallbackServerContext* ctx, const v1::CreateRequest* req,
+    v1::CreateResponse* resp, const Reply& reply) {
+  if (std::optional<grpc::Status> refused = Admit(ctx, req)) {
+    return Answer(ctx, *refused, reply);
+  }
+  auto args = std::make_shared<CreateArgs>();
+  args->session_id = req->session_id();
+  args->pool = req->pool();
+  args->size_bytes = req->size_bytes();
+  args->layout = req->layout();
+  args->name = req->name();
+  args->shared_writable = req->shared_writable();
+  const absl::Time deadline =
+      BoundedDeadline(ctx, absl::Milliseconds(req->timeout_ms()));
+  return Serve(
+      ctx, req->session_id(), reply,
+      AfterReleases(ctx, req,
+                    [this, ctx, resp, args, deadline](
+                        absl::Time* wake_at) -> std::optional<grpc::Status> {
+                      absl::StatusOr<std::optional<Handout>> h =
+                          store_.TryCreate(*args, absl::Now() >= deadline);
+                      if (!h.ok()) return ToGrpcStatus(ctx, h.status());
+                      if (!h->has_value()) {
+                        *wake_at = deadline;
+                        return std::nullopt;
+                      }
+                      FillHandout(**std::move(h), resp);
+                      return grpc::Status::OK;
+                    }));
+}
+
+grpc::ServerUnaryReactor* ObjectStoreService::HandleSeal(
+    grpc::CallbackServerContext* ctx, const v1::SealRequest* req,
+    v1::SealResponse* resp, const Reply& reply) {
+  if (absl::Status s = Authorize(ctx, req->session_id()); !s.ok()) {
+    return Answer(ctx, ToGrpcStatus(ctx, s), reply);
+  }
+  absl::StatusOr<SealResult> r =
+      store_.Seal(req->session_id(), req->lease_id(), req->exclusive());
+  if (!r.ok()) return Answer(ctx, ToGrpcStatus(ctx, r.status()), reply);
+  *resp->mutable_ref() = r->ref;
+  resp->set_lease_id(r->lease_id);
+  return Answer(ctx, grpc::Status::OK, reply);
+}
+
+grpc::ServerUnaryReactor* ObjectStoreService::HandleGet(
+    grpc::CallbackServerContext* ctx, const v1::GetRequest* req,
+    v1::GetResponse* resp, const Reply& reply) {
+  if (std::optional<grpc::Status> refused = Admit(ctx, req)) {
+    return Answer(ctx, *refused, reply);
+  }
+  if (req->target_case() != v1::GetRequest::kRef &&
+      req->target_case() != v1::GetRequest::kName) {
+    return Answer(ctx,
+                  grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                               "GetRequest names neither a ref nor a name"),
+                  reply);
+  }
+  const absl::Duration timeout = absl::Milliseconds(req->timeout_ms());
+  const absl::Time deadline = BoundedDeadline(ctx, timeout);
+  return Serve(
+      ctx, req->session_id(), reply,
+      AfterReleases(ctx, req,
+                    [this, ctx, req, resp, timeout, deadline](
+                        absl::Time* wake_at) -> std::optional<grpc::Status> {
+                      absl::StatusOr<std::optional<Handout>> h;
+                      if (req->target_case() == v1::GetRequest::kRef) {
+                        absl::StatusOr<Handout> g =
+                            store_.Get(req->session_id(), req->ref());
+                        if (!g.ok()) return ToGrpcStatus(ctx, g.status());
+                        h = std::optional<Handout>(*std::move(g));
+                      } else {
+                        h = store_.TryGetByName(req->session_id(), req->name(),
+                                                timeout,
+                                                absl::Now() >= deadline);
+                      }
+                      if (!h.ok()) return ToGrpcStatus(ctx, h.status());
+                      if (!h->has_value()) {
+                        *wake_at = deadline;
+                        return std::nullopt;
+                      }
+                      resp->set_writable((*h)->writable);
+                      FillHandout(**std::move(h), resp);
+                      return grpc::Status::OK;
+                    }));
+}
+
+grpc::ServerUnaryReactor* ObjectStoreService::HandleRelease(
+    grpc::CallbackServerContext* ctx, const v1::ReleaseRequest* req,
+    v1::ReleaseResponse* resp, const Reply& reply) {
+  if (absl::Status s = Authorize(ctx, req->session_id()); !s.ok()) {
+    return Answer(ctx, ToGrpcStatus(ctx, s), reply);
+  }
+  absl::StatusOr<bool> freed =
+      store_.Release(req->session_id(), req->lease_id());
+  if (!freed.ok()) return Answer(ctx, ToGrpcStatus(ctx, freed.status()), reply);
+  resp->set_freed(*freed);
+  return Answer(ctx, grpc::Status::OK, reply);
+}
+
+grpc::ServerUnaryReactor* ObjectStoreService::HandleDelete(
+    grpc::CallbackServerContext* ctx, const v1::DeleteRequest* req,
+    v1::DeleteResponse* resp, const Reply& reply) {
+  if (std::optional<grpc::Status> refused = Admit(ctx, req)) {
+    return Answer(ctx, *refused, reply);
+  }
+  return Serve(
+      ctx, req->session_id(), reply,
+      AfterReleases(
+          ctx, req,
+          [this, ctx, req, resp](absl::Time*) -> std::optional<grpc::Status> {
+            absl::StatusOr<bool> freed =
+                store_.Delete(req->session_id(), req->name());
+            if (!freed.ok()) {
+              return ToGrpcStatus(ctx, freed.status());
+            }
+            resp->set_freed(*freed);
+            return grpc::Status::OK;
+          }));
+}
+
+grpc::ServerUnaryReactor* ObjectStoreService::HandleStats(
+    grpc::CallbackServerContext* ctx, const v1::StatsRequest* req,
+    v1::StatsResponse* resp, const Reply& reply) {
+  // Without a session: counters only, for any process on the socket.
+  if (req->session_id() == 0) {
+    absl::StatusOr<Connection> caller = Caller(ctx->peer());
+    if (!caller.ok())
+      return Answer(ctx, ToGrpcStatus(ctx, caller.status()), reply);
+    *resp = store_.Stats(0, &caller->peer);
+    return Answer(ctx, grpc::Status::OK, reply);
+  }
+  if (std::optional<grpc::Status> refused = Admit(ctx, req)) {
+    return Answer(ctx, *refused, reply);
+  }
+  return Serve(ctx, req->session_id(), reply,
+               AfterReleases(ctx, req,
+                             [this, req, resp](
+                                 absl::Time*) -> std::optional<grpc::Status> {
+                               *resp = store_.Stats(req->session_id());
+                               return grpc::Status::OK;
+                             }));
+}
+
+grpc::ServerUnaryReactor* ObjectStoreService::HandleEndSession(
+    grpc::CallbackServerContext* ctx, const v1::EndSessionRequest* req,
+    v1::EndSessionResponse* resp, const Reply& reply) {
+  if (absl::Status s = Authorize(ctx, req->session_id()); !s.ok()) {
+    return Answer(ctx, ToGrpcStatus(ctx, s), reply);
+  }
+  store_.EndSession(req->session_id());
+  return Answer(ctx, grpc::Status::OK, reply);
+}
+
+template <typename Req, typename Resp>
+grpc::ServerUnaryReactor* ObjectStoreService::Raw(
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+    grpc::ByteBuffer* out, Handler<Req, Resp> handle) {
+  // The request and response live while the call does: the reply owns
+  // them, and every attempt and parked reactor holds the reply.
+  auto call = std::make_shared<std::pair<Req, Resp>>();
+  grpc::ByteBuffer bytes(*in);
+  const size_t size = bytes.Length();
+  if (grpc::Status parsed =
+          grpc::SerializationTraits<Req>::Deserialize(&bytes, &call->first);
+      !parsed.ok()) {
+    return Answer(
+        ctx,
+        grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                     absl::StrFormat("request of %d bytes is not a valid %s "
+                                     "(bad wire format, or a string field "
+                                     "that is not UTF-8)",
+                                     size, Req::descriptor()->full_name())),
+        nullptr);
+  }
+  Reply reply = [call, out]() -> grpc::Status {
+    bool own = false;
+    return grpc::SerializationTraits<Resp>::Serialize(call->second, out, &own);
+  };
+  return (this->*handle)(ctx, &call->first, &call->second, reply);
+}
+
+#define SHMTENSOR_RAW_METHOD(M)                                     \
+  grpc::ServerUnaryReactor* ObjectStoreService::M(                  \
+      grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in, \
+      grpc::ByteBuffer* out) {                                      \
+    return Raw<v1::M##Request, v1::M##Response>(                    \
+        ctx, in, out, &ObjectStoreService::Handle##M);              \
+  }
+SHMTENSOR_RAW_METHOD(Create)
+SHMTENSOR_RAW_METHOD(Seal)
+SHMTENSOR_RAW_METHOD(Get)
+SHMTENSOR_RAW_METHOD(Release)
+SHMTENSOR_RAW_METHOD(Delete)
+SHMTENSOR_RAW_METHOD(Stats)
+SHMTENSOR_RAW_METHOD(EndSession)
+#undef SHMTENSOR_RAW_METHOD
+
+}  // namespace shmtensor::daemon

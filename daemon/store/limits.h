@@ -1,0 +1,40 @@
+// Limits an operator sets on the store (config [limits]).
+#ifndef SHMTENSOR_DAEMON_STORE_LIMITS_H_
+#define SHMTENSOR_DAEMON_STORE_LIMITS_H_
+
+#include <cstdint>
+
+namespace shmtensor::daemon {
+
+// 0 means no limit. A request that would pass one fails RESOURCE_EXHAUSTED
+// at once, naming the client and the limit. The defaults bound what one
+// client, or one user, can make the daemon hold in its own memory: an object
+// costs the daemon about 400 bytes, a lease about 100 and a session about
+// 37 KB (bench/python/daemon_memory_bench.py, docs/hardening.md), so at the
+// caps objects take about 100 MiB, leases 50 MiB and one user's sessions 37
+// MiB.
+struct StoreLimits {
+  uint64_t max_objects = 262144;           // Live objects, all sessions.
+  uint64_t max_leases = 524288;            // Leases, all sessions.
+  uint64_t max_leases_per_client = 65536;  // Leases one session holds.
+  // Capacity of the distinct objects one session holds leases on, plus its
+  // untaken exclusive transfers.
+  uint64_t max_bytes_per_client = 0;
+  // The same, summed over every session of one uid (a process cannot pass
+  // the per-client limit by opening more sessions).
+  uint64_t max_bytes_per_uid = 0;
+  // Sessions one uid may have open (detached ones included), and connections
+  // (each session needs one; monitoring calls use them too).
+  uint64_t max_sessions_per_uid = 1024;
+  uint64_t max_connections_per_uid = 2048;
+  // Calls waiting at once (for memory, a name, or releases). A waiting call
+  // holds no thread (waiting_calls.h); the limits keep one client or user
+  // from taking every wait.
+  uint64_t max_waiters_per_session = 64;
+  uint64_t max_waiters_per_uid = 256;
+  uint64_t max_waiters = 1024;
+};
+
+}  // namespace shmtensor::daemon
+
+#endif  // SHMTENSOR_DAEMON_STORE_LIMITS_H_

@@ -1,0 +1,862 @@
+#include "daemon/store/object_store.h"
+
+#include <sys/random.h>
+
+#include <algorithm>
+#include <cassert>
+#include <cerrno>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "daemon/store/layout.h"
+#include "daemon/store/store_views.h"
+#include "shmtensor/errors.h"
+#include "spdlog/spdlog.h"
+
+namespace shmtensor::daemon {
+namespace {
+
+absl::Status ShuttingDownError() {
+  return absl::UnavailableError("shmtensord is shutting down");
+}
+
+}  // namespace
+
+ObjectStore::ObjectStore(std::vector<std::unique_ptr<Pool>> pools,
+                         uint64_t epoch, StoreLimits limits)
+    : epoch_(epoch),
+      start_time_(absl::Now()),
+      limits_(limits),
+      pools_(std::move(pools)),
+      // The tables draw randomness only from calls the store makes under
+      // mu_.
+      sessions_(limits,
+                [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return Random64(); }),
+      objects_(epoch,
+               [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return Random64(); }) {
+  assert(!pools_.empty());
+  for (size_t i = 0; i < pools_.size(); ++i) {
+    const Segment& seg = pools_[i]->segment();
+    v1::PoolInfo info;
+    info.set_pool_id(static_cast<uint32_t>(i));
+    info.set_name(pools_[i]->name());
+    info.set_kind(seg.kind());
+    if (seg.kind() == v1::MEMORY_KIND_CUDA_DEVICE) {
+      info.set_cuda_device(seg.cuda_device());
+      info.set_cuda_ipc_handle(seg.handle());
+    }
+    info.set_size_bytes(seg.size_bytes());
+    info.set_page_size(seg.page_size());
+    info.set_huge_page_size(seg.huge_page_size());
+    pool_infos_.push_back(std::move(info));
+  }
+}
+
+uint64_t ObjectStore::Random64() {
+  if (random_next_ == random_.size()) {
+    size_t got = 0;
+    while (got < sizeof(random_)) {
+      const ssize_t n = getrandom(reinterpret_cast<char*>(random_.data()) + got,
+                                  sizeof(random_) - got, 0);
+      if (n > 0) got += n;
+      // Invariant: getrandom(2) with flags 0 only fails with EINTR once the
+      // pool is initialised (always, long before a daemon starts).
+      assert(n > 0 || errno == EINTR);
+    }
+    random_next_ = 0;
+  }
+  return random_[random_next_++];
+}
+
+absl::StatusOr<OpenedSession> ObjectStore::OpenSession(
+    const std::string& client_name, PeerInfo peer, bool read_only) {
+  if (client_name.size() > kMaxNameBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("client name %s is more than %d bytes",
+                        Quoted(client_name), kMaxNameBytes));
+  }
+  std::vector<v1::PoolAccess> access;
+  bool any = false;
+  for (const std::unique_ptr<Pool>& pool : pools_) {
+    v1::PoolAccess a = pool->access().AccessOf(peer.process);
+    if (read_only && a == v1::POOL_ACCESS_READ_WRITE) a = v1::POOL_ACCESS_READ;
+    any = any || a != v1::POOL_ACCESS_UNSPECIFIED;
+    access.push_back(a);
+  }
+  if (!any) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "uid %d (pid %d) may use no pool of this daemon; the operator grants "
+        "pools with 'users', 'groups', 'read_only_users' or "
+        "'read_only_groups' in the daemon's [[pool]] config",
+        peer.process.uid, peer.process.pid));
+  }
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return ShuttingDownError();
+  absl::StatusOr<uint64_t> id = sessions_.Open(
+      client_name, std::move(peer), std::move(access), read_only, next_serial_);
+  if (!id.ok()) return id.status();
+  ++next_serial_;
+  const Session& s = *sessions_.FindOrNull(*id);
+  spdlog::info("client {} opened a session: '{}' pid {} uid {}{} ({} open)",
+               s.client_id, client_name, s.pid, s.peer.process.uid,
+               read_only ? " read-only" : "", sessions_.size());
+  return OpenedSession{*id, s.client_id, s.stream,
+                       0,   PoolsOf(s),  s.descriptor_secret};
+}
+
+std::vector<v1::PoolInfo> ObjectStore::PoolsOf(const Session& s) const {
+  std::vector<v1::PoolInfo> out;
+  for (size_t i = 0; i < pool_infos_.size(); ++i) {
+    if (s.access[i] == v1::POOL_ACCESS_UNSPECIFIED) continue;
+    out.push_back(pool_infos_[i]);
+    out.back().set_access(s.access[i]);
+  }
+  return out;
+}
+
+absl::Status ObjectStore::AccessError(const Session& s, uint32_t pool_id,
+                                      absl::string_view what) const {
+  const v1::PoolAccess a = s.access[pool_id];
+  const std::string& pool = pools_[pool_id]->name();
+  if (a == v1::POOL_ACCESS_READ) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "%s needs write access to pool '%s', and this session (uid %d) may "
+        "only read it%s",
+        what, pool, s.peer.process.uid,
+        s.read_only ? " (it was opened read-only)" : ""));
+  }
+  return absl::PermissionDeniedError(absl::StrFormat(
+      "%s: uid %d may not use pool '%s'", what, s.peer.process.uid, pool));
+}
+
+absl::StatusOr<std::vector<DescriptorGrant>> ObjectStore::GrantDescriptors(
+    uint64_t session_id, absl::string_view secret,
+    const PeerCredentials& peer) {
+  const absl::Status refused = absl::PermissionDeniedError(
+      "descriptor request refused: no open session of this process has that "
+      "id and secret");
+  absl::MutexLock lock(&mu_);
+  Session* s = sessions_.FindOrNull(session_id);
+  if (s == nullptr) return refused;
+  if (!SessionTable::SecretMatches(*s, secret) ||
+      peer.uid != s->peer.process.uid || peer.pid != s->peer.process.pid) {
+    return refused;
+  }
+  if (s->descriptors_granted) {
+    return absl::FailedPreconditionError(
+        "this session was handed its descriptors already");
+  }
+  s->descriptors_granted = true;
+  std::vector<DescriptorGrant> out;
+  for (size_t i = 0; i < pools_.size(); ++i) {
+    if (s->access[i] == v1::POOL_ACCESS_UNSPECIFIED ||
+        pools_[i]->segment().kind() != v1::MEMORY_KIND_HOST) {
+      continue;
+    }
+    out.push_back({static_cast<uint32_t>(i), s->access[i]});
+  }
+  return out;
+}
+
+absl::StatusOr<OpenedSession> ObjectStore::ResumeSession(uint64_t session_id,
+                                                         OwnerKey owner) {
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return ShuttingDownError();
+  absl::StatusOr<Session*> found = sessions_.FindOwned(session_id, owner);
+  if (!found.ok()) return found.status();
+  Session& s = **found;
+  const bool was_detached = s.stream == 0;
+  sessions_.Attach(s);
+  spdlog::info("client {} ('{}' pid {}) resumed its session{}", s.client_id,
+               s.client_name, s.pid,
+               was_detached ? "" : " (replacing a stream still open)");
+  return OpenedSession{session_id,           s.client_id, s.stream,
+                       s.releases.applied(), PoolsOf(s),  s.descriptor_secret};
+}
+
+void ObjectStore::StreamEnded(uint64_t session_id, uint64_t stream) {
+  {
+    absl::MutexLock lock(&mu_);
+    Session* s = sessions_.FindOrNull(session_id);
+    if (s == nullptr || s->stream != stream) return;
+    if (s->peer.pidfd != nullptr && !ProcessExited(s->peer.pidfd->get())) {
+      s->stream = 0;
+      spdlog::info(
+          "client {} ('{}' pid {}) lost its connection while its process "
+          "lives: its {} leases stay until it resumes, closes the session "
+          "or exits",
+          s->client_id, s->client_name, s->pid, s->leases.size());
+      Changed();  // Its waiting calls end with their connection.
+      return;
+    }
+  }
+  EndSession(session_id);
+}
+
+int ObjectStore::ReapExitedProcesses() {
+  std::vector<uint64_t> gone;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, s] : sessions_.all()) {
+      if (s.stream == 0 && s.peer.pidfd != nullptr &&
+          ProcessExited(s.peer.pidfd->get())) {
+        gone.push_back(id);
+      }
+    }
+  }
+  for (uint64_t id : gone) EndSession(id);
+  return static_cast<int>(gone.size());
+}
+
+absl::Status ObjectStore::Authorize(uint64_t session_id, OwnerKey owner) const {
+  absl::MutexLock lock(&mu_);
+  const Session* s = sessions_.FindOrNull(session_id);
+  if (s == nullptr || s->peer.owner != owner) {
+    return SessionNotOpenError(session_id);
+  }
+  return absl::OkStatus();
+}
+
+void ObjectStore::EndSession(uint64_t session_id) {
+  absl::MutexLock lock(&mu_);
+  Session* found = sessions_.FindOrNull(session_id);
+  if (found == nullptr) return;
+  Session& s = *found;
+  uint64_t used_before = 0;
+  for (const auto& p : pools_) used_before += p->allocator().used_bytes();
+  const std::vector<uint64_t> leases(s.leases.begin(), s.leases.end());
+  const std::vector<uint32_t> transfers(s.pending_transfers.begin(),
+                                        s.pending_transfers.end());
+  for (uint64_t lease : leases) DropLease(lease);
+  for (uint32_t slot : transfers) {
+    // Invariant: a slot in pending_transfers is a live, untaken transfer.
+    assert(objects_.object(slot).state == State::kPendingTransfer);
+    objects_.SetState(slot, State::kSealed);
+    HoldTransfer(slot, false);
+    MaybeFree(slot);
+  }
+  uint64_t used_after = 0;
+  for (const auto& p : pools_) used_after += p->allocator().used_bytes();
+  spdlog::info(
+      "client {} ('{}' pid {}) session ended: dropped {} leases, "
+      "reclaimed {} transfers, freed {} bytes ({} open)",
+      s.client_id, s.client_name, s.pid, leases.size(), transfers.size(),
+      used_before - used_after, sessions_.size() - 1);
+  for (const auto& p : pools_) p->ForgetClient(session_id);
+  sessions_.Close(session_id);
+  // Waiters of this session (a Create for memory, a Get for a name) give up
+  // now instead of holding on until their timeout.
+  Changed();
+}
+
+absl::StatusOr<ObjectStore::WaitToken> ObjectStore::BeginWait(
+    uint64_t session_id) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Session*> session = sessions_.Find(session_id);
+  if (!session.ok()) return session.status();
+  if (absl::Status s = sessions_.BeginWait(**session); !s.ok()) return s;
+  return WaitToken{session_id, (*session)->peer.process.uid};
+}
+
+void ObjectStore::EndWait(const WaitToken& token) {
+  absl::MutexLock lock(&mu_);
+  sessions_.EndWait(token.session_id, token.uid);
+}
+
+void ObjectStore::Changed() {
+  ++changes_;
+  if (listener_) listener_();
+}
+
+void ObjectStore::SetChangeListener(std::function<void()> listener) {
+  absl::MutexLock lock(&mu_);
+  listener_ = std::move(listener);
+}
+
+uint64_t ObjectStore::changes() const {
+  absl::MutexLock lock(&mu_);
+  return changes_;
+}
+
+void ObjectStore::WaitForChange(uint64_t seen, absl::Time deadline) const {
+  absl::MutexLock lock(&mu_);
+  auto changed = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return changes_ != seen;
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&changed), deadline);
+}
+
+template <typename T, typename Attempt>
+absl::StatusOr<T> ObjectStore::Block(uint64_t session_id, absl::Time deadline,
+                                     const CancelledFn& cancelled,
+                                     Attempt attempt) {
+  std::optional<WaitToken> token;
+  absl::StatusOr<T> result = absl::UnknownError("unset");
+  while (true) {
+    const uint64_t seen = changes();
+    auto r = attempt(absl::Now() >= deadline);
+    if (!r.ok()) {
+      result = r.status();
+      break;
+    }
+    if (r->has_value()) {
+      result = **std::move(r);
+      break;
+    }
+    if (cancelled && cancelled()) {
+      result = absl::CancelledError("the caller cancelled the call");
+      break;
+    }
+    if (!token.has_value()) {
+      absl::StatusOr<WaitToken> t = BeginWait(session_id);
+      if (!t.ok()) {
+        result = t.status();
+        break;
+      }
+      token = *t;
+    }
+    WaitForChange(seen,
+                  std::min(deadline, absl::Now() + absl::Milliseconds(100)));
+  }
+  if (token.has_value()) EndWait(*token);
+  return result;
+}
+
+absl::StatusOr<Handout> ObjectStore::Create(const CreateArgs& args) {
+  return Block<Handout>(
+      args.session_id, absl::Now() + args.timeout, args.cancelled,
+      [&](bool last_try) { return TryCreate(args, last_try); });
+}
+
+absl::StatusOr<std::optional<Handout>> ObjectStore::TryCreate(
+    const CreateArgs& args, bool last_try) {
+  absl::StatusOr<uint64_t> bytes = RequestedBytes(args.size_bytes, args.layout);
+  if (!bytes.ok()) return bytes.status();
+  if (!args.name.empty()) {
+    if (absl::Status s = ValidateName(args.name); !s.ok()) return s;
+    if (args.shared_writable) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a shared-writable object cannot have a name (got ",
+          Quoted(args.name), "): pass its ref to the processes that share it"));
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return ShuttingDownError();
+  absl::StatusOr<Session*> session = sessions_.Find(args.session_id);
+  if (!session.ok()) return session.status();
+  uint32_t pool_id = 0;
+  if (!args.pool.empty()) {
+    // A pool the session may not use is one it does not know of.
+    pool_id = static_cast<uint32_t>(pools_.size());
+    for (uint32_t i = 0; i < pools_.size(); ++i) {
+      if (pools_[i]->name() == args.pool &&
+          (**session).access[i] != v1::POOL_ACCESS_UNSPECIFIED) {
+        pool_id = i;
+      }
+    }
+    if (pool_id == pools_.size()) {
+      return absl::NotFoundError(
+          absl::StrCat("no pool named ", Quoted(args.pool)));
+    }
+  } else {
+    // The first host pool the session may write, else the first it may
+    // use (whose check below names why it may not).
+    pool_id = static_cast<uint32_t>(pools_.size());
+    for (v1::PoolAccess want :
+         {v1::POOL_ACCESS_READ_WRITE, v1::POOL_ACCESS_READ}) {
+      for (uint32_t i = 0; i < pools_.size() && pool_id == pools_.size(); ++i) {
+        if ((**session).access[i] == want &&
+            pools_[i]->segment().kind() == v1::MEMORY_KIND_HOST) {
+          pool_id = i;
+        }
+      }
+    }
+    if (pool_id == pools_.size()) {
+      return absl::NotFoundError(
+          "this session may use no host pool; name the pool to create in");
+    }
+  }
+  if (!Allowed(**session, pool_id, true)) {
+    return AccessError(**session, pool_id, "create");
+  }
+  Pool& pool = *pools_[pool_id];
+  uint64_t capacity = 0;
+  uint64_t alignment = 0;
+  RangeAllocator::End end = RangeAllocator::End::kLow;
+  if (*bytes > 0) {
+    std::optional<Pool::Placement> place = pool.Place(*bytes);
+    if (!place || place->capacity > pool.allocator().size()) {
+      return WithReason(absl::InvalidArgumentError(absl::StrFormat(
+                            "size %d bytes exceeds pool '%s' of %d bytes",
+                            *bytes, pool.name(), pool.allocator().size())),
+                        kReasonLargerThanPool);
+    }
+    capacity = place->capacity;
+    alignment = place->alignment;
+    end = place->end;
+  }
+  if (!args.name.empty() && objects_.Named(args.name).has_value()) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "name ", Quoted(args.name), " is already bound to an object"));
+  }
+  if (objects_.full()) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "%d objects alive, the most the daemon holds", kMaxObjects));
+  }
+  if (limits_.max_objects > 0 && objects_.live() >= limits_.max_objects) {
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("%d objects alive, the limit (limits.max_objects = %d)",
+                        objects_.live(), limits_.max_objects));
+  }
+  if (absl::Status s =
+          sessions_.CheckHold(**session, kNoSlot, capacity, leases_.size());
+      !s.ok()) {
+    return s;
+  }
+  uint64_t offset = 0;
+  if (capacity > 0) {
+    std::optional<uint64_t> got =
+        pool.Allocate(args.session_id, capacity, alignment, end);
+    if (!got.has_value()) {
+      if (!last_try) return std::nullopt;
+      return absl::ResourceExhaustedError(DescribePressure(pool_id, capacity));
+    }
+    offset = *got;
+  }
+  Object obj;
+  obj.pool = pool_id;
+  obj.offset = offset;
+  obj.size = *bytes;
+  obj.capacity = capacity;
+  obj.layout = args.layout;
+  obj.name = args.name;
+  obj.creator = args.session_id;
+  obj.created = absl::Now();
+  if (args.shared_writable) obj.state = State::kSharedWritable;
+  obj.serial = next_serial_++;
+  const uint32_t slot = objects_.Add(std::move(obj));
+  pool.high_water_bytes =
+      std::max(pool.high_water_bytes, pool.allocator().used_bytes());
+  ++pool.objects;
+  const uint64_t lease = AddLease(args.session_id, **session, slot, true);
+  return MakeHandout(slot, lease, true);
+}
+
+absl::StatusOr<SealResult> ObjectStore::Seal(uint64_t session_id,
+                                             uint64_t lease_id,
+                                             bool exclusive) {
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return ShuttingDownError();
+  absl::StatusOr<Lease*> lease = FindLease(session_id, lease_id);
+  if (!lease.ok()) return lease.status();
+  const uint32_t slot = (*lease)->slot;
+  const Object& obj = objects_.object(slot);
+  if (obj.state == State::kSharedWritable) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("%s is shared-writable: it is never sealed",
+                        RefString(objects_.MakeRef(slot))));
+  }
+  if (!(*lease)->write || obj.state != State::kWriting) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "lease %d is not the write lease of an unsealed object: %s is "
+        "already sealed",
+        lease_id, RefString(objects_.MakeRef(slot))));
+  }
+  if (exclusive && !obj.name.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "object named '", obj.name,
+        "' cannot be sealed for exclusive transfer; only unnamed objects can"));
+  }
+  SealResult result;
+  if (!exclusive) {
+    objects_.SetState(slot, State::kSealed);
+    (*lease)->write = false;
+    result.lease_id = lease_id;
+    if (!obj.name.empty()) Changed();
+  } else {
+    objects_.SetState(slot, State::kPendingTransfer);
+    sessions_.FindOrNull(session_id)->pending_transfers.insert(slot);
+    HoldTransfer(slot, true);
+    DropLease(lease_id);  // Cannot free: the transfer now holds the object.
+  }
+  result.ref = objects_.MakeRef(slot);
+  return result;
+}
+
+absl::StatusOr<Handout> ObjectStore::Get(uint64_t session_id,
+                                         const v1::ObjectRef& ref) {
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return ShuttingDownError();
+  absl::StatusOr<Session*> session = sessions_.Find(session_id);
+  if (!session.ok()) return session.status();
+  absl::StatusOr<uint32_t> slot = objects_.ResolveRef(ref);
+  if (!slot.ok()) return slot.status();
+  const Object& obj = objects_.object(*slot);
+  const bool can_write =
+      (**session).access[obj.pool] == v1::POOL_ACCESS_READ_WRITE;
+  if (!Allowed(**session, obj.pool, obj.state == State::kSharedWritable)) {
+    return AccessError(**session, obj.pool,
+                       absl::StrCat(obj.state == State::kSharedWritable
+                                        ? "get of shared-writable "
+                                        : "get of ",
+                                    RefString(ref)));
+  }
+  switch (obj.state) {
+    case State::kWriting:
+      return absl::FailedPreconditionError(
+          absl::StrCat(RefString(ref), " is not sealed yet"));
+    case State::kTaken:
+      return WithReason(
+          absl::FailedPreconditionError(absl::StrCat(
+              RefString(ref),
+              " was sealed for exclusive transfer and was already taken")),
+          kReasonAlreadyTaken);
+    case State::kPendingTransfer: {
+      if (absl::Status s = sessions_.CheckHold(**session, *slot, obj.capacity,
+                                               leases_.size());
+          !s.ok()) {
+        return s;
+      }
+      objects_.SetState(*slot, State::kTaken);
+      if (Session* creator = sessions_.FindOrNull(obj.creator);
+          creator != nullptr) {
+        creator->pending_transfers.erase(*slot);
+      }
+      HoldTransfer(*slot, false);
+      // A session that may only read the pool takes it to read.
+      const uint64_t lease = AddLease(session_id, **session, *slot, can_write);
+      return MakeHandout(*slot, lease, can_write);
+    }
+    case State::kSealed:
+    case State::kSharedWritable: {
+      if (absl::Status s = sessions_.CheckHold(**session, *slot, obj.capacity,
+                                               leases_.size());
+          !s.ok()) {
+        return s;
+      }
+      const bool write = obj.state == State::kSharedWritable;
+      const uint64_t lease = AddLease(session_id, **session, *slot, write);
+      return MakeHandout(*slot, lease, write);
+    }
+  }
+  return absl::InternalError("unreachable object state");
+}
+
+absl::StatusOr<Handout> ObjectStore::GetByName(uint64_t session_id,
+                                               const std::string& name,
+                                               absl::Duration timeout,
+                                               const CancelledFn& cancelled) {
+  return Block<Handout>(
+      session_id, absl::Now() + timeout, cancelled, [&](bool last_try) {
+        return TryGetByName(session_id, name, timeout, last_try);
+      });
+}
+
+absl::StatusOr<std::optional<Handout>> ObjectStore::TryGetByName(
+    uint64_t session_id, const std::string& name, absl::Duration timeout,
+    bool last_try) {
+  if (absl::Status s = ValidateName(name); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return ShuttingDownError();
+  absl::StatusOr<Session*> session = sessions_.Find(session_id);
+  if (!session.ok()) return session.status();
+  const std::optional<uint32_t> slot = objects_.Named(name);
+  if (slot.has_value() && objects_.object(*slot).state == State::kSealed) {
+    const Object& obj = objects_.object(*slot);
+    if (!Allowed(**session, obj.pool, false)) {
+      return AccessError(**session, obj.pool,
+                         absl::StrCat("get of ", Quoted(name)));
+    }
+    if (absl::Status s =
+            sessions_.CheckHold(**session, *slot, obj.capacity, leases_.size());
+        !s.ok()) {
+      return s;
+    }
+    const uint64_t lease = AddLease(session_id, **session, *slot, false);
+    return MakeHandout(*slot, lease, false);
+  }
+  if (timeout <= absl::ZeroDuration()) {
+    return absl::NotFoundError(
+        absl::StrCat("no sealed object named ", Quoted(name),
+                     slot.has_value() ? " (one is being written)" : ""));
+  }
+  if (!last_try) return std::nullopt;
+  return absl::DeadlineExceededError(
+      absl::StrCat("no sealed object named ", Quoted(name), " after ",
+                   absl::FormatDuration(timeout)));
+}
+
+absl::StatusOr<bool> ObjectStore::Release(uint64_t session_id,
+                                          uint64_t lease_id) {
+  absl::MutexLock lock(&mu_);
+  // Applied even while shutting down: dropping a lease is always safe.
+  absl::StatusOr<Lease*> lease = LookupLease(session_id, lease_id);
+  if (!lease.ok()) return lease.status();
+  return DropLease(lease_id);
+}
+
+absl::Status ObjectStore::ReleaseBatch(uint64_t session_id, uint64_t seq,
+                                       const std::vector<uint64_t>& lease_ids) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Session*> session = sessions_.Find(session_id);
+  if (!session.ok()) return session.status();
+  absl::StatusOr<bool> due = (*session)->releases.Apply(seq);
+  if (!due.ok()) return due.status();
+  // Applied already, from the copy a unary request carried.
+  if (!*due) return absl::OkStatus();
+  Changed();
+  std::vector<uint64_t> unknown;
+  for (uint64_t id : lease_ids) {
+    // Applied even while shutting down (releases in flight when SIGTERM
+    // came are not errors).
+    if (LookupLease(session_id, id).ok()) {
+      DropLease(id);
+    } else {
+      unknown.push_back(id);
+    }
+  }
+  if (unknown.empty()) return absl::OkStatus();
+  // At most 8 ids named: the message is logged, and a client can send
+  // millions.
+  const size_t named = std::min<size_t>(unknown.size(), 8);
+  return absl::NotFoundError(absl::StrFormat(
+      "ReleaseLeases seq %d: session holds no lease %s%s", seq,
+      absl::StrJoin(unknown.begin(), unknown.begin() + named, ", "),
+      named < unknown.size()
+          ? absl::StrFormat(" and %d more", unknown.size() - named)
+          : ""));
+}
+
+absl::Status ObjectStore::AwaitReleases(uint64_t session_id, uint64_t seq,
+                                        absl::Duration timeout,
+                                        const CancelledFn& cancelled) {
+  if (seq == 0) return absl::OkStatus();
+  return Block<bool>(session_id, absl::Now() + timeout, cancelled,
+                     [&](bool last_try) -> absl::StatusOr<std::optional<bool>> {
+                       absl::StatusOr<bool> done =
+                           TryAwaitReleases(session_id, seq, last_try);
+                       if (!done.ok()) return done.status();
+                       if (!*done) return std::nullopt;
+                       return true;
+                     })
+      .status();
+}
+
+absl::StatusOr<bool> ObjectStore::TryAwaitReleases(uint64_t session_id,
+                                                   uint64_t seq,
+                                                   bool last_try) {
+  if (seq == 0) return true;
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return ShuttingDownError();
+  absl::StatusOr<Session*> session = sessions_.Find(session_id);
+  if (!session.ok()) return session.status();
+  if ((*session)->releases.Reached(seq)) return true;
+  if (!last_try) return false;
+  return (*session)->releases.NotReachedError(seq);
+}
+
+absl::StatusOr<bool> ObjectStore::Delete(uint64_t session_id,
+                                         const std::string& name) {
+  if (absl::Status s = ValidateName(name); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return ShuttingDownError();
+  absl::StatusOr<Session*> session = sessions_.Find(session_id);
+  if (!session.ok()) return session.status();
+  const std::optional<uint32_t> slot = objects_.Named(name);
+  if (!slot.has_value()) {
+    return absl::NotFoundError(absl::StrCat("no object named ", Quoted(name)));
+  }
+  if (const uint32_t pool = objects_.object(*slot).pool;
+      !Allowed(**session, pool, true)) {
+    return AccessError(**session, pool,
+                       absl::StrCat("delete of ", Quoted(name)));
+  }
+  objects_.Unbind(*slot);
+  return MaybeFree(*slot);
+}
+
+v1::StatsResponse ObjectStore::Stats(uint64_t session_id,
+                                     const PeerCredentials* caller) const {
+  absl::MutexLock lock(&mu_);
+  v1::StatsResponse out;
+  out.set_daemon_epoch(epoch_);
+  const Session* session = sessions_.FindOrNull(session_id);
+  for (size_t i = 0; i < pools_.size(); ++i) {
+    // A session that ended meanwhile sees no pool at all.
+    v1::PoolAccess access = v1::POOL_ACCESS_READ_WRITE;
+    if (session_id != 0) {
+      access =
+          session != nullptr ? session->access[i] : v1::POOL_ACCESS_UNSPECIFIED;
+    } else if (caller != nullptr) {
+      access = pools_[i]->access().AccessOf(*caller);
+    }
+    if (access == v1::POOL_ACCESS_UNSPECIFIED) continue;
+    v1::PoolStats* ps = out.add_pools();
+    *ps->mutable_info() = pool_infos_[i];
+    if (session_id != 0 || caller != nullptr) {
+      ps->mutable_info()->set_access(access);
+    }
+    // A CUDA pool's IPC handle goes to sessions only (SessionOpened, and
+    // their Stats): whoever opens it maps the pool.
+    if (session_id == 0) ps->mutable_info()->clear_cuda_ipc_handle();
+    const Pool::Usage usage = pools_[i]->usage();
+    ps->set_used_bytes(usage.used_bytes);
+    ps->set_free_bytes(usage.free_bytes);
+    ps->set_largest_free_bytes(usage.largest_free_bytes);
+    ps->set_objects(usage.objects);
+  }
+  out.set_sessions(sessions_.size());
+  out.set_objects(objects_.live());
+  out.set_named_objects(objects_.named());
+  out.set_leases(leases_.size());
+  out.set_pending_transfers(objects_.pending_transfers());
+  out.set_uptime_ms(absl::ToInt64Milliseconds(absl::Now() - start_time_));
+  return out;
+}
+
+v1::DaemonStatus ObjectStore::Status(const PeerCredentials* viewer) const {
+  absl::MutexLock lock(&mu_);
+  return BuildStatus(View(), viewer);
+}
+
+v1::ListObjectsResponse ObjectStore::ListObjects(
+    uint32_t limit, uint64_t page_token, const PeerCredentials* viewer) const {
+  absl::MutexLock lock(&mu_);
+  return BuildObjectList(View(), limit, page_token, viewer);
+}
+
+v1::ListClientsResponse ObjectStore::ListClients(
+    const PeerCredentials* viewer) const {
+  absl::MutexLock lock(&mu_);
+  return BuildClientList(View(), viewer);
+}
+
+StoreView ObjectStore::View() const {
+  return StoreView{epoch_,    start_time_, limits_, pool_infos_,    pools_,
+                   sessions_, objects_,    leases_, !shutting_down_};
+}
+
+void ObjectStore::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  shutting_down_ = true;
+  Changed();
+}
+
+absl::StatusOr<ObjectStore::Lease*> ObjectStore::FindLease(uint64_t session_id,
+                                                           uint64_t lease_id) {
+  if (shutting_down_) return ShuttingDownError();
+  return LookupLease(session_id, lease_id);
+}
+
+absl::StatusOr<ObjectStore::Lease*> ObjectStore::LookupLease(
+    uint64_t session_id, uint64_t lease_id) {
+  if (absl::StatusOr<Session*> s = sessions_.Find(session_id); !s.ok()) {
+    return s.status();
+  }
+  return leases_.Lookup(session_id, lease_id);
+}
+
+uint64_t ObjectStore::AddLease(uint64_t session_id, Session& session,
+                               uint32_t slot, bool write) {
+  const uint64_t id = leases_.Add(session_id, slot, write);
+  Object& obj = objects_.object(slot);
+  ++obj.leases;
+  Pool& pool = *pools_[obj.pool];
+  ++pool.leases;
+  sessions_.Hold(session, id, slot, obj.capacity);
+  if (write && obj.capacity > 0) {
+    pool.NoteWritten(session_id, obj.offset, obj.capacity);
+  }
+  return id;
+}
+
+bool ObjectStore::DropLease(uint64_t lease_id) {
+  const Lease lease = leases_.Remove(lease_id);
+  Object& obj = objects_.object(lease.slot);
+  if (Session* s = sessions_.FindOrNull(lease.session); s != nullptr) {
+    sessions_.Unhold(*s, lease_id, lease.slot, obj.capacity);
+  }
+  // Invariant: a live object's lease count equals the leases naming it.
+  assert(obj.leases > 0);
+  --obj.leases;
+  --pools_[obj.pool]->leases;
+  if (lease.write && obj.state == State::kWriting) {
+    // An unsealed object is discarded: its name was never visible.
+    objects_.Unbind(lease.slot);
+  }
+  return MaybeFree(lease.slot);
+}
+
+bool ObjectStore::MaybeFree(uint32_t slot) {
+  const Object& obj = objects_.object(slot);
+  if (obj.leases > 0 || !obj.name.empty() ||
+      obj.state == State::kPendingTransfer) {
+    return false;
+  }
+  Pool& pool = *pools_[obj.pool];
+  if (obj.capacity > 0) pool.allocator().Free(obj.offset, obj.capacity);
+  --pool.objects;
+  objects_.Free(slot);
+  Changed();
+  return true;
+}
+
+void ObjectStore::HoldTransfer(uint32_t slot, bool hold) {
+  const Object& obj = objects_.object(slot);
+  Session* creator = sessions_.FindOrNull(obj.creator);
+  if (creator == nullptr) return;
+  sessions_.Charge(*creator, hold ? static_cast<int64_t>(obj.capacity)
+                                  : -static_cast<int64_t>(obj.capacity));
+}
+
+Handout ObjectStore::MakeHandout(uint32_t slot, uint64_t lease_id,
+                                 bool writable) const {
+  const Object& obj = objects_.object(slot);
+  Handout h;
+  h.ref = objects_.MakeRef(slot);
+  h.placement.set_pool_id(obj.pool);
+  h.placement.set_offset(obj.offset);
+  h.placement.set_size_bytes(obj.size);
+  h.placement.set_capacity_bytes(obj.capacity);
+  h.layout = obj.layout;
+  h.lease_id = lease_id;
+  h.writable = writable;
+  return h;
+}
+
+std::string ObjectStore::DescribePressure(uint32_t pool_id,
+                                          uint64_t capacity) const {
+  const Pool& pool = *pools_[pool_id];
+  absl::flat_hash_map<uint64_t, uint64_t> held;  // session -> bytes
+  for (const auto& [id, lease] : leases_.all()) {
+    const Object& obj = objects_.object(lease.slot);
+    if (obj.pool == pool_id) held[lease.session] += obj.capacity;
+  }
+  for (const auto& [id, session] : sessions_.all()) {
+    for (uint32_t slot : session.pending_transfers) {
+      const Object& obj = objects_.object(slot);
+      if (obj.pool == pool_id) held[id] += obj.capacity;
+    }
+  }
+  std::vector<std::pair<uint64_t, uint64_t>> top(held.begin(), held.end());
+  std::sort(top.begin(), top.end(),
+            [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::string holders;
+  for (size_t i = 0; i < top.size() && i < 3; ++i) {
+    const Session& s = sessions_.all().at(top[i].first);
+    absl::StrAppendFormat(&holders, "%s'%s' pid %d holds %d bytes",
+                          i ? ", " : "", s.client_name, s.pid, top[i].second);
+  }
+  if (holders.empty()) holders = "no client holds leases (named objects only)";
+  return absl::StrFormat(
+      "pool '%s' is full: asked for %d bytes, %d of %d bytes free (largest "
+      "free block %d); most held by: %s",
+      pool.name(), capacity, pool.allocator().free_bytes(),
+      pool.allocator().size(), pool.allocator().largest_free(), holders);
+}
+
+}  // namespace shmtensor::daemon

@@ -1,0 +1,365 @@
+// The core of shmtensord: sessions, objects, leases, names and transfers.
+//
+// Lifetime rules (the contract the whole system rests on):
+//  - Create gives the creator's session a write lease on an unsealed object.
+//    Nobody else can get it; it is never visible by name until sealed.
+//  - Seal turns the write lease into a read lease held by the creator's ref,
+//    or, with exclusive=true, gives the lease up to a pending transfer that
+//    keeps the object alive until exactly one Get takes it (the taker gets a
+//    write lease) or the creator's session ends.
+//  - Get takes a read lease on a sealed object. Release drops one lease.
+//  - A bound name keeps its object alive; Delete unbinds it at once and the
+//    memory follows when the last lease goes (deferred delete).
+//  - An object's memory returns to its pool exactly when no lease, no name
+//    and no pending transfer refers to it. Its slot's generation is bumped
+//    then, so every ref to it is stale from that moment on.
+//  - EndSession drops every lease of the session, discards its unsealed
+//    objects (and their names) and reclaims its untaken transfers.
+//
+// The store never touches pool bytes; it only hands out offsets.
+//
+// Waiting: Create (for memory), GetByName (for a name to be sealed) and
+// AwaitReleases (for a session's releases) have two forms. TryCreate,
+// TryGetByName and TryAwaitReleases never block: they answer, or say
+// "not yet" (nullopt / false) for the caller to try again after the store
+// changed (changes() moved on) and once more at its deadline (last_try),
+// which then gives the timeout's error. The gRPC service waits that way, one
+// thread for all waiting calls (waiting_calls.h). Create, GetByName and
+// AwaitReleases block the calling thread in the same loop (tests, tools). A
+// waiting call is counted against the waiter limits (BeginWait).
+//
+// Parts: ObjectStore is the facade and owns the one lock. The parts it owns
+// are lock-free and it calls them only under that lock: SessionTable
+// (sessions, uid usage and the limits on them; each session's ReleaseLog
+// orders its ReleaseLeases), ObjectTable (slots, generations, names, refs),
+// LeaseTable (leases) and each Pool (memory, and allocation affinity). The
+// monitoring views (Status, ListObjects, ListClients) are built in
+// store_views.cc; include daemon/store/store_views.h to use them.
+//
+// Thread safety: every public method is thread-safe; none holds the lock
+// while waiting.
+#ifndef SHMTENSOR_DAEMON_STORE_OBJECT_STORE_H_
+#define SHMTENSOR_DAEMON_STORE_OBJECT_STORE_H_
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "daemon/memory/pool.h"
+#include "daemon/os/peer.h"
+#include "daemon/store/lease_table.h"
+#include "daemon/store/limits.h"
+#include "daemon/store/object_table.h"
+#include "daemon/store/session_table.h"
+#include "shmtensor/v1/shmtensor.pb.h"
+
+// The monitoring views' messages (monitor.proto): include
+// daemon/store/store_views.h for them whole.
+namespace shmtensor::v1 {
+class DaemonStatus;
+class ListClientsResponse;
+class ListObjectsResponse;
+}  // namespace shmtensor::v1
+
+namespace shmtensor::daemon {
+
+struct StoreView;  // store_views.h
+
+// What OpenSession and ResumeSession return.
+struct OpenedSession {
+  uint64_t id = 0;         // The secret: every call of the session names it.
+  uint64_t client_id = 0;  // Public, for operators; acts for nothing.
+  // The stream now attached; StreamEnded of an older one is ignored.
+  uint64_t stream = 0;
+  // Last ReleaseLeases seq applied: a resuming client sends the later ones
+  // again.
+  uint64_t releases_applied = 0;
+  // The pools the session may use, each with its access (PoolInfo.access).
+  std::vector<v1::PoolInfo> pools;
+  // Proof of the session for the descriptor socket (DescriptorGrant).
+  std::string descriptor_secret;
+};
+
+// What the descriptor socket may hand a session's process: its host pools
+// and its access to each.
+struct DescriptorGrant {
+  uint32_t pool_id = 0;
+  v1::PoolAccess access = v1::POOL_ACCESS_UNSPECIFIED;
+};
+
+// Polled while a call waits (for memory, a name, or releases): true once
+// the caller has gone (its call was cancelled), so the wait ends at once.
+using CancelledFn = std::function<bool()>;
+
+struct CreateArgs {
+  uint64_t session_id = 0;
+  std::string pool;  // Empty: the first pool.
+  uint64_t size_bytes = 0;
+  v1::Layout layout;
+  std::string name;  // Empty: unnamed.
+  absl::Duration timeout = absl::ZeroDuration();
+  // Never sealed; every Get of it is writable (CreateRequest.shared_writable).
+  bool shared_writable = false;
+  CancelledFn cancelled;  // May be empty.
+};
+
+// What Create and Get hand out: where the bytes are and the lease on them.
+struct Handout {
+  v1::ObjectRef ref;
+  v1::Placement placement;
+  v1::Layout layout;
+  uint64_t lease_id = 0;
+  bool writable = false;
+};
+
+struct SealResult {
+  v1::ObjectRef ref;
+  uint64_t lease_id = 0;  // 0 for an exclusive seal.
+};
+
+class ObjectStore {
+ public:
+  // Takes the pools (at least one); `epoch` is this daemon instance's id.
+  ObjectStore(std::vector<std::unique_ptr<Pool>> pools, uint64_t epoch,
+              StoreLimits limits = {});
+
+  // Not copyable or movable: sessions and waiters refer to it.
+  ObjectStore(const ObjectStore&) = delete;
+  ObjectStore& operator=(const ObjectStore&) = delete;
+
+  uint64_t epoch() const { return epoch_; }
+  // Descriptions of every pool, indexed by pool id. Immutable.
+  const std::vector<v1::PoolInfo>& pool_infos() const { return pool_infos_; }
+
+  // Opens a session for the process `peer` and returns its unguessable id,
+  // its descriptor secret and the pools it may use: per pool, what the
+  // pool's rules give the peer's credentials (pool_access.h), at most
+  // reading when `read_only`. UNAVAILABLE after Shutdown; INVALID_ARGUMENT
+  // for a client name over kMaxNameBytes; PERMISSION_DENIED naming the uid
+  // when it may use no pool at all; RESOURCE_EXHAUSTED naming the limit
+  // when the peer's uid holds limits.max_sessions_per_uid sessions.
+  absl::StatusOr<OpenedSession> OpenSession(const std::string& client_name,
+                                            PeerInfo peer,
+                                            bool read_only = false);
+  // Attaches a new stream to session `session_id`, whose stream broke while
+  // its process lived on (or that the process replaces). Only the process
+  // that opened it may: `owner` is the new connection's (peer.h).
+  // FAILED_PRECONDITION (SESSION_ENDED) for a session that is not open or
+  // belongs to another process, with one message for both.
+  absl::StatusOr<OpenedSession> ResumeSession(uint64_t session_id,
+                                              OwnerKey owner);
+  // The session's stream `stream` ended without EndSession: if the process
+  // is gone the session ends now, else it stays, detached, with every
+  // lease, until the process resumes it, ends it, or exits
+  // (ReapExitedProcesses): memory a live process may still map is never
+  // reused. No-op for a stream that was replaced or a session that ended.
+  void StreamEnded(uint64_t session_id, uint64_t stream);
+  // Ends the detached sessions whose process has exited. Returns how many.
+  int ReapExitedProcesses();
+  // Ends a session (idempotent): drops its leases, discards its unsealed
+  // objects, reclaims its untaken transfers.
+  void EndSession(uint64_t session_id);
+  // OK when session `session_id` is open and belongs to `owner` (the
+  // caller's connection's, from the kernel); else FAILED_PRECONDITION
+  // (SESSION_ENDED) with one message for both, so it tells nothing of other
+  // sessions.
+  absl::Status Authorize(uint64_t session_id, OwnerKey owner) const;
+  // The host pools whose descriptors the process `peer` (the kernel's
+  // credentials of a descriptor-socket connection) may receive for session
+  // `session_id`: only when the session is open, `secret` is its
+  // descriptor secret (compared in constant time), and `peer` is the
+  // session's process (same uid, and same pid where the daemon sees one).
+  // PERMISSION_DENIED otherwise, with one message for every case. Once per
+  // session: descriptors in flight count against the daemon's user until
+  // their receiver reads them, so a session may not ask again and again
+  // without reading (FAILED_PRECONDITION the second time).
+  absl::StatusOr<std::vector<DescriptorGrant>> GrantDescriptors(
+      uint64_t session_id, absl::string_view secret,
+      const PeerCredentials& peer);
+  // The segment of pool `pool_id` (< pool_infos().size()). Immutable, so
+  // usable without the store's lock.
+  const Segment& segment(uint32_t pool_id) const {
+    return pools_[pool_id]->segment();
+  }
+
+  absl::StatusOr<Handout> Create(const CreateArgs& args);
+  absl::StatusOr<std::optional<Handout>> TryCreate(const CreateArgs& args,
+                                                   bool last_try);
+  absl::StatusOr<SealResult> Seal(uint64_t session_id, uint64_t lease_id,
+                                  bool exclusive);
+  absl::StatusOr<Handout> Get(uint64_t session_id, const v1::ObjectRef& ref);
+  absl::StatusOr<Handout> GetByName(uint64_t session_id,
+                                    const std::string& name,
+                                    absl::Duration timeout,
+                                    const CancelledFn& cancelled = {});
+  // `timeout` only words the last try's error (0: NOT_FOUND at once).
+  absl::StatusOr<std::optional<Handout>> TryGetByName(uint64_t session_id,
+                                                      const std::string& name,
+                                                      absl::Duration timeout,
+                                                      bool last_try);
+  // Returns true when the release freed the object's memory. Releases (this
+  // and ReleaseBatch) still apply while shutting down.
+  absl::StatusOr<bool> Release(uint64_t session_id, uint64_t lease_id);
+
+  // Applies one ReleaseLeases message of the session (from its stream, or a
+  // copy a unary request carried): drops each lease the session holds (an id
+  // it does not hold is skipped and named in the returned NOT_FOUND, which
+  // the caller logs) and records `seq` as applied. A seq applied already is
+  // skipped (OK, nothing dropped): the other copy came first.
+  // INVALID_ARGUMENT when `seq` is past the next one due;
+  // FAILED_PRECONDITION (SESSION_ENDED) when the session is not open.
+  absl::Status ReleaseBatch(uint64_t session_id, uint64_t seq,
+                            const std::vector<uint64_t>& lease_ids);
+  // Blocks until the session applied every ReleaseLeases through `seq`
+  // (returns at once for seq 0). Fails SESSION_ENDED if the session ends
+  // first, DEADLINE_EXCEEDED naming both seqs after `timeout`.
+  absl::Status AwaitReleases(uint64_t session_id, uint64_t seq,
+                             absl::Duration timeout,
+                             const CancelledFn& cancelled = {});
+  // True once applied; false: not yet.
+  absl::StatusOr<bool> TryAwaitReleases(uint64_t session_id, uint64_t seq,
+                                        bool last_try);
+
+  // How many times the store changed in a way that may let a waiting call
+  // through (memory freed, a name sealed, releases applied, a session ended
+  // or detached, shutdown). WaitForChange blocks until it differs from
+  // `seen`, or until `deadline`.
+  uint64_t changes() const;
+  void WaitForChange(uint64_t seen, absl::Time deadline) const;
+  // `listener` is called on every change, under the store's lock: it must
+  // only note it (WaitingCalls::Poke). Set once, before serving.
+  void SetChangeListener(std::function<void()> listener);
+
+  // Counts one waiting call of `session_id` against the waiter limits;
+  // RESOURCE_EXHAUSTED naming the limit it would pass, or the session's
+  // error. Every OK is paired with one EndWait(token).
+  struct WaitToken {
+    uint64_t session_id = 0;
+    uid_t uid = 0;
+  };
+  absl::StatusOr<WaitToken> BeginWait(uint64_t session_id);
+  void EndWait(const WaitToken& token);
+  // Returns true when the memory was freed now (false: deferred).
+  absl::StatusOr<bool> Delete(uint64_t session_id, const std::string& name);
+
+  // Only the pools session `session_id` may use; for no session (0), the
+  // pools `caller` may use (all of them when it is null: the daemon's own
+  // use).
+  v1::StatsResponse Stats(uint64_t session_id = 0,
+                          const PeerCredentials* caller = nullptr) const;
+
+  // Monitoring snapshots (one lock each). Status fills the store's part of
+  // DaemonStatus: pools, counts, limits, uptime, epoch. With a `viewer` (a
+  // caller who is neither root nor the daemon's user), each shows only what
+  // that user may see: the pools it may use and their objects, and its own
+  // sessions; null shows everything (operators).
+  v1::DaemonStatus Status(const PeerCredentials* viewer = nullptr) const;
+  // Live objects oldest first, one page: at most `limit` (0, or more than
+  // kMaxListPage: kMaxListPage) created after the one `page_token` names
+  // (0: from the oldest). next_page_token is set when more follow (a
+  // viewer's page may be short: at most 4 * kMaxListPage objects are looked
+  // at per call). Refs are listed without their nonce: a listing hands out
+  // no usable ref.
+  static constexpr uint32_t kMaxListPage = 10000;
+  v1::ListObjectsResponse ListObjects(
+      uint32_t limit, uint64_t page_token = 0,
+      const PeerCredentials* viewer = nullptr) const;
+  v1::ListClientsResponse ListClients(
+      const PeerCredentials* viewer = nullptr) const;
+
+  // Fails every waiter and every later call with UNAVAILABLE. Sessions stay
+  // until EndSession.
+  void Shutdown();
+
+ private:
+  using Session = SessionTable::Session;
+  using Object = ObjectTable::Object;
+  using State = ObjectTable::State;
+  using Lease = LeaseTable::Lease;
+
+  // The pools `s` may use, with its access to each.
+  std::vector<v1::PoolInfo> PoolsOf(const Session& s) const;
+  // Whether `s` may read (or, with `write`, write) pool `pool_id`. Cheap:
+  // requests on the data path ask it first and build AccessError only when
+  // refused.
+  static bool Allowed(const Session& s, uint32_t pool_id, bool write) {
+    const v1::PoolAccess a = s.access[pool_id];
+    return a == v1::POOL_ACCESS_READ_WRITE ||
+           (!write && a == v1::POOL_ACCESS_READ);
+  }
+  // PERMISSION_DENIED naming the pool, the session's uid and `what` (the
+  // request refused), for a request Allowed refused.
+  absl::Status AccessError(const Session& s, uint32_t pool_id,
+                           absl::string_view what) const;
+
+  // The lease `lease_id` of session `session_id`; UNAVAILABLE while
+  // shutting down, else as LookupLease.
+  absl::StatusOr<Lease*> FindLease(uint64_t session_id, uint64_t lease_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The same lookup during shutdown too (for releases): FAILED_PRECONDITION
+  // for a session not open or a lease already released, NOT_FOUND for one
+  // never issued, PERMISSION_DENIED for another session's.
+  absl::StatusOr<Lease*> LookupLease(uint64_t session_id, uint64_t lease_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t AddLease(uint64_t session_id, Session& session, uint32_t slot,
+                    bool write) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops a lease; discards the object if it was the unsealed writer's.
+  // Returns true when the object was freed.
+  bool DropLease(uint64_t lease_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees the object's memory if nothing refers to it any more.
+  bool MaybeFree(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Handout MakeHandout(uint32_t slot, uint64_t lease_id, bool writable) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The blocking form of a Try* call: `attempt(last_try)` until it answers,
+  // counted as a waiter after its first "not yet", polling `cancelled`
+  // every 100 ms.
+  template <typename T, typename Attempt>
+  absl::StatusOr<T> Block(uint64_t session_id, absl::Time deadline,
+                          const CancelledFn& cancelled, Attempt attempt);
+  // Notes a change (see changes()). Called under mu_.
+  void Changed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // 64 bits from getrandom(2), drawn 64 at a time.
+  uint64_t Random64() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves the capacity of an offered transfer into or out of its creator's
+  // holdings.
+  void HoldTransfer(uint32_t slot, bool hold)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // "pool 'default' has 123 bytes free ...; most held by ..." for errors.
+  std::string DescribePressure(uint32_t pool, uint64_t capacity) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What the monitoring views read (store_views.h); the references live
+  // while mu_ is held.
+  StoreView View() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const uint64_t epoch_;
+  const absl::Time start_time_;
+  const StoreLimits limits_;
+  std::vector<v1::PoolInfo> pool_infos_;
+
+  mutable absl::Mutex mu_;
+  uint64_t changes_ ABSL_GUARDED_BY(mu_) = 0;  // See changes().
+  std::function<void()> listener_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<Pool>> pools_ ABSL_GUARDED_BY(mu_);
+  SessionTable sessions_ ABSL_GUARDED_BY(mu_);
+  ObjectTable objects_ ABSL_GUARDED_BY(mu_);
+  LeaseTable leases_ ABSL_GUARDED_BY(mu_);
+  // Opening order of sessions and creation order of objects, one count:
+  // client ids come from it too.
+  uint64_t next_serial_ ABSL_GUARDED_BY(mu_) = 1;
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::array<uint64_t, 64> random_ ABSL_GUARDED_BY(mu_);
+  size_t random_next_ ABSL_GUARDED_BY(mu_) = 64;
+};
+
+}  // namespace shmtensor::daemon
+
+#endif  // SHMTENSOR_DAEMON_STORE_OBJECT_STORE_H_

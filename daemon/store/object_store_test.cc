@@ -1,0 +1,704 @@
+#include "daemon/store/object_store.h"
+
+#include <thread>
+#include <tuple>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_format.h"
+#include "daemon/memory/fake_segment.h"
+#include "daemon/store/store_views.h"
+#include "gtest/gtest.h"
+#include "shmtensor/errors.h"
+
+namespace shmtensor::daemon {
+namespace {
+
+constexpr uint64_t kPage = 4096;
+// The user the tests' sessions run as: the pools' owner (pool_access.h).
+constexpr uid_t kUser = 1000;
+
+// Opens a session for a made-up process `pid` (no pidfd: the store takes a
+// session whose stream ends as gone).
+uint64_t Open(ObjectStore& store, const std::string& name, pid_t pid,
+              uid_t uid = kUser) {
+  return store
+      .OpenSession(name,
+                   PeerInfo{{pid, uid, uid}, OwnerOf(pid, 0), nullptr, ""})
+      ->id;
+}
+
+class ObjectStoreTest : public ::testing::Test {
+ protected:
+  ObjectStoreTest() {
+    std::vector<std::unique_ptr<Pool>> pools;
+    pools.push_back(std::make_unique<Pool>(
+        "default", std::make_unique<FakeSegment>(16 * kPage),
+        PoolAccessRules(kUser)));
+    store_ = std::make_unique<ObjectStore>(std::move(pools), 42);
+    a_ = Open(*store_, "a", 1);
+    b_ = Open(*store_, "b", 2);
+  }
+
+  absl::StatusOr<Handout> Create(
+      uint64_t session, uint64_t bytes, std::string name = "",
+      absl::Duration timeout = absl::ZeroDuration()) {
+    CreateArgs args;
+    args.session_id = session;
+    args.size_bytes = bytes;
+    args.name = std::move(name);
+    args.timeout = timeout;
+    return store_->Create(args);
+  }
+  uint64_t Used() { return store_->Stats().pools(0).used_bytes(); }
+
+  std::unique_ptr<ObjectStore> store_;
+  uint64_t a_, b_;
+};
+
+TEST_F(ObjectStoreTest, LifecycleFreesMemoryWhenLastLeaseGoes) {
+  Handout h = *Create(a_, 3 * kPage);
+  EXPECT_TRUE(h.writable);
+  EXPECT_EQ(h.placement.capacity_bytes(), 3 * kPage);
+  SealResult sealed = *store_->Seal(a_, h.lease_id, false);
+  Handout view = *store_->Get(b_, sealed.ref);
+  EXPECT_FALSE(view.writable);
+  EXPECT_EQ(view.placement.offset(), h.placement.offset());
+  EXPECT_FALSE(*store_->Release(a_, sealed.lease_id));  // b still holds it.
+  EXPECT_EQ(Used(), 3 * kPage);
+  EXPECT_TRUE(*store_->Release(b_, view.lease_id));
+  EXPECT_EQ(Used(), 0u);
+}
+
+TEST_F(ObjectStoreTest, UnsealedObjectIsInvisible) {
+  Handout h = *Create(a_, kPage, "x");
+  absl::StatusOr<Handout> g = store_->Get(b_, h.ref);
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kFailedPrecondition);
+  g = store_->GetByName(b_, "x", absl::ZeroDuration());
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(ObjectStoreTest, NamedGetWaitsForSeal) {
+  Handout h = *Create(a_, kPage, "batch");
+  std::thread sealer([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    ASSERT_TRUE(store_->Seal(a_, h.lease_id, false).ok());
+  });
+  absl::StatusOr<Handout> g = store_->GetByName(b_, "batch", absl::Seconds(10));
+  sealer.join();
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->ref.slot(), h.ref.slot());
+}
+
+TEST_F(ObjectStoreTest, NamedGetTimesOut) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<Handout> g =
+      store_->GetByName(b_, "never", absl::Milliseconds(100));
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(100));
+  EXPECT_NE(g.status().message().find("never"), std::string::npos);
+}
+
+TEST_F(ObjectStoreTest, DeleteInUseIsDeferredAndNameIsFreeAgain) {
+  Handout h = *Create(a_, kPage, "n");
+  SealResult s = *store_->Seal(a_, h.lease_id, false);
+  ASSERT_TRUE(store_->Release(a_, s.lease_id).ok());
+  EXPECT_EQ(Used(), kPage);  // The name keeps it.
+  Handout view = *store_->GetByName(b_, "n", absl::ZeroDuration());
+  EXPECT_FALSE(*store_->Delete(a_, "n"));  // Deferred: b holds a view.
+  EXPECT_EQ(Used(), kPage);
+  EXPECT_EQ(store_->GetByName(b_, "n", absl::ZeroDuration()).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_TRUE(Create(a_, kPage, "n").ok());  // Name reusable at once.
+  EXPECT_TRUE(*store_->Release(b_, view.lease_id));
+}
+
+TEST_F(ObjectStoreTest, NameIsNeverRebound) {
+  ASSERT_TRUE(Create(a_, kPage, "dup").ok());
+  absl::StatusOr<Handout> again = Create(b_, kPage, "dup");
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_NE(again.status().message().find("dup"), std::string::npos);
+}
+
+TEST_F(ObjectStoreTest, StaleRefAfterFreeAndSlotReuse) {
+  Handout h = *Create(a_, kPage);
+  SealResult s = *store_->Seal(a_, h.lease_id, false);
+  ASSERT_TRUE(*store_->Release(a_, s.lease_id));
+  Handout reuse = *Create(a_, kPage);  // Same slot, same memory.
+  EXPECT_EQ(reuse.ref.slot(), s.ref.slot());
+  EXPECT_EQ(reuse.placement.offset(), h.placement.offset());
+  ASSERT_TRUE(store_->Seal(a_, reuse.lease_id, false).ok());
+  absl::StatusOr<Handout> g = store_->Get(b_, s.ref);
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(IsStaleReference(g.status())) << g.status();
+}
+
+TEST_F(ObjectStoreTest, ForgedAndForeignRefs) {
+  Handout h = *Create(a_, kPage);
+  ASSERT_TRUE(store_->Seal(a_, h.lease_id, false).ok());
+  v1::ObjectRef forged = h.ref;
+  forged.set_generation(h.ref.generation() + 5);
+  EXPECT_EQ(store_->Get(b_, forged).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  forged = h.ref;
+  forged.set_slot(1000);
+  EXPECT_EQ(store_->Get(b_, forged).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  v1::ObjectRef foreign = h.ref;
+  foreign.set_daemon_epoch(7);
+  EXPECT_TRUE(IsStaleReference(store_->Get(b_, foreign).status()));
+  EXPECT_EQ(store_->Get(b_, v1::ObjectRef()).status().code(),
+            absl::StatusCode::kNotFound);  // Epoch 0: not this daemon.
+}
+
+TEST_F(ObjectStoreTest, ExclusiveTransferHasExactlyOneTaker) {
+  Handout h = *Create(a_, kPage);
+  SealResult s = *store_->Seal(a_, h.lease_id, true);
+  EXPECT_EQ(s.lease_id, 0u);
+  EXPECT_TRUE(s.ref.exclusive());
+  EXPECT_EQ(store_->Stats().pending_transfers(), 1u);
+  // The creator's lease is gone.
+  EXPECT_EQ(store_->Release(a_, h.lease_id).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  Handout taken = *store_->Get(b_, s.ref);
+  EXPECT_TRUE(taken.writable);
+  absl::StatusOr<Handout> second = store_->Get(a_, s.ref);
+  EXPECT_TRUE(IsAlreadyTaken(second.status())) << second.status();
+  EXPECT_TRUE(*store_->Release(b_, taken.lease_id));
+  EXPECT_EQ(Used(), 0u);
+}
+
+TEST_F(ObjectStoreTest, SharedWritableObjectIsWritableByEveryHolder) {
+  CreateArgs args;
+  args.session_id = a_;
+  args.size_bytes = 2 * kPage;
+  args.shared_writable = true;
+  Handout h = *store_->Create(args);
+  EXPECT_TRUE(h.writable);
+  EXPECT_FALSE(h.ref.exclusive());
+  // Every Get, from any session, is writable and holds a lease of its own.
+  Handout b1 = *store_->Get(b_, h.ref);
+  Handout b2 = *store_->Get(b_, h.ref);
+  EXPECT_TRUE(b1.writable && b2.writable);
+  EXPECT_EQ(b1.placement.offset(), h.placement.offset());
+  EXPECT_NE(b1.lease_id, b2.lease_id);
+  // Never sealed; the failed seal leaves the creator's lease as it was.
+  absl::StatusOr<SealResult> sealed = store_->Seal(a_, h.lease_id, false);
+  EXPECT_EQ(sealed.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(sealed.status().message(), "shared-writable"))
+      << sealed.status();
+  EXPECT_EQ(store_->Seal(a_, h.lease_id, true).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store_->ListObjects(0).objects(0).state(),
+            v1::OBJECT_STATE_SHARED_WRITABLE);
+  // It lives while any session holds it, the creator's ending included.
+  EXPECT_FALSE(*store_->Release(b_, b1.lease_id));
+  store_->EndSession(a_);
+  EXPECT_EQ(Used(), 2 * kPage);
+  EXPECT_TRUE(*store_->Release(b_, b2.lease_id));
+  EXPECT_EQ(Used(), 0u);
+  EXPECT_TRUE(IsStaleReference(store_->Get(b_, h.ref).status()));
+  // No name: a name would publish what nobody sealed.
+  args.session_id = b_;
+  args.name = "ring";
+  absl::StatusOr<Handout> named = store_->Create(args);
+  EXPECT_EQ(named.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(named.status().message(), "'ring'"));
+}
+
+// The DataLoader pattern: two producers hand batches of one size to one
+// consumer. A producer's next batch lands on a range it wrote before (its
+// pages are mapped in its process already) whenever one is free, even where
+// best fit would have given it another producer's; never by splitting a free
+// range in two.
+TEST_F(ObjectStoreTest, CreateReusesTheRangesTheClientWroteBefore) {
+  const uint64_t consumer = Open(*store_, "c", 3);
+  auto hand_off = [&](uint64_t producer) {
+    Handout h = *Create(producer, 2 * kPage);
+    SealResult s = *store_->Seal(producer, h.lease_id, true);
+    Handout taken = *store_->Get(consumer, s.ref);
+    EXPECT_TRUE(taken.writable);
+    return std::make_pair(h.placement.offset(), taken.lease_id);
+  };
+  const auto [a1, a1_lease] = hand_off(a_);  // Pages [0, 2).
+  const auto [b1, b1_lease] = hand_off(b_);  // [2, 4)
+  const auto [a2, a2_lease] = hand_off(a_);  // [4, 6)
+  const auto [b2, b2_lease] = hand_off(b_);  // [6, 8); [8, 16) free.
+  ASSERT_EQ(b1, a1 + 2 * kPage);
+  ASSERT_EQ(a2, b1 + 2 * kPage);
+  EXPECT_TRUE(*store_->Release(consumer, a1_lease));
+  EXPECT_TRUE(*store_->Release(consumer, b1_lease));  // [0, 4) free.
+  // Best fit alone would give b [0, 2), a's; b gets its own [2, 4) back.
+  const auto [b3, b3_lease] = hand_off(b_);
+  EXPECT_EQ(b3, b1);
+  const auto [a3, a3_lease] = hand_off(a_);
+  EXPECT_EQ(a3, a1);
+  // A size the client never wrote goes where best fit puts it.
+  Handout other = *Create(a_, 3 * kPage);
+  EXPECT_EQ(other.placement.offset(), 8 * kPage);
+  ASSERT_TRUE(store_->Release(a_, other.lease_id).ok());
+  // Everything is free again, one range [0, 16): taking b's [2, 4) or
+  // [6, 8) would split it in two, so b gets best fit's [0, 2).
+  for (uint64_t lease : {a2_lease, b2_lease, a3_lease, b3_lease}) {
+    ASSERT_TRUE(store_->Release(consumer, lease).ok());
+  }
+  Handout b4 = *Create(b_, 2 * kPage);
+  EXPECT_EQ(b4.placement.offset(), 0u);
+  EXPECT_EQ(store_->Stats().pools(0).largest_free_bytes(), 14 * kPage);
+  // The consumer was given every range writable, so its own Create of that
+  // size lands on the most recent of them that is free: [2, 4).
+  Handout c1 = *Create(consumer, 2 * kPage);
+  EXPECT_EQ(c1.placement.offset(), b3);
+}
+
+TEST_F(ObjectStoreTest, NamedObjectCannotBeExclusive) {
+  Handout h = *Create(a_, kPage, "named");
+  EXPECT_EQ(store_->Seal(a_, h.lease_id, true).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(ObjectStoreTest, EndSessionReclaimsEverything) {
+  Handout unsealed = *Create(a_, kPage, "half");
+  Handout transfer = *Create(a_, kPage);
+  ASSERT_TRUE(store_->Seal(a_, transfer.lease_id, true).ok());
+  Handout shared = *Create(b_, kPage);
+  SealResult s = *store_->Seal(b_, shared.lease_id, false);
+  ASSERT_TRUE(store_->Get(a_, s.ref).ok());
+  EXPECT_EQ(Used(), 3 * kPage);
+  store_->EndSession(a_);
+  EXPECT_EQ(Used(), kPage);  // Only b's own object remains.
+  v1::StatsResponse st = store_->Stats();
+  EXPECT_EQ(st.pending_transfers(), 0u);
+  EXPECT_EQ(st.named_objects(), 0u);  // The half-written name is gone.
+  EXPECT_EQ(st.leases(), 1u);
+  EXPECT_TRUE(IsSessionEnded(Create(a_, kPage).status()));
+}
+
+TEST_F(ObjectStoreTest, FullPoolWaitsThenSucceedsWhenMemoryReturns) {
+  Handout big = *Create(a_, 16 * kPage);
+  std::thread releaser([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    ASSERT_TRUE(store_->Release(a_, big.lease_id).ok());
+  });
+  absl::StatusOr<Handout> h = Create(b_, kPage, "", absl::Seconds(10));
+  releaser.join();
+  EXPECT_TRUE(h.ok()) << h.status();
+}
+
+TEST_F(ObjectStoreTest, FullPoolFailsAfterTimeoutNamingPoolAndHolders) {
+  ASSERT_TRUE(Create(a_, 15 * kPage).ok());
+  absl::StatusOr<Handout> h = Create(b_, 2 * kPage, "", absl::Milliseconds(50));
+  ASSERT_EQ(h.status().code(), absl::StatusCode::kResourceExhausted);
+  const std::string msg(h.status().message());
+  EXPECT_NE(msg.find("'default'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("8192 bytes"), std::string::npos) << msg;  // Asked.
+  EXPECT_NE(msg.find("4096 of 65536 bytes free"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'a' pid 1 holds 61440 bytes"), std::string::npos) << msg;
+}
+
+TEST_F(ObjectStoreTest, LeaseMisuseGetsPreciseErrors) {
+  Handout h = *Create(a_, kPage);
+  SealResult s = *store_->Seal(a_, h.lease_id, false);
+  EXPECT_EQ(store_->Release(b_, s.lease_id).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(store_->Seal(a_, s.lease_id, false).status().code(),
+            absl::StatusCode::kFailedPrecondition);  // Sealed twice.
+  ASSERT_TRUE(store_->Release(a_, s.lease_id).ok());
+  EXPECT_EQ(store_->Release(a_, s.lease_id).status().code(),
+            absl::StatusCode::kFailedPrecondition);  // Double release.
+  EXPECT_EQ(store_->Release(a_, 999999).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(ObjectStoreTest, BadCreateArguments) {
+  EXPECT_EQ(Create(a_, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<Handout> huge = Create(a_, 1ull << 40);
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(huge.status().message().find("1099511627776"), std::string::npos);
+  EXPECT_EQ(Create(a_, kPage, std::string(256, 'n')).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Create(a_, kPage, std::string("a\0b", 3)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  CreateArgs args;
+  args.session_id = a_;
+  args.size_bytes = kPage;
+  args.pool = "nope";
+  EXPECT_EQ(store_->Create(args).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Used(), 0u);  // Nothing leaked by the failures.
+}
+
+TEST_F(ObjectStoreTest, EmptyTypedObjectTakesNoMemory) {
+  CreateArgs args;
+  args.session_id = a_;
+  args.layout.set_dtype(v1::DTYPE_FLOAT32);
+  args.layout.add_shape(0);
+  args.layout.add_shape(3);
+  Handout h = *store_->Create(args);
+  EXPECT_EQ(h.placement.size_bytes(), 0u);
+  EXPECT_EQ(Used(), 0u);
+  SealResult s = *store_->Seal(a_, h.lease_id, false);
+  Handout v = *store_->Get(b_, s.ref);
+  EXPECT_EQ(v.layout.shape_size(), 2);
+}
+
+TEST_F(ObjectStoreTest, EndingASessionEndsItsWaits) {
+  ASSERT_TRUE(Create(a_, 16 * kPage).ok());
+  std::thread ender([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    store_->EndSession(b_);
+  });
+  const absl::Time start = absl::Now();
+  absl::StatusOr<Handout> h = Create(b_, kPage, "", absl::Seconds(30));
+  ender.join();
+  EXPECT_TRUE(IsSessionEnded(h.status())) << h.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+}
+
+TEST_F(ObjectStoreTest, ShutdownWakesWaiters) {
+  ASSERT_TRUE(Create(a_, 16 * kPage).ok());
+  std::thread stopper([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    store_->Shutdown();
+  });
+  absl::StatusOr<Handout> h = Create(b_, kPage, "", absl::Seconds(30));
+  stopper.join();
+  EXPECT_EQ(h.status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST_F(ObjectStoreTest, StreamReleasesApplyInOrderAndSkipUnknownLeases) {
+  Handout h1 = *Create(a_, kPage);
+  Handout h2 = *Create(a_, kPage);
+  Handout other = *Create(b_, kPage);
+  // Seq 1 drops h1; another session's lease and an unknown id are skipped
+  // and named, and nothing of theirs is touched.
+  absl::Status s =
+      store_->ReleaseBatch(a_, 1, {h1.lease_id, other.lease_id, 999});
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(s.message().find("999"), std::string::npos) << s;
+  EXPECT_EQ(Used(), 2 * kPage);
+  EXPECT_TRUE(store_->Seal(b_, other.lease_id, false).ok());
+  // A seq that skips one breaks the ordering contract.
+  s = store_->ReleaseBatch(a_, 3, {h2.lease_id});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("seq 3 out of order: expected 2"),
+            std::string::npos)
+      << s;
+  // A seq applied already is the second copy of that message (the stream's,
+  // after a request carried one, or the other way round): skipped whole, so
+  // it drops nothing, whatever ids it names.
+  EXPECT_TRUE(store_->ReleaseBatch(a_, 1, {h2.lease_id}).ok());
+  EXPECT_EQ(Used(), 2 * kPage);
+  EXPECT_TRUE(store_->ReleaseBatch(a_, 2, {h2.lease_id}).ok());
+  EXPECT_EQ(Used(), kPage);
+  EXPECT_TRUE(store_->ReleaseBatch(a_, 2, {h2.lease_id}).ok());
+  EXPECT_EQ(Used(), kPage);
+}
+
+// Releases that were in flight when SIGTERM came still apply (they used to be
+// refused and logged as leases the session did not hold).
+TEST_F(ObjectStoreTest, ReleasesStillApplyWhileShuttingDown) {
+  Handout h1 = *Create(a_, kPage);
+  Handout h2 = *Create(a_, kPage);
+  store_->Shutdown();
+  EXPECT_EQ(Create(a_, kPage).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(store_->ReleaseBatch(a_, 1, {h1.lease_id}).ok());
+  absl::StatusOr<bool> freed = store_->Release(a_, h2.lease_id);
+  ASSERT_TRUE(freed.ok()) << freed.status();
+  EXPECT_TRUE(*freed);
+  EXPECT_EQ(Used(), 0u);
+}
+
+TEST_F(ObjectStoreTest, AwaitReleasesWaitsForTheSeqThenTimesOut) {
+  EXPECT_TRUE(store_->AwaitReleases(a_, 0, absl::ZeroDuration()).ok());
+  Handout h = *Create(a_, kPage);
+  std::thread releaser([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    ASSERT_TRUE(store_->ReleaseBatch(a_, 1, {h.lease_id}).ok());
+  });
+  EXPECT_TRUE(store_->AwaitReleases(a_, 1, absl::Seconds(30)).ok());
+  releaser.join();
+  EXPECT_EQ(Used(), 0u);  // The release is applied before the wait returns.
+  absl::Status s = store_->AwaitReleases(a_, 2, absl::Milliseconds(50));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(s.message().find("through 1 only"), std::string::npos) << s;
+  std::thread ender([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    store_->EndSession(a_);
+  });
+  EXPECT_TRUE(IsSessionEnded(store_->AwaitReleases(a_, 2, absl::Seconds(30))));
+  ender.join();
+}
+
+TEST_F(ObjectStoreTest, ListingsFollowHoldingsThroughTransfersAndSessionEnd) {
+  Handout named = *Create(a_, kPage, "n");
+  ASSERT_TRUE(store_->Seal(a_, named.lease_id, false).ok());
+  Handout xfer = *Create(a_, 2 * kPage);
+  SealResult offered = *store_->Seal(a_, xfer.lease_id, true);
+  // By pid: a_'s is 1, b_'s 2.
+  auto holder = [&](uint64_t session) {
+    const v1::ListClientsResponse all = store_->ListClients();
+    for (const v1::ClientStatus& c : all.clients()) {
+      if (c.pid() == (session == a_ ? 1 : 2)) return c;
+    }
+    return v1::ClientStatus();
+  };
+  EXPECT_EQ(holder(a_).bytes_held(), 3 * kPage);  // Its ref and its transfer.
+  EXPECT_EQ(holder(a_).pending_transfers(), 1u);
+  Handout taken = *store_->Get(b_, offered.ref);
+  EXPECT_EQ(holder(a_).bytes_held(), kPage);  // The transfer moved to b.
+  EXPECT_EQ(holder(b_).bytes_held(), 2 * kPage);
+  v1::ListObjectsResponse objects = store_->ListObjects(0);
+  ASSERT_EQ(objects.objects_size(), 2);
+  EXPECT_EQ(objects.objects(0).name(), "n");
+  EXPECT_EQ(objects.objects(0).state(), v1::OBJECT_STATE_SEALED);
+  EXPECT_EQ(objects.objects(1).state(), v1::OBJECT_STATE_TAKEN);
+  EXPECT_EQ(objects.objects(1).creator(), "'a' pid 1");
+  store_->EndSession(a_);
+  EXPECT_EQ(store_->ListObjects(0).objects(0).creator(),
+            absl::StrFormat("session %016x (ended)", a_));
+  v1::DaemonStatus status = store_->Status();
+  EXPECT_EQ(status.pools(0).used_bytes(), 3 * kPage);  // Name and b's take.
+  EXPECT_EQ(status.pools(0).high_water_bytes(), 3 * kPage);
+  EXPECT_EQ(status.pools(0).leases(), 1u);
+  ASSERT_TRUE(store_->Release(b_, taken.lease_id).ok());
+  EXPECT_EQ(holder(b_).bytes_held(), 0u);
+  EXPECT_EQ(store_->Status().pools(0).high_water_bytes(), 3 * kPage);
+}
+
+TEST(ObjectStoreLimitsTest, LimitsNameTheClientAndTheLimit) {
+  std::vector<std::unique_ptr<Pool>> pools;
+  pools.push_back(std::make_unique<Pool>(
+      "default", std::make_unique<FakeSegment>(64 * kPage),
+      PoolAccessRules(kUser)));
+  ObjectStore store(std::move(pools), 1,
+                    {.max_objects = 3,
+                     .max_leases_per_client = 2,
+                     .max_bytes_per_client = 4 * kPage});
+  const uint64_t a = Open(store, "a", 7);
+  const uint64_t b = Open(store, "b", 8);
+  CreateArgs args{.session_id = a, .size_bytes = 5 * kPage};
+  absl::StatusOr<Handout> h = store.Create(args);
+  EXPECT_EQ(h.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(h.status().message().find("'a' pid 7 holds 0 bytes; 20480 more "
+                                      "would pass the limit "
+                                      "(limits.max_bytes_per_client = 16384)"),
+            std::string::npos)
+      << h.status();
+  args.size_bytes = 2 * kPage;
+  Handout h1 = *store.Create(args);
+  SealResult s1 = *store.Seal(a, h1.lease_id, false);
+  // A second lease on an object it already holds costs no bytes.
+  ASSERT_TRUE(store.Get(a, s1.ref).ok());
+  h = store.Get(a, s1.ref);
+  EXPECT_NE(h.status().message().find("holds 2 leases, the limit "
+                                      "(limits.max_leases_per_client = 2)"),
+            std::string::npos)
+      << h.status();
+  args.session_id = b;
+  args.size_bytes = kPage;
+  ASSERT_TRUE(store.Create(args).ok());
+  ASSERT_TRUE(store.Create(args).ok());
+  h = store.Create(args);
+  EXPECT_NE(h.status().message().find("(limits.max_objects = 3)"),
+            std::string::npos)
+      << h.status();
+  EXPECT_EQ(store.Status().limits().max_objects(), 3u);
+}
+
+TEST(ObjectStoreHugePagesTest, LargeObjectsTakeWholeAlignedHugePages) {
+  constexpr uint64_t kHuge = 512 * kPage;  // 2 MiB.
+  std::vector<std::unique_ptr<Pool>> pools;
+  pools.push_back(std::make_unique<Pool>(
+      "huge", std::make_unique<FakeSegment>(8 * kHuge, kHuge),
+      PoolAccessRules(kUser)));
+  ObjectStore store(std::move(pools), 7);
+  EXPECT_EQ(store.pool_infos()[0].huge_page_size(), kHuge);
+  const uint64_t s = Open(store, "s", 1);
+  auto create = [&](uint64_t bytes) {
+    CreateArgs args;
+    args.session_id = s;
+    args.size_bytes = bytes;
+    return *store.Create(args);
+  };
+  // Small objects keep the page granule and pack down from the top...
+  const Handout small = create(100);
+  EXPECT_EQ(small.placement.offset(), 8 * kHuge - kPage);
+  EXPECT_EQ(small.placement.capacity_bytes(), kPage);
+  // ...large ones, from half a huge page up, take whole huge pages on huge
+  // boundaries from the bottom, so the two never share a huge page here.
+  const Handout half = create(kHuge / 2);
+  EXPECT_EQ(half.placement.offset(), 0u);
+  EXPECT_EQ(half.placement.capacity_bytes(), kHuge);
+  const Handout odd = create(3 * kHuge + 1);
+  EXPECT_EQ(odd.placement.offset(), kHuge);
+  EXPECT_EQ(odd.placement.capacity_bytes(), 4 * kHuge);
+  EXPECT_EQ(odd.placement.size_bytes(), 3 * kHuge + 1);
+  EXPECT_EQ(create(kHuge / 2 - kPage).placement.offset(),
+            8 * kHuge - kPage - (kHuge / 2 - kPage));
+  // Freed and made again, a lifecycle gets the same range back.
+  const uint64_t small_at = small.placement.offset();
+  ASSERT_TRUE(store.Release(s, small.lease_id).ok());
+  EXPECT_EQ(create(100).placement.offset(), small_at);
+}
+
+// Per-pool access: a session sees, creates in, reads from and hands out
+// descriptors of only the pools its peer's credentials allow.
+class ObjectStoreAccessTest : public ::testing::Test {
+ protected:
+  ObjectStoreAccessTest() {
+    PoolAccessConfig shared;
+    shared.users = {"2000"};
+    shared.read_only_users = {"3000"};
+    shared.read_only_groups = {"77"};
+    std::vector<std::unique_ptr<Pool>> pools;
+    pools.push_back(std::make_unique<Pool>(
+        "private", std::make_unique<FakeSegment>(16 * kPage),
+        PoolAccessRules(kUser)));
+    pools.push_back(std::make_unique<Pool>(
+        "shared", std::make_unique<FakeSegment>(16 * kPage),
+        *PoolAccessRules::Resolve("shared", shared, kUser, -1)));
+    store_ = std::make_unique<ObjectStore>(std::move(pools), 42);
+  }
+  absl::StatusOr<OpenedSession> OpenAs(uid_t uid,
+                                       std::vector<gid_t> groups = {},
+                                       bool read_only = false) {
+    const pid_t pid = ++last_pid_;
+    return store_->OpenSession(
+        "t",
+        PeerInfo{
+            {pid, uid, uid, std::move(groups)}, OwnerOf(pid, 0), nullptr, ""},
+        read_only);
+  }
+  absl::StatusOr<Handout> CreateIn(uint64_t session, const std::string& pool) {
+    CreateArgs args;
+    args.session_id = session;
+    args.size_bytes = kPage;
+    args.pool = pool;
+    return store_->Create(args);
+  }
+  std::unique_ptr<ObjectStore> store_;
+  pid_t last_pid_ = 100;  // The pid of the last session OpenAs opened.
+};
+
+TEST_F(ObjectStoreAccessTest, SessionsSeeAndUseOnlyTheirPools) {
+  OpenedSession owner = *OpenAs(kUser);
+  ASSERT_EQ(owner.pools.size(), 2u);
+  EXPECT_EQ(owner.pools[1].access(), v1::POOL_ACCESS_READ_WRITE);
+  OpenedSession writer = *OpenAs(2000);
+  ASSERT_EQ(writer.pools.size(), 1u);
+  EXPECT_EQ(writer.pools[0].name(), "shared");
+  EXPECT_EQ(writer.pools[0].pool_id(), 1u);
+  EXPECT_EQ(writer.pools[0].access(), v1::POOL_ACCESS_READ_WRITE);
+  EXPECT_EQ(writer.descriptor_secret.size(), kDescriptorSecretBytes);
+  // The default pool is the first it may write; "private" is unknown to it.
+  CreateArgs args;
+  args.session_id = writer.id;
+  args.size_bytes = kPage;
+  EXPECT_EQ(store_->Create(args)->placement.pool_id(), 1u);
+  EXPECT_EQ(CreateIn(writer.id, "private").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_->Stats(writer.id).pools_size(), 1);
+  // Another user's object in a pool it may not read: refused, naming it.
+  Handout mine = *CreateIn(owner.id, "private");
+  SealResult sealed = *store_->Seal(owner.id, mine.lease_id, false);
+  absl::StatusOr<Handout> got = store_->Get(writer.id, sealed.ref);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(absl::StrContains(got.status().message(),
+                                "uid 2000 may not use pool 'private'"))
+      << got.status();
+}
+
+TEST_F(ObjectStoreAccessTest, AUidOnNoListIsRefusedNamingIt) {
+  absl::StatusOr<OpenedSession> s = OpenAs(4000);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(absl::StrContains(s.status().message(), "uid 4000"))
+      << s.status();
+  EXPECT_EQ(store_->Stats().sessions(), 0u);
+}
+
+TEST_F(ObjectStoreAccessTest, ReadersReadAndNeverWrite) {
+  OpenedSession owner = *OpenAs(kUser);
+  Handout h = *CreateIn(owner.id, "shared");
+  SealResult sealed = *store_->Seal(owner.id, h.lease_id, false);
+  CreateArgs named;
+  named.session_id = owner.id;
+  named.size_bytes = kPage;
+  named.pool = "shared";
+  named.name = "weights";
+  Handout n = *store_->Create(named);
+  ASSERT_TRUE(store_->Seal(owner.id, n.lease_id, false).ok());
+  Handout x = *CreateIn(owner.id, "shared");
+  SealResult xfer = *store_->Seal(owner.id, x.lease_id, true);
+  CreateArgs sw;
+  sw.session_id = owner.id;
+  sw.size_bytes = kPage;
+  sw.pool = "shared";
+  sw.shared_writable = true;
+  Handout ring = *store_->Create(sw);
+  // A read-only user (by uid, by supplementary group) and a read-only
+  // session of a writer.
+  for (absl::StatusOr<OpenedSession> reader :
+       {OpenAs(3000), OpenAs(5000, {77}), OpenAs(2000, {}, true)}) {
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    ASSERT_EQ(reader->pools.size(), 1u);
+    EXPECT_EQ(reader->pools[0].access(), v1::POOL_ACCESS_READ);
+    absl::StatusOr<Handout> c = CreateIn(reader->id, "shared");
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kPermissionDenied);
+    EXPECT_TRUE(absl::StrContains(c.status().message(), "may only read"))
+        << c.status();
+    EXPECT_FALSE(store_->Get(reader->id, sealed.ref)->writable);
+    EXPECT_TRUE(
+        store_->GetByName(reader->id, "weights", absl::ZeroDuration()).ok());
+    EXPECT_EQ(store_->Delete(reader->id, "weights").status().code(),
+              absl::StatusCode::kPermissionDenied);
+    EXPECT_EQ(store_->Get(reader->id, ring.ref).status().code(),
+              absl::StatusCode::kPermissionDenied);
+  }
+  // A reader's take of an exclusive hand-off is a read-only take.
+  OpenedSession reader = *OpenAs(3000);
+  absl::StatusOr<Handout> taken = store_->Get(reader.id, xfer.ref);
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  EXPECT_FALSE(taken->writable);
+  v1::ListClientsResponse clients = store_->ListClients();
+  bool listed = false;
+  for (const v1::ClientStatus& c : clients.clients()) {
+    if (c.uid() != 2000 || !c.read_only()) continue;
+    listed = true;
+    ASSERT_EQ(c.pools_size(), 1);
+    EXPECT_EQ(c.pools(0).pool(), "shared");
+    EXPECT_EQ(c.pools(0).access(), v1::POOL_ACCESS_READ);
+  }
+  EXPECT_TRUE(listed);
+}
+
+TEST_F(ObjectStoreAccessTest,
+       DescriptorsGoOnlyToTheSessionsProcessWithItsSecret) {
+  OpenedSession s = *OpenAs(2000);
+  const PeerCredentials self{last_pid_, 2000, 2000, {}};
+  absl::StatusOr<std::vector<DescriptorGrant>> ok =
+      store_->GrantDescriptors(s.id, s.descriptor_secret, self);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  ASSERT_EQ(ok->size(), 1u);
+  EXPECT_EQ((*ok)[0].pool_id, 1u);
+  EXPECT_EQ((*ok)[0].access, v1::POOL_ACCESS_READ_WRITE);
+  std::string wrong = s.descriptor_secret;
+  wrong[0] ^= 0x80;
+  const PeerCredentials other_pid{999, 2000, 2000, {}};
+  const PeerCredentials other_uid{last_pid_, 2001, 2001, {}};
+  for (const auto& [id, secret, peer] :
+       std::vector<std::tuple<uint64_t, std::string, PeerCredentials>>{
+           {s.id, wrong, self},
+           {s.id, s.descriptor_secret.substr(1), self},
+           {s.id, s.descriptor_secret + "x", self},
+           {s.id + 1, s.descriptor_secret, self},
+           {s.id, s.descriptor_secret, other_pid},
+           {s.id, s.descriptor_secret, other_uid}}) {
+    absl::StatusOr<std::vector<DescriptorGrant>> g =
+        store_->GrantDescriptors(id, secret, peer);
+    EXPECT_EQ(g.status().code(), absl::StatusCode::kPermissionDenied);
+  }
+  store_->EndSession(s.id);
+  EXPECT_FALSE(store_->GrantDescriptors(s.id, s.descriptor_secret, self).ok());
+}
+
+}  // namespace
+}  // namespace shmtensor::daemon
