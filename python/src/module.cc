@@ -2,8 +2,9 @@
 // (shmtensor/__init__.py) adds dtype handling, put(), tensor() and the
 // exception classes on top; this module is not meant to be used alone.
 //
-// The lifecycle's types and calls are native CPython (py_client.h,
-// py_objects.h); the rest is pybind11. Every call that may block on the
+// The lifecycle's types (Client, Buffer, View, ObjectRef) are native CPython
+// (py_client.h, py_objects.h); the module's functions and BatchRing are
+// pybind11. Every call that may block on the
 // daemon releases the GIL. Errors come out as shmtensor.Error subclasses
 // (see shmtensor/errors.py), built from the absl::Status code and reason.
 #include <pybind11/pybind11.h>

@@ -2,11 +2,10 @@
 // which the package's shmtensor.Client subclasses (adding put() and the
 // methods that need Python-level dtype or device handling).
 //
-// create(), create_bytes() and get() are hand-written CPython
-// (py_support.h says why): they convert their arguments themselves, ask
-// the package only for what it alone knows (a dtype or device spelt in a
-// way not seen before: BindPackage), and release the GIL while they wait
-// for the daemon. The other methods are pybind11 functions.
+// Every method and property is hand-written CPython (py_support.h says
+// why): they convert their arguments themselves, ask the package only for
+// what it alone knows (a dtype or device spelt in a way not seen before:
+// BindPackage), and release the GIL while they wait for the daemon.
 //
 // Ownership: the instance owns its Client; dropping it closes the session
 // (with the GIL released).

@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Checks that the tree keeps its layers: every quoted #include of the C++
+sources is allowed by the rules below, which are the architecture
+CONTRIBUTING.md draws (proto -> common -> {daemon, client} -> {python, ctl};
+inside the daemon os -> memory -> store -> server -> the top). Prints each
+include that breaks a rule, naming the file, line and rule, and exits 1 if
+there is one.
+
+Usage: layering_check.py [SOURCE_DIR]   (default: this file's repository)
+"""
+
+import pathlib
+import re
+import sys
+
+# The public headers of each library, as sources include them.
+COMMON = {f"shmtensor/{h}.h"
+          for h in ("defaults", "device", "dtype", "errors", "object_ref")}
+CLIENT = {f"shmtensor/{h}.h" for h in ("client", "sealed_ref", "torch", "view")}
+
+DAEMON_LAYERS = ["os", "memory", "store", "server"]
+
+
+def daemon_layer(include):
+    """The daemon layer an include names ("top" for daemon/x.h), or None."""
+    parts = include.split("/")
+    if parts[0] != "daemon":
+        return None
+    return parts[1] if len(parts) > 2 else "top"
+
+
+def rules_for(path):
+    """(rule, predicate) pairs: an include for which a predicate is true
+    breaks that rule."""
+    top = path.parts[0]
+    rules = []
+    if top in ("common", "daemon"):
+        rules.append(("the client is not below " + top,
+                      lambda i: i.startswith("client/") or i in CLIENT))
+    if top == "common":
+        rules.append(("common stands on the proto only",
+                      lambda i: i.startswith(("daemon/", "python/", "ctl/"))))
+    if top in ("client", "python", "ctl"):
+        rules.append(("the daemon is not a library of " + top,
+                      lambda i: i.startswith("daemon/")))
+    if top == "client":
+        rules.append(("the binding and the CLI sit above the client",
+                      lambda i: i.startswith(("python/", "ctl/"))))
+    if top == "daemon" and len(path.parts) > 2:
+        layer = path.parts[1]
+        if layer in DAEMON_LAYERS:
+            above = DAEMON_LAYERS[DAEMON_LAYERS.index(layer) + 1:] + ["top"]
+            rules.append((f"daemon/{layer} includes only the layers "
+                          "before it (os, memory, store, server)",
+                          lambda i, a=above: daemon_layer(i) in a))
+    return rules
+
+
+def violations(root):
+    include = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+    found = []
+    for folder in ("common", "daemon", "client", "python/src", "ctl"):
+        for f in sorted((root / folder).rglob("*")):
+            if f.suffix not in (".h", ".cc", ".cu"):
+                continue
+            rel = f.relative_to(root)
+            rules = rules_for(rel)
+            for n, line in enumerate(f.read_text().splitlines(), 1):
+                m = include.match(line)
+                if not m:
+                    continue
+                for rule, breaks in rules:
+                    if breaks(m.group(1)):
+                        found.append(f"{rel}:{n}: includes \"{m.group(1)}\": "
+                                     f"{rule}")
+    return found
+
+
+def main():
+    root = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else
+                        pathlib.Path(__file__).resolve().parents[1])
+    if not (root / "daemon").is_dir():
+        print(f"{root}: not a shmtensor source tree", file=sys.stderr)
+        return 2
+    found = violations(root)
+    for v in found:
+        print(v)
+    print(f"layering: {len(found)} includes break a rule")
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
