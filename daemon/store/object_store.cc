@@ -133,6 +133,35 @@ absl::Status ObjectStore::AccessError(const Session& s, uint32_t pool_id,
       "%s: uid %d may not use pool '%s'", what, s.peer.process.uid, pool));
 }
 
+absl::StatusOr<uint32_t> ObjectStore::PoolFor(const Session& s,
+                                              absl::string_view name) const {
+  const uint32_t none = static_cast<uint32_t>(pools_.size());
+  if (!name.empty()) {
+    // A pool the session may not use is one it does not know of.
+    for (uint32_t i = 0; i < pools_.size(); ++i) {
+      if (pools_[i]->name() == name &&
+          s.access[i] != v1::POOL_ACCESS_UNSPECIFIED) {
+        return i;
+      }
+    }
+    return absl::NotFoundError(
+        absl::StrCat("no pool named ", Quoted(std::string(name))));
+  }
+  // The first host pool the session may write, else the first it may use
+  // (whose access check then names why it may not).
+  for (v1::PoolAccess want :
+       {v1::POOL_ACCESS_READ_WRITE, v1::POOL_ACCESS_READ}) {
+    for (uint32_t i = 0; i < none; ++i) {
+      if (s.access[i] == want &&
+          pools_[i]->segment().kind() == v1::MEMORY_KIND_HOST) {
+        return i;
+      }
+    }
+  }
+  return absl::NotFoundError(
+      "this session may use no host pool; name the pool to create in");
+}
+
 absl::StatusOr<std::vector<DescriptorGrant>> ObjectStore::GrantDescriptors(
     uint64_t session_id, absl::string_view secret,
     const PeerCredentials& peer) {
@@ -348,38 +377,9 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::TryCreate(
   if (shutting_down_) return ShuttingDownError();
   absl::StatusOr<Session*> session = sessions_.Find(args.session_id);
   if (!session.ok()) return session.status();
-  uint32_t pool_id = 0;
-  if (!args.pool.empty()) {
-    // A pool the session may not use is one it does not know of.
-    pool_id = static_cast<uint32_t>(pools_.size());
-    for (uint32_t i = 0; i < pools_.size(); ++i) {
-      if (pools_[i]->name() == args.pool &&
-          (**session).access[i] != v1::POOL_ACCESS_UNSPECIFIED) {
-        pool_id = i;
-      }
-    }
-    if (pool_id == pools_.size()) {
-      return absl::NotFoundError(
-          absl::StrCat("no pool named ", Quoted(args.pool)));
-    }
-  } else {
-    // The first host pool the session may write, else the first it may
-    // use (whose check below names why it may not).
-    pool_id = static_cast<uint32_t>(pools_.size());
-    for (v1::PoolAccess want :
-         {v1::POOL_ACCESS_READ_WRITE, v1::POOL_ACCESS_READ}) {
-      for (uint32_t i = 0; i < pools_.size() && pool_id == pools_.size(); ++i) {
-        if ((**session).access[i] == want &&
-            pools_[i]->segment().kind() == v1::MEMORY_KIND_HOST) {
-          pool_id = i;
-        }
-      }
-    }
-    if (pool_id == pools_.size()) {
-      return absl::NotFoundError(
-          "this session may use no host pool; name the pool to create in");
-    }
-  }
+  absl::StatusOr<uint32_t> chosen = PoolFor(**session, args.pool);
+  if (!chosen.ok()) return chosen.status();
+  const uint32_t pool_id = *chosen;
   if (!Allowed(**session, pool_id, true)) {
     return AccessError(**session, pool_id, "create");
   }
@@ -423,7 +423,8 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::TryCreate(
         pool.Allocate(args.session_id, capacity, alignment, end);
     if (!got.has_value()) {
       if (!last_try) return std::nullopt;
-      return absl::ResourceExhaustedError(DescribePressure(pool_id, capacity));
+      return absl::ResourceExhaustedError(
+          DescribePoolPressure(View(), pool_id, capacity));
     }
     offset = *got;
   }
@@ -826,37 +827,6 @@ Handout ObjectStore::MakeHandout(uint32_t slot, uint64_t lease_id,
   h.lease_id = lease_id;
   h.writable = writable;
   return h;
-}
-
-std::string ObjectStore::DescribePressure(uint32_t pool_id,
-                                          uint64_t capacity) const {
-  const Pool& pool = *pools_[pool_id];
-  absl::flat_hash_map<uint64_t, uint64_t> held;  // session -> bytes
-  for (const auto& [id, lease] : leases_.all()) {
-    const Object& obj = objects_.object(lease.slot);
-    if (obj.pool == pool_id) held[lease.session] += obj.capacity;
-  }
-  for (const auto& [id, session] : sessions_.all()) {
-    for (uint32_t slot : session.pending_transfers) {
-      const Object& obj = objects_.object(slot);
-      if (obj.pool == pool_id) held[id] += obj.capacity;
-    }
-  }
-  std::vector<std::pair<uint64_t, uint64_t>> top(held.begin(), held.end());
-  std::sort(top.begin(), top.end(),
-            [](const auto& a, const auto& b) { return a.second > b.second; });
-  std::string holders;
-  for (size_t i = 0; i < top.size() && i < 3; ++i) {
-    const Session& s = sessions_.all().at(top[i].first);
-    absl::StrAppendFormat(&holders, "%s'%s' pid %d holds %d bytes",
-                          i ? ", " : "", s.client_name, s.pid, top[i].second);
-  }
-  if (holders.empty()) holders = "no client holds leases (named objects only)";
-  return absl::StrFormat(
-      "pool '%s' is full: asked for %d bytes, %d of %d bytes free (largest "
-      "free block %d); most held by: %s",
-      pool.name(), capacity, pool.allocator().free_bytes(),
-      pool.allocator().size(), pool.allocator().largest_free(), holders);
 }
 
 }  // namespace shmtensor::daemon

@@ -286,6 +286,13 @@ class ObjectStore {
   using State = ObjectTable::State;
   using Lease = LeaseTable::Lease;
 
+  // The pool a Create of `s` goes to: the one called `name` if given (a
+  // pool `s` may not use counts as unknown: NOT_FOUND), else the first host
+  // pool `s` may write, else the first host pool it may read (whose access
+  // check then refuses the Create, naming why). Access is checked by the
+  // caller.
+  absl::StatusOr<uint32_t> PoolFor(const Session& s,
+                                   absl::string_view name) const;
   // The pools `s` may use, with its access to each.
   std::vector<v1::PoolInfo> PoolsOf(const Session& s) const;
   // Whether `s` may read (or, with `write`, write) pool `pool_id`. Cheap:
@@ -332,9 +339,6 @@ class ObjectStore {
   // Moves the capacity of an offered transfer into or out of its creator's
   // holdings.
   void HoldTransfer(uint32_t slot, bool hold)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // "pool 'default' has 123 bytes free ...; most held by ..." for errors.
-  std::string DescribePressure(uint32_t pool, uint64_t capacity) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What the monitoring views read (store_views.h); the references live
   // while mu_ is held.

@@ -295,6 +295,26 @@ TEST_F(ObjectStoreTest, FullPoolFailsAfterTimeoutNamingPoolAndHolders) {
   EXPECT_NE(msg.find("'a' pid 1 holds 61440 bytes"), std::string::npos) << msg;
 }
 
+TEST_F(ObjectStoreTest, FullPoolNamesTheThreeLargestHoldersLargestFirst) {
+  const uint64_t c = Open(*store_, "c", 3);
+  const uint64_t d = Open(*store_, "d", 4);
+  ASSERT_TRUE(Create(a_, kPage).ok());
+  ASSERT_TRUE(Create(b_, 2 * kPage).ok());
+  // An offered transfer counts for its creator until it is taken.
+  Handout offered = *Create(c, 3 * kPage);
+  ASSERT_TRUE(store_->Seal(c, offered.lease_id, /*exclusive=*/true).ok());
+  ASSERT_TRUE(Create(d, 4 * kPage).ok());
+  absl::StatusOr<Handout> h = Create(a_, 8 * kPage);
+  ASSERT_EQ(h.status().code(), absl::StatusCode::kResourceExhausted);
+  const std::string msg(h.status().message());
+  EXPECT_TRUE(absl::StrContains(
+      msg,
+      "most held by: 'd' pid 4 holds 16384 bytes, 'c' pid 3 holds 12288 "
+      "bytes, 'b' pid 2 holds 8192 bytes"))
+      << msg;
+  EXPECT_FALSE(absl::StrContains(msg, "'a'")) << msg;
+}
+
 TEST_F(ObjectStoreTest, LeaseMisuseGetsPreciseErrors) {
   Handout h = *Create(a_, kPage);
   SealResult s = *store_->Seal(a_, h.lease_id, false);

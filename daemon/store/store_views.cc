@@ -2,7 +2,11 @@
 
 #include <algorithm>
 #include <iterator>
+#include <string>
 #include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_format.h"
 
 namespace shmtensor::daemon {
 namespace {
@@ -166,6 +170,37 @@ v1::ListClientsResponse BuildClientList(const StoreView& store,
     }
   }
   return out;
+}
+
+std::string DescribePoolPressure(const StoreView& store, uint32_t pool_id,
+                                 uint64_t capacity) {
+  const Pool& pool = *store.pools[pool_id];
+  absl::flat_hash_map<uint64_t, uint64_t> held;  // session -> bytes
+  for (const auto& [id, lease] : store.leases.all()) {
+    const Object& obj = store.objects.object(lease.slot);
+    if (obj.pool == pool_id) held[lease.session] += obj.capacity;
+  }
+  for (const auto& [id, session] : store.sessions.all()) {
+    for (uint32_t slot : session.pending_transfers) {
+      const Object& obj = store.objects.object(slot);
+      if (obj.pool == pool_id) held[id] += obj.capacity;
+    }
+  }
+  std::vector<std::pair<uint64_t, uint64_t>> top(held.begin(), held.end());
+  std::sort(top.begin(), top.end(),
+            [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::string holders;
+  for (size_t i = 0; i < top.size() && i < 3; ++i) {
+    const Session& s = store.sessions.all().at(top[i].first);
+    absl::StrAppendFormat(&holders, "%s'%s' pid %d holds %d bytes",
+                          i ? ", " : "", s.client_name, s.pid, top[i].second);
+  }
+  if (holders.empty()) holders = "no client holds leases (named objects only)";
+  return absl::StrFormat(
+      "pool '%s' is full: asked for %d bytes, %d of %d bytes free (largest "
+      "free block %d); most held by: %s",
+      pool.name(), capacity, pool.allocator().free_bytes(),
+      pool.allocator().size(), pool.allocator().largest_free(), holders);
 }
 
 }  // namespace shmtensor::daemon

@@ -1,5 +1,6 @@
 // The monitoring views of the store (monitor.proto): DaemonStatus,
-// ListObjectsResponse and ListClientsResponse, built from the store's parts.
+// ListObjectsResponse and ListClientsResponse, built from the store's parts;
+// and the account of a full pool an exhausted Create reports.
 // ObjectStore::Status, ListObjects and ListClients take the store's lock and
 // call these; include this header to use them (it brings their messages).
 //
@@ -15,6 +16,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -54,6 +56,15 @@ v1::ListObjectsResponse BuildObjectList(const StoreView& store, uint32_t limit,
 // The open sessions, oldest first.
 v1::ListClientsResponse BuildClientList(const StoreView& store,
                                         const PeerCredentials* viewer);
+
+// Why pool `pool_id` has no range of `capacity` bytes, for the
+// RESOURCE_EXHAUSTED a Create that waited in vain returns: "pool 'default'
+// is full: asked for N bytes, F of S bytes free (largest free block L); most
+// held by: 'loader' pid 12 holds B bytes, ..." (the three sessions whose
+// leases and offered transfers hold most of the pool). Names only what the
+// caller could see in ListClients as an operator: client names and pids.
+std::string DescribePoolPressure(const StoreView& store, uint32_t pool_id,
+                                 uint64_t capacity);
 
 }  // namespace shmtensor::daemon
 
