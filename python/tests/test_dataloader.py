@@ -501,6 +501,58 @@ def test_batches_that_outgrow_the_ring_go_through_the_pool(daemon):
     assert wait_until(lambda: used(c) == 0, 5.0), c.stats()
 
 
+RING_POOL_JOB = """
+import json, sys
+import shmtensor
+from shmtensor.dataloader.rings import WorkerRing, pool_of
+c = shmtensor.connect(sys.argv[1])
+ring = WorkerRing(4).get(c, 4 << 20, 1)  # 16 MiB of slots.
+by_name = {p["name"]: p for p in c.stats()["pools"]}
+print(json.dumps({"uid": __import__("os").getuid(), "ring": ring is not None,
+                  "pool": pool_of(c)["name"],
+                  "objects": {n: p["objects"] for n, p in by_name.items()}}))
+"""
+
+
+def test_a_ring_is_sized_by_the_pool_it_lands_in_not_the_first(tmp_path):
+    """A worker whose user may only read the daemon's first pool (16 MiB)
+    and write its second (256 MiB): its batches, and so its ring, go to the
+    second, and the ring is sized against that pool. 16 MiB of slots fit in
+    half of 256 MiB, not in half of 16 MiB: a ring sized by the first pool
+    would be refused and every batch would cost a daemon call. Needs root
+    (the worker runs as uid 4321, setpriv); skipped without."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+    from conftest import child_env
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv")
+    config = tmp_path / "two.toml"
+    config.write_text('socket_mode = "0666"\n'
+                      '[[pool]]\nname = "small"\nsize = "16MiB"\n'
+                      'read_only_users = [4321]\n'
+                      '[[pool]]\nname = "big"\nsize = "256MiB"\n'
+                      'users = [4321]\n')
+    sockets = tempfile.mkdtemp(prefix="shmtensor-ring-")
+    os.chmod(sockets, 0o755)  # The worker's user may reach the socket.
+    try:
+        with Daemon(config=str(config), path=sockets + "/d.sock") as d:
+            out = subprocess.run(
+                ["setpriv", "--reuid=4321", "--regid=4321", "--clear-groups",
+                 sys.executable, "-c", RING_POOL_JOB, d.address],
+                env=child_env(HOME="/tmp"), capture_output=True, text=True,
+                timeout=60, cwd="/")
+            assert out.returncode == 0, out.stderr
+            r = json.loads(out.stdout)
+            assert r["uid"] == 4321 and r["pool"] == "big", r
+            assert r["ring"], r
+            assert r["objects"] == {"small": 0, "big": 1}, r
+    finally:
+        shutil.rmtree(sockets, ignore_errors=True)
+
+
 def test_ring_slot_is_reused_only_after_its_last_tensor_dies(daemon):
     """The ring protocol in one process: a handed slot is adopted once (a
     second adoption is a stale handle), stays taken while any tensor over it
