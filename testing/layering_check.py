@@ -9,14 +9,10 @@ there is one.
 Usage: layering_check.py [SOURCE_DIR]   (default: this file's repository)
 """
 
+import os
 import pathlib
 import re
 import sys
-
-# The public headers of each library, as sources include them.
-COMMON = {f"shmtensor/{h}.h"
-          for h in ("defaults", "device", "dtype", "errors", "object_ref")}
-CLIENT = {f"shmtensor/{h}.h" for h in ("client", "sealed_ref", "torch", "view")}
 
 DAEMON_LAYERS = ["os", "memory", "store", "server"]
 
@@ -29,17 +25,21 @@ def daemon_layer(include):
     return parts[1] if len(parts) > 2 else "top"
 
 
-def rules_for(path):
+def rules_for(path, client_headers):
     """(rule, predicate) pairs: an include for which a predicate is true
-    breaks that rule."""
+    breaks that rule. `client_headers`: the client's public headers as
+    sources include them ("shmtensor/client.h")."""
     top = path.parts[0]
     rules = []
     if top in ("common", "daemon"):
         rules.append(("the client is not below " + top,
-                      lambda i: i.startswith("client/") or i in CLIENT))
+                      lambda i: i.startswith("client/") or
+                      i in client_headers))
+        rules.append((f"the binding and the CLI are not below {top}",
+                      lambda i: i.startswith(("python/", "ctl/"))))
     if top == "common":
         rules.append(("common stands on the proto only",
-                      lambda i: i.startswith(("daemon/", "python/", "ctl/"))))
+                      lambda i: i.startswith("daemon/")))
     if top in ("client", "python", "ctl"):
         rules.append(("the daemon is not a library of " + top,
                       lambda i: i.startswith("daemon/")))
@@ -57,20 +57,28 @@ def rules_for(path):
 
 
 def violations(root):
-    include = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+    # Quoted and angle-bracket includes alike (the root is on the include
+    # path, so <daemon/...> compiles too).
+    include = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]')
+    client_headers = {
+        f"shmtensor/{h.name}"
+        for h in (root / "client/include/shmtensor").glob("*.h")}
     found = []
     for folder in ("common", "daemon", "client", "python/src", "ctl"):
         for f in sorted((root / folder).rglob("*")):
             if f.suffix not in (".h", ".cc", ".cu"):
                 continue
             rel = f.relative_to(root)
-            rules = rules_for(rel)
+            rules = rules_for(rel, client_headers)
             for n, line in enumerate(f.read_text().splitlines(), 1):
                 m = include.match(line)
                 if not m:
                     continue
+                name = m.group(1)
+                if name.startswith("."):  # Relative: as from the root.
+                    name = os.path.normpath(str(rel.parent / name))
                 for rule, breaks in rules:
-                    if breaks(m.group(1)):
+                    if breaks(name):
                         found.append(f"{rel}:{n}: includes \"{m.group(1)}\": "
                                      f"{rule}")
     return found

@@ -69,6 +69,15 @@ std::string Text(const char* what, PyObject* obj) {
   return std::string(utf8, size);
 }
 
+// A str argument that must be given (None refused).
+std::string RequiredText(const char* what, PyObject* obj) {
+  if (obj == nullptr || !PyUnicode_Check(obj)) {
+    throw py::type_error(std::string(what) + " must be a str, got " +
+                         (obj == nullptr ? "nothing" : Py_TYPE(obj)->tp_name));
+  }
+  return Text(what, obj);
+}
+
 // One dimension: an int or anything with __index__ (numpy integers).
 int64_t Dimension(PyObject* shape, PyObject* dim) {
   long long d;
@@ -338,11 +347,11 @@ py::dict StatsDict(const StoreStats& s) {
 }
 
 PyObject* ClientSessionId(PyObject* self, void*) {
-  return ToPython(Self(self).session_id());
+  return Guarded([&] { return ToPython(Self(self).session_id()); });
 }
 
 PyObject* ClientDaemonEpoch(PyObject* self, void*) {
-  return ToPython(Self(self).daemon_epoch());
+  return Guarded([&] { return ToPython(Self(self).daemon_epoch()); });
 }
 
 PyObject* ClientAddress(PyObject* self, void*) {
@@ -351,15 +360,15 @@ PyObject* ClientAddress(PyObject* self, void*) {
 
 PyObject* ClientHasPoolOn(PyObject* self, PyObject* device) {
   return Guarded([&] {
-    return PyBool_FromLong(
-        Self(self).HasPoolOn(Check(ParseDevice(Text("device", device)))));
+    return PyBool_FromLong(Self(self).HasPoolOn(
+        Check(ParseDevice(RequiredText("device", device)))));
   });
 }
 
 PyObject* ClientPoolOn(PyObject* self, PyObject* device) {
   return Guarded([&] {
-    return ToPython(
-        Check(Self(self).PoolOn(Check(ParseDevice(Text("device", device))))));
+    return ToPython(Check(
+        Self(self).PoolOn(Check(ParseDevice(RequiredText("device", device))))));
   });
 }
 
@@ -386,8 +395,8 @@ PyObject* ClientPut(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
     o.name = Text("name", a[4]);
     const bool exclusive = Truth(a[5], false);
     const absl::Duration timeout = Timeout(a[6]);
-    o.device =
-        Check(ParseDevice(a[7] == nullptr ? "cpu" : Text("device", a[7])));
+    o.device = Check(
+        ParseDevice(a[7] == nullptr ? "cpu" : RequiredText("device", a[7])));
     const CudaStream stream =
         a[8] == nullptr ? 0 : ArgAs<CudaStream>(kFn, "stream", a[8]);
     // The caller keeps `src` alive and unchanged for this call.
@@ -405,7 +414,7 @@ PyObject* ClientPut(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
 
 PyObject* ClientDelete(PyObject* self, PyObject* name) {
   return Guarded([&] {
-    const std::string n = Text("name", name);
+    const std::string n = RequiredText("name", name);
     Client& c = Self(self);
     absl::Status st;
     {

@@ -469,7 +469,9 @@ struct InfoAttributes {
   }
 
   // The getters, then `more` (this type's own), then the sentinel. Made
-  // once per type; the type points into it for the process's life.
+  // on the first call, which is the only one (AddObjectTypes, once per
+  // type): a later call returns that table, whatever its `more`. The type
+  // points into it for the process's life.
   static PyGetSetDef* GetSet(std::initializer_list<PyGetSetDef> more) {
     static std::vector<PyGetSetDef>* const table = [&] {
       auto* t = new std::vector<PyGetSetDef>{

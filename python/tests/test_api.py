@@ -390,8 +390,11 @@ def test_bad_arguments_name_the_value(client):
          r"__dlpack__\(\) got an unexpected keyword argument 'bogus'"),
         (lambda: client.get(client.put(np.zeros(1))).__dlpack__(stream=-2),
          ValueError, "stream must be None, -1 or a stream handle, got -2"),
-        (lambda: client.delete(3), TypeError,
-         "name must be a str or None, got int"),
+        (lambda: client.delete(3), TypeError, "name must be a str, got int"),
+        (lambda: client.delete(None), TypeError,
+         "name must be a str, got NoneType"),
+        (lambda: client._has_pool_on(None), TypeError,
+         "device must be a str, got NoneType"),
         (lambda: client.delete("never-bound"), shmtensor.NotFoundError,
          "never-bound"),
         (lambda: client.has_pool_on("gpu:0"), shmtensor.InvalidArgumentError,
@@ -416,21 +419,28 @@ def test_each_native_type_defines_its_attributes_once(client):
     property is a native descriptor of the type itself (no pybind11
     function or Python property attached to it): one definition each, with
     a signature and a docstring."""
-    checked = 0
-    for native in (shmtensor._core.Buffer, shmtensor._core.View,
-                   shmtensor._core.Client):
-        for name, attr in vars(native).items():
-            if name.startswith("__") and name not in (
-                    "__array__", "__dlpack__", "__dlpack_device__"):
-                continue
+    info = {"shape", "strides", "dtype_code", "nbytes", "ref_bytes", "device",
+            "address", "__array__", "__dlpack__", "__dlpack_device__"}
+    expected = {
+        shmtensor._core.Buffer: info | {"valid", "seal", "discard"},
+        shmtensor._core.View: info | {"writable", "closed", "close"},
+        shmtensor._core.Client: {
+            "create", "create_bytes", "get", "delete", "stats", "_put",
+            "_has_pool_on", "_pool_on", "session_id", "daemon_epoch",
+            "address"},
+    }
+    for native, names in expected.items():
+        own = {n for n in vars(native)
+               if not n.startswith("__") or n in names}
+        assert own == names, (native.__name__, own ^ names)
+        for name in names:
+            attr = vars(native)[name]
             kind = type(attr).__name__
             assert kind in ("method_descriptor", "getset_descriptor"), (
                 native.__name__, name, kind)
             assert attr.__doc__, (native.__name__, name)
             if kind == "method_descriptor":
                 assert attr.__text_signature__, (native.__name__, name)
-            checked += 1
-    assert checked >= 28
     # Each answers on a live object and fails precisely on a finished one.
     buf = client.create((2, 3), "int16")
     code = buf.dtype_code
