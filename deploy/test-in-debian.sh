@@ -114,10 +114,25 @@ mount_in /dev/shm -t tmpfs -o size=50%,mode=1777 tmpfs
 
 echo "test-in-debian: copying the tree to $ROOT/src (its build/ is kept)"
 mkdir -p "$ROOT/src"
-find "$ROOT/src" -mindepth 1 -maxdepth 1 ! -name build -exec rm -rf {} +
-# Tracked files deleted in the work tree are listed too: skipped.
+stage="$ROOT/src.new"
+rm -rf "$stage"
+mkdir -p "$stage"
+# Tracked files deleted in the work tree are listed too: skipped. Every file
+# lands as new (-m); one whose content is the previous copy's gets that
+# copy's time back. So the kept build/ rebuilds exactly what changed, however
+# old the changed file's own time is (a commit made before the last run's
+# build would otherwise look built).
 git ls-files -co --exclude-standard -z |
-  tar --null --ignore-failed-read -T - -cf - | tar -xf - -C "$ROOT/src"
+  tar --null --ignore-failed-read -T - -cf - | tar -xmf - -C "$stage"
+(cd "$stage" && find . -type f -print0) |
+  while IFS= read -r -d '' f; do
+    if cmp -s "$stage/$f" "$ROOT/src/$f"; then
+      touch -r "$ROOT/src/$f" "$stage/$f"
+    fi
+  done
+find "$ROOT/src" -mindepth 1 -maxdepth 1 ! -name build -exec rm -rf {} +
+find "$stage" -mindepth 1 -maxdepth 1 -exec mv -t "$ROOT/src" {} +
+rmdir "$stage"
 
 chroot "$ROOT" /usr/bin/env -i HOME=/root PATH=/usr/sbin:/usr/bin:/sbin:/bin \
   LANG=C.UTF-8 DEBIAN_FRONTEND=noninteractive CI="${CI:-}" \
