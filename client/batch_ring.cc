@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "client/fork_guard.h"
 
 namespace shmtensor {
 namespace {
@@ -153,10 +154,12 @@ absl::StatusOr<BatchRing::Adopted> BatchRing::Adopt(int slot,
   }
   uint32_t* state = StateWord(slot);
   const pid_t owner = pid_;
-  return Adopted{SlotData(slot), [state, owner] {
-                   if (getpid() == owner) {
-                     __atomic_store_n(state, kFree, __ATOMIC_RELEASE);
-                   }
+  const uint64_t forks = internal::ForksMade();
+  return Adopted{SlotData(slot), [state, owner, forks] {
+                   if (getpid() != owner) return;
+                   __atomic_store_n(
+                       state, internal::ForksMade() == forks ? kFree : kRetired,
+                       __ATOMIC_RELEASE);
                  }};
 }
 

@@ -13,6 +13,8 @@
 //   kHanded --Adopt (consumer, generation must match)--> kAdopted
 //   kAdopted --last tensor over the slot dies (consumer)--> kFree
 //   kFilling --Unclaim (producer, its fill failed)--> kFree
+//   kAdopted --last tensor dies, but the consumer forked since it adopted
+//             the slot (a child may read it still)--> kRetired, for good
 //
 // So a slot is written again only after the consumer's last tensor over it
 // died, and a handle whose slot moved on (its generation is gone) is refused,
@@ -45,7 +47,11 @@ class BatchRing {
     kFree = 0,
     kFilling = 1,
     kHanded = 2,
-    kAdopted = 3
+    kAdopted = 3,
+    // Never reused: the consumer forked while it had the slot adopted, so
+    // a child may still read the batch (PITFALLS P18). The ring has one
+    // slot less from then on.
+    kRetired = 4
   };
   // Bytes of one slot's header line, and the most slots a ring has.
   static constexpr uint64_t kHeaderLine = 64;
@@ -86,7 +92,8 @@ class BatchRing {
   // Consumer. kHanded -> kAdopted when `generation` is the slot's: the
   // slot's bytes, and `release`, to be called once when the last user of
   // them is done, which makes the slot kFree again (in this process only: a
-  // forked child that calls it frees nothing of the parent's).
+  // forked child that calls it frees nothing of the parent's), or kRetired
+  // when this process forked meanwhile (internal::ForksMade()).
   // FAILED_PRECONDITION (stale) when the slot is not handed with that
   // generation.
   struct Adopted {

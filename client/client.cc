@@ -298,6 +298,7 @@ absl::StatusOr<StoreStats> Client::Stats() {
   out.named_objects = resp.named_objects();
   out.leases = resp.leases();
   out.pending_transfers = resp.pending_transfers();
+  out.fork_holds = resp.fork_holds();
   return out;
 }
 

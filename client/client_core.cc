@@ -1,11 +1,13 @@
 #include "client/client_core.h"
 
 #include <grpcpp/create_channel_posix.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <climits>
+#include <cstdio>
 #include <mutex>
 #include <vector>
 
@@ -34,6 +36,19 @@ std::vector<std::weak_ptr<ClientCore>>& Registry() {
   return *cores;
 }
 
+// The fork holds PrepareFork took, for AfterForkInParent to close (the
+// child keeps its copies: they are how the daemon sees it go). Touched only
+// under RegistryMu(), which the fork handlers hold across fork().
+constexpr int kMaxForkHolds = 64;
+int fork_hold_fds[kMaxForkHolds];
+int fork_hold_count = 0;
+// The cores PrepareFork looked at, kept alive until after the fork (a core
+// whose last reference went in the prepare handler would be destroyed
+// there, making calls).
+std::vector<std::shared_ptr<ClientCore>>* forking_cores = nullptr;
+// One warning per process when a hold could not be taken.
+std::atomic<bool> warned_hold{false};
+
 void Register(const std::shared_ptr<ClientCore>& core) {
   std::lock_guard<std::mutex> lock(RegistryMu());
   std::vector<std::weak_ptr<ClientCore>>& cores = Registry();
@@ -45,6 +60,60 @@ void Register(const std::shared_ptr<ClientCore>& core) {
 }
 
 }  // namespace
+
+void ClientCore::PrepareFork() {
+  RegistryMu().lock();
+  fork_hold_count = 0;
+  forking_cores = new std::vector<std::shared_ptr<ClientCore>>();
+  for (const std::weak_ptr<ClientCore>& w : Registry()) {
+    std::shared_ptr<ClientCore> core = w.lock();
+    if (core == nullptr) continue;
+    forking_cores->push_back(core);
+    if (core->inherited() || !core->has_host_pools_ ||
+        core->live_leases_.load(std::memory_order_relaxed) <= 0 ||
+        fork_hold_count == kMaxForkHolds) {
+      continue;
+    }
+    absl::StatusOr<int> hold = TakeForkHold(
+        core->socket_path_, core->session_id_, core->descriptor_secret_,
+        absl::Now() + absl::Seconds(5), core->daemon_uid_);
+    if (hold.ok()) {
+      fork_hold_fds[fork_hold_count++] = *hold;
+    } else if (!absl::IsUnavailable(hold.status()) &&
+               !warned_hold.exchange(true)) {
+      // (UNAVAILABLE: no daemon answers, so none can reuse the memory.)
+      // The fork goes on (a handler cannot stop it); say what it costs.
+      std::fprintf(stderr,
+                   "shmtensor: pid %d forks while client %llu holds views, "
+                   "and the daemon could not pin them for the child (%s): "
+                   "views the child inherited may change once this process "
+                   "lets go of them\n",
+                   static_cast<int>(getpid()),
+                   static_cast<unsigned long long>(core->client_id_),
+                   hold.status().ToString().c_str());
+    }
+  }
+}
+
+void ClientCore::AfterForkInParent() {
+  for (int i = 0; i < fork_hold_count; ++i) close(fork_hold_fds[i]);
+  fork_hold_count = 0;
+  std::vector<std::shared_ptr<ClientCore>>* cores = forking_cores;
+  forking_cores = nullptr;
+  RegistryMu().unlock();
+  delete cores;  // May destroy a core another thread let go meanwhile.
+}
+
+void ClientCore::AfterForkInChild() {
+  // The holds' connections stay open here, close-on-exec: the daemon ends
+  // each hold when the last process holding it (this child, and children
+  // it forks in turn) exits or execs.
+  fork_hold_count = 0;
+  // The parent's cores: left alive here (their destruction in the child
+  // is harmless, but need not happen inside a fork handler).
+  forking_cores = nullptr;
+  RegistryMu().unlock();
+}
 
 void ClientCore::KeepAliveUntilExit() {
   std::lock_guard<std::mutex> lock(RegistryMu());
@@ -97,10 +166,17 @@ ClientCore::OpenConnection(uint64_t resume_id, absl::Duration timeout,
         st.error_code() == grpc::StatusCode::OK
             ? absl::StatusCode::kUnavailable
             : static_cast<absl::StatusCode>(st.error_code());
-    return absl::Status(
+    absl::Status refused(
         code, absl::StrCat("shmtensord at ", address_, " refused the session",
                            resume_id != 0 ? " resume" : "", ": ",
                            st.error_message()));
+    const auto& trailers = conn->session_ctx->GetServerTrailingMetadata();
+    if (auto it = trailers.find(std::string(kErrorReasonMetadata));
+        it != trailers.end()) {
+      refused = WithReason(
+          refused, absl::string_view(it->second.data(), it->second.size()));
+    }
+    return refused;
   }
   *opened = event.opened();
   return conn;
@@ -113,6 +189,12 @@ absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::Connect(
   absl::StatusOr<std::string> path = SocketPathOf(address);
   if (!path.ok()) return path.status();
   EnableForkSupport();
+  static std::once_flag fork_handlers;
+  // Registered after EnableForkSupport's: its prepare runs before gRPC's,
+  // while every channel still works (it uses none: the descriptor socket).
+  std::call_once(fork_handlers, [] {
+    pthread_atfork(PrepareFork, AfterForkInParent, AfterForkInChild);
+  });
   RegisterDaemonAddress(address);
   std::shared_ptr<ClientCore> core(new ClientCore());
   core->owner_pid_ = getpid();
@@ -130,6 +212,7 @@ absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::Connect(
   if (!conn.ok()) return conn.status();
   core->conn_ = *std::move(conn);
   core->session_id_ = opened.session_id();
+  core->descriptor_secret_ = opened.descriptor_secret();
   core->client_id_ = opened.client_id();
   core->epoch_ = opened.daemon_epoch();
   uint32_t pools = 0;
@@ -142,6 +225,7 @@ absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::Connect(
     pools = std::max(pools, info.pool_id() + 1);
     any_host = any_host || info.kind() == v1::MEMORY_KIND_HOST;
   }
+  core->has_host_pools_ = any_host;
   core->pools_.resize(pools);
   core->mappings_.resize(pools);  // CUDA pools: mapped on first use.
   core->cuda_mappings_.resize(pools);

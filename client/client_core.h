@@ -17,7 +17,13 @@
 //
 // Fork: the first Connect makes the process fork-safe (fork_guard.h), so a
 // child's own new clients work and it closes its copies of the parent's
-// connections.
+// connections. [P18] A process that forks while a core of it holds leases
+// takes a fork hold for each such core first (pool_descriptors.h,
+// TakeForkHold): the daemon keeps every object those leases name until the
+// children exit or exec, so the views a child inherited keep their bytes
+// whatever the parent does after the fork. A fork with no lease held asks
+// the daemon nothing. (CUDA leases are held too; but a forked child cannot
+// use the parent's CUDA context anyway.)
 // A ClientCore inherited across fork() belongs to the parent's session: in
 // the child every call fails with FAILED_PRECONDITION, and its destruction
 // touches nothing the parent uses.
@@ -87,6 +93,9 @@ class ClientCore {
   uint64_t client_id() const { return client_id_; }
   // True in a child process that inherited this core across fork().
   bool inherited() const;
+  // Counted by each Lease for its life (what a fork hold is for).
+  void LeaseMade() { live_leases_.fetch_add(1, std::memory_order_relaxed); }
+  void LeaseGone() { live_leases_.fetch_sub(1, std::memory_order_relaxed); }
   // FAILED_PRECONDITION naming the owner pid if inherited(), else OK.
   absl::Status CheckOwner() const;
   uint64_t epoch() const { return epoch_; }
@@ -216,7 +225,18 @@ class ClientCore {
   // Drops the copies of releases through `through`: the daemon applied them.
   void ConfirmReleases(uint64_t through);
 
+  // fork() handlers (registered once, by the first Connect): see the class
+  // comment. Prepare takes the holds, Parent closes its ends of them.
+  static void PrepareFork();
+  static void AfterForkInParent();
+  static void AfterForkInChild();
+
   pid_t owner_pid_ = 0;  // The process that connected.
+  // SessionOpened.descriptor_secret: proves the session on the descriptor
+  // socket (descriptors at connect, fork holds).
+  std::string descriptor_secret_;
+  bool has_host_pools_ = false;
+  std::atomic<int64_t> live_leases_{0};
   // ForkGeneration() there: inherited() compares it, without a system call.
   uint64_t fork_generation_ = 0;
   std::string address_;

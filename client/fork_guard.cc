@@ -28,6 +28,7 @@ std::mutex& RegistryMutex() {
   return *mu;
 }
 std::atomic<uint64_t> fork_generation{0};
+std::atomic<uint64_t> forks_made{0};
 
 std::set<std::string>& SocketPaths() {
   static auto* paths = new std::set<std::string>();
@@ -74,6 +75,7 @@ void FindDaemonSockets() {
 }
 
 void Prepare() {
+  forks_made.fetch_add(1, std::memory_order_relaxed);
   RegistryMutex().lock();
   FindDaemonSockets();
 }
@@ -151,6 +153,8 @@ void RegisterDaemonAddress(const std::string& address) {
   std::lock_guard<std::mutex> lock(RegistryMutex());
   SocketPaths().insert(path);
 }
+
+uint64_t ForksMade() { return forks_made.load(std::memory_order_relaxed); }
 
 uint64_t ForkGeneration() {
   return fork_generation.load(std::memory_order_relaxed);

@@ -54,6 +54,11 @@ void RegisterDaemonAddress(const std::string& address);
 // (vfork, a raw clone) must exec or _exit before touching a client.
 uint64_t ForkGeneration();
 
+// How many fork()s this process made (counted in the prepare handler, so a
+// value read before a fork differs after it, in the parent and the child).
+// A relaxed atomic load: cheap enough for every batch.
+uint64_t ForksMade();
+
 }  // namespace shmtensor::internal
 
 #endif  // SHMTENSOR_CLIENT_FORK_GUARD_H_

@@ -69,6 +69,7 @@ cuda::Fence Lease::RecordFence() {
 }
 
 Lease::~Lease() {
+  core_->LeaseGone();
   if (core_->inherited()) return;  // The parent's lease, not ours to drop.
   CloseWritableRange();
   if (!held_) return;

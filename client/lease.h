@@ -36,7 +36,9 @@ class Lease {
         access_(access),
         data_(data),
         opened_rw_range_(access == Access::kReadWrite && !device.is_cuda()),
-        revocation_(core_->write_revocation()) {}
+        revocation_(core_->write_revocation()) {
+    core_->LeaseMade();
+  }
   // Closes a writable range (as revocation() says), then releases the lease
   // without waiting (one ReleaseLeases message; errors are dropped: a daemon
   // that is gone has dropped the lease already).

@@ -27,20 +27,20 @@ void CloseAll(const std::vector<int>& fds) {
   for (int fd : fds) close(fd);
 }
 
-}  // namespace
-
-absl::StatusOr<std::vector<PoolDescriptor>> FetchPoolDescriptors(
-    const std::string& socket_path, uint64_t session_id,
-    const std::string& secret, absl::Time deadline,
-    std::optional<uid_t> daemon_uid) {
+// Connects to the descriptor socket beside `socket_path`, sends `request`
+// and reads the reply, with the descriptors attached to it (close-on-exec,
+// the caller's). Returns the connection (the caller's to close).
+absl::StatusOr<int> Exchange(const std::string& socket_path,
+                             const v1::DescriptorRequest& request,
+                             absl::Time deadline,
+                             std::optional<uid_t> daemon_uid,
+                             v1::DescriptorReply* reply,
+                             std::vector<int>* fds) {
   const std::string path = socket_path + kDescriptorSocketSuffix;
   absl::StatusOr<int> sock =
       ConnectDaemonSocket(path, deadline, daemon_uid, SOCK_SEQPACKET);
   if (!sock.ok()) return sock.status();
   const int fd = *sock;
-  v1::DescriptorRequest request;
-  request.set_session_id(session_id);
-  request.set_secret(secret);
   const std::string bytes = request.SerializeAsString();
   if (send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) !=
       static_cast<ssize_t>(bytes.size())) {
@@ -73,31 +73,73 @@ absl::StatusOr<std::vector<PoolDescriptor>> FetchPoolDescriptors(
     if (n >= 0 || (errno != EAGAIN && errno != EINTR)) break;
   }
   const int recv_errno = errno;
-  close(fd);
-  std::vector<int> fds;
   for (cmsghdr* c = CMSG_FIRSTHDR(&msg); n >= 0 && c != nullptr;
        c = CMSG_NXTHDR(&msg, c)) {
     if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
     const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    const size_t at = fds.size();
-    fds.resize(at + count);
-    memcpy(fds.data() + at, CMSG_DATA(c), count * sizeof(int));
+    const size_t at = fds->size();
+    fds->resize(at + count);
+    memcpy(fds->data() + at, CMSG_DATA(c), count * sizeof(int));
   }
   if (n < 0) {
+    close(fd);
     return absl::UnavailableError(
         absl::StrFormat("reading the descriptor reply on unix:%s: %s", path,
                         std::strerror(recv_errno)));
   }
-  v1::DescriptorReply reply;
   // A reply is never empty (DescriptorReply.granted, or a code): zero bytes
   // is the daemon closing the connection.
   if (n == 0 || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0 ||
-      !reply.ParseFromArray(buf, static_cast<int>(n))) {
-    CloseAll(fds);
+      !reply->ParseFromArray(buf, static_cast<int>(n))) {
+    close(fd);
+    CloseAll(*fds);
     return absl::InternalError(absl::StrFormat(
         "the daemon's descriptor reply on unix:%s (%d bytes) is malformed",
         path, n));
   }
+  return fd;
+}
+
+}  // namespace
+
+absl::StatusOr<int> TakeForkHold(const std::string& socket_path,
+                                 uint64_t session_id, const std::string& secret,
+                                 absl::Time deadline,
+                                 std::optional<uid_t> daemon_uid) {
+  v1::DescriptorRequest request;
+  request.set_session_id(session_id);
+  request.set_secret(secret);
+  request.set_fork_hold(true);
+  v1::DescriptorReply reply;
+  std::vector<int> fds;
+  absl::StatusOr<int> conn =
+      Exchange(socket_path, request, deadline, daemon_uid, &reply, &fds);
+  if (!conn.ok()) return conn.status();
+  CloseAll(fds);  // A hold's reply carries none.
+  if (reply.code() != 0 || !reply.granted()) {
+    close(*conn);
+    return absl::Status(reply.code() != 0
+                            ? static_cast<absl::StatusCode>(reply.code())
+                            : absl::StatusCode::kInternal,
+                        absl::StrCat("shmtensord refused a fork hold: ",
+                                     reply.message().substr(0, 1024)));
+  }
+  return *conn;
+}
+
+absl::StatusOr<std::vector<PoolDescriptor>> FetchPoolDescriptors(
+    const std::string& socket_path, uint64_t session_id,
+    const std::string& secret, absl::Time deadline,
+    std::optional<uid_t> daemon_uid) {
+  v1::DescriptorRequest request;
+  request.set_session_id(session_id);
+  request.set_secret(secret);
+  v1::DescriptorReply reply;
+  std::vector<int> fds;
+  absl::StatusOr<int> conn =
+      Exchange(socket_path, request, deadline, daemon_uid, &reply, &fds);
+  if (!conn.ok()) return conn.status();
+  close(*conn);
   if (reply.code() != 0 || !reply.granted()) {
     CloseAll(fds);
     return absl::Status(reply.code() != 0

@@ -39,6 +39,16 @@ absl::StatusOr<std::vector<PoolDescriptor>> FetchPoolDescriptors(
     const std::string& secret, absl::Time deadline,
     std::optional<uid_t> daemon_uid);
 
+// [P18] Takes a fork hold for session `session_id` (DescriptorRequest.
+// fork_hold): the daemon pins every object the session holds now for as
+// long as the returned connection (close-on-exec, the caller's) is open in
+// any process. The caller forks, closes it in the parent, and leaves it to
+// the child, whose exit (or exec) closes it. Errors as FetchPoolDescriptors.
+absl::StatusOr<int> TakeForkHold(const std::string& socket_path,
+                                 uint64_t session_id, const std::string& secret,
+                                 absl::Time deadline,
+                                 std::optional<uid_t> daemon_uid);
+
 }  // namespace shmtensor::internal
 
 #endif  // SHMTENSOR_CLIENT_POOL_DESCRIPTORS_H_

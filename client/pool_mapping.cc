@@ -103,6 +103,22 @@ void PoolMapping::PrepareFork() {
   forking = held;
 }
 
+void PoolMapping::AfterForkInChild() {
+  // [P1, P18] Nothing the parent may write is writable here: an unsealed
+  // buffer the parent seals later, a range it left open for its next
+  // buffer. One mprotect per pool (a forked child's page tables hold no
+  // entry of a shared mapping yet, so it changes nothing there); the open
+  // set starts empty, so the child's own writable buffers open their
+  // ranges afresh.
+  for (const std::shared_ptr<PoolMapping>& m : *forking) {
+    if (m->rw_ != nullptr) {
+      mprotect(m->rw_, m->info_.size_bytes(), PROT_READ);
+      m->open_.Remove(0, m->info_.size_bytes());
+    }
+  }
+  AfterFork();
+}
+
 void PoolMapping::AfterFork() {
   std::vector<std::shared_ptr<PoolMapping>>* held = forking;
   forking = nullptr;
@@ -138,8 +154,9 @@ absl::StatusOr<std::shared_ptr<PoolMapping>> PoolMapping::Get(
   }
   const bool writable = (flags & O_ACCMODE) == O_RDWR;
   static std::once_flag fork_handlers;
-  std::call_once(fork_handlers,
-                 [] { pthread_atfork(PrepareFork, AfterFork, AfterFork); });
+  std::call_once(fork_handlers, [] {
+    pthread_atfork(PrepareFork, AfterFork, AfterForkInChild);
+  });
   const MemoryKey key{static_cast<uint64_t>(st.st_dev),
                       static_cast<uint64_t>(st.st_ino)};
   std::lock_guard<std::mutex> lock(RegistryMutex());

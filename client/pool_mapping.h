@@ -108,6 +108,8 @@ class PoolMapping {
   // worker would hang on its first writable buffer).
   static void PrepareFork();
   static void AfterFork();
+  // The child's: closes every range of the writable mapping first.
+  static void AfterForkInChild();
 
   const v1::PoolInfo info_;
   uint8_t* const ro_;

@@ -123,7 +123,8 @@ std::string RenderStatus(const v1::DaemonStatus& s) {
                   limit(l.max_sessions_per_uid(), false), ", waiters ",
                   limit(l.max_waiters(), false), "\n");
   absl::StrAppend(&out, "waiting calls ", s.waiters(), "  detached sessions ",
-                  s.detached_sessions(), "\n\n");
+                  s.detached_sessions(), "  fork holds ", s.fork_holds(),
+                  "\n\n");
   std::vector<std::vector<std::string>> rows;
   for (const v1::PoolStatus& p : s.pools()) {
     rows.push_back(
@@ -281,6 +282,8 @@ std::string RenderMetrics(const v1::DaemonStatus& s,
       {"shmtensor_leases", "Leases held, all clients.", s.leases()},
       {"shmtensor_pending_transfers", "Exclusive transfers not yet taken.",
        s.pending_transfers()},
+      {"shmtensor_fork_holds", "Objects pinned for forked children: holds.",
+       s.fork_holds()},
   };
   for (const Global& g : globals) {
     e.Family(g.name, "gauge", g.help);
@@ -325,6 +328,12 @@ std::string RenderMetrics(const v1::DaemonStatus& s,
       e.Sample(g.name, {{"pool", p.info().name()}},
                static_cast<double>((p.*g.get)()));
     }
+  }
+  e.Family("shmtensor_pool_cleared_bytes_total", "counter",
+           "Bytes zeroed because another uid had written them.");
+  for (const v1::PoolStatus& p : s.pools()) {
+    e.Sample("shmtensor_pool_cleared_bytes_total", {{"pool", p.info().name()}},
+             static_cast<double>(p.cleared_bytes()));
   }
   e.Family("shmtensor_client_leases", "gauge", "Leases one client holds.");
   for (const v1::ClientStatus& c : clients.clients()) {

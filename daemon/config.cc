@@ -145,6 +145,7 @@ absl::Status ParseLimits(const std::string& path, const toml::node& node,
          false},
         {"max_waiters_per_uid", &StoreLimits::max_waiters_per_uid, false},
         {"max_waiters", &StoreLimits::max_waiters, false},
+        {"max_fork_holds_per_uid", &StoreLimits::max_fork_holds_per_uid, false},
     };
     const Key* known = nullptr;
     for (const Key& key : kKeys) {

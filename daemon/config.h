@@ -74,6 +74,10 @@ struct DaemonConfig {
   // outside).
   std::optional<int> nice;
   StoreLimits limits;
+  // The socket's directory is the daemon's own, made for it by whoever
+  // started it (a job's private daemon, --owner-pid): removed at exit like
+  // one the daemon made itself. Not a config file key.
+  bool owns_socket_directory = false;
 };
 
 // "9464" -> "127.0.0.1:9464" (loopback unless an address is given); other

@@ -109,6 +109,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
       !s.ok()) {
     return s;
   }
+  d->created_directory_ |= config.owns_socket_directory;
 
   // One daemon per address: an flock on the lock file, held for the
   // daemon's lifetime (the kernel drops it when the process dies, however it

@@ -73,8 +73,10 @@ class Daemon {
   std::string descriptor_path_;
   std::string lock_path_;
   int lock_fd_ = -1;
-  bool owns_address_ = false;       // This instance holds the address lock.
-  bool created_directory_ = false;  // Start made the socket's directory.
+  bool owns_address_ = false;  // This instance holds the address lock.
+  // Start made the socket's directory, or it is the daemon's own
+  // (DaemonConfig::owns_socket_directory): removed at exit.
+  bool created_directory_ = false;
   std::unique_ptr<ObjectStore> store_;
   std::unique_ptr<ConnectionTable> connections_;
   std::unique_ptr<UnixListener> listener_;

@@ -54,7 +54,8 @@ int main(int argc, char** argv) {
   app.add_option("--owner-pid", owner_pid,
                  "serve one job as its private daemon: exit (cleaning up as "
                  "on SIGTERM) when process PID, which must be this daemon's "
-                 "parent, ends, however it ends");
+                 "parent, ends, however it ends; the socket's directory, "
+                 "which the job made for it, goes with it");
   std::optional<int> ready_fd;
   app.add_option("--ready-fd", ready_fd,
                  "once serving, write \"ready\\n\" to this inherited "
@@ -85,6 +86,7 @@ int main(int argc, char** argv) {
     config = *loaded;
   }
   if (!listen.empty()) config.listen = listen;
+  config.owns_socket_directory = owner_pid.has_value();
   if (!log_level.empty()) config.log_level = log_level;
   if (!monitor_listen.empty()) config.monitor_listen = monitor_listen;
   if (nice.has_value()) config.nice = nice;

@@ -15,12 +15,25 @@
 //                             with a raw stub, tries to act for that session:
 //                             Release of leases 1..MAX_LEASE, Stats, Create,
 //                             Delete; prints "accepted N refused M"
+//   resume ADDRESS SESSION_HEX
+//                             with a raw stub, tries to resume that session
+//                             (its process died; this one may have its
+//                             pid) and to use it: Get, Delete and Create;
+//                             prints "resumed" or "refused: WHY", then
+//                             "accepted N refused M"
+//   leave ADDRESS SIZE BYTE   makes an object of SIZE bytes of BYTE, seals
+//                             it for an exclusive hand-off nobody takes,
+//                             prints "sealed" and exits
+//   fresh ADDRESS SIZE        creates a buffer of SIZE bytes and prints
+//                             "zero" if every byte is 0, else "byte B at I"
 //   squat PATH SECONDS        binds a socket at PATH, accepts for SECONDS and
 //                             prints "bytes N": what clients sent it
 //   hog PATH COUNT            opens COUNT connections to PATH, prints
 //                             "opened N", waits to be killed
 //   producer ADDRESS LOG ID   chaos: publishes objects (refs, names,
-//                             exclusive hand-offs) and appends lines to LOG
+//                             exclusive hand-offs) and appends lines to LOG;
+//                             prints "FOREIGN N ..." when a new buffer holds
+//                             words another uid's producer wrote
 //   consumer ADDRESS LOG ID   chaos: reads LOG, gets what it names, checks
 //                             every byte; prints "checked N bad M" each second
 #include <fcntl.h>
@@ -146,6 +159,85 @@ int Hijack(const std::string& address, uint64_t session, uint64_t max_lease) {
   return 0;
 }
 
+int Resume(const std::string& address, uint64_t session) {
+  using namespace shmtensor::v1;
+  auto stub = ObjectStore::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext session_ctx;
+  auto stream = stub->Session(&session_ctx);
+  SessionRequest open;
+  open.mutable_open()->set_resume_session_id(session);
+  SessionEvent opened;
+  if (!stream->Write(open) || !stream->Read(&opened)) {
+    Say("refused: " + stream->Finish().error_message());
+  } else {
+    Say("resumed");
+  }
+  int accepted = 0, refused = 0;
+  auto count = [&](const grpc::Status& st) {
+    (st.ok() ? accepted : refused)++;
+  };
+  {
+    GetRequest r;
+    r.set_session_id(session);
+    r.set_name("victim");
+    GetResponse resp;
+    grpc::ClientContext ctx;
+    count(stub->Get(&ctx, r, &resp));
+  }
+  {
+    DeleteRequest r;
+    r.set_session_id(session);
+    r.set_name("victim");
+    DeleteResponse resp;
+    grpc::ClientContext ctx;
+    count(stub->Delete(&ctx, r, &resp));
+  }
+  {
+    CreateRequest r;
+    r.set_session_id(session);
+    r.set_size_bytes(4096);
+    r.set_name("victim");
+    CreateResponse resp;
+    grpc::ClientContext ctx;
+    count(stub->Create(&ctx, r, &resp));
+  }
+  Say(absl::StrCat("accepted ", accepted, " refused ", refused));
+  session_ctx.TryCancel();
+  return 0;
+}
+
+int Leave(const std::string& address, uint64_t size, int byte) {
+  absl::StatusOr<Client> c = Client::Connect({.address = address});
+  if (!c.ok()) return Fail(c.status());
+  absl::StatusOr<shmtensor::Buffer> buf = c->Create({.size_bytes = size});
+  if (!buf.ok()) return Fail(buf.status());
+  std::vector<uint8_t> data(size, static_cast<uint8_t>(byte));
+  if (absl::Status s = buf->CopyFrom(data.data(), size); !s.ok()) {
+    return Fail(s);
+  }
+  absl::StatusOr<shmtensor::SealedRef> ref = buf->Seal(/*exclusive=*/true);
+  if (!ref.ok()) return Fail(ref.status());
+  Say("sealed");
+  return 0;
+}
+
+int Fresh(const std::string& address, uint64_t size) {
+  absl::StatusOr<Client> c = Client::Connect({.address = address});
+  if (!c.ok()) return Fail(c.status());
+  absl::StatusOr<shmtensor::Buffer> buf = c->Create({.size_bytes = size});
+  if (!buf.ok()) return Fail(buf.status());
+  const auto* p = static_cast<const uint8_t*>(buf->data());
+  for (uint64_t i = 0; i < size; ++i) {
+    if (p[i] != 0) {
+      Say(absl::StrFormat("byte %d at %d", p[i], i));
+      return 0;
+    }
+  }
+  Say("zero");
+  return 0;
+}
+
 int Squat(const std::string& path, int seconds) {
   const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
   sockaddr_un addr{};
@@ -193,10 +285,15 @@ int Hog(const std::string& path, int count) {
 }
 
 // The bytes of chaos object `seed`: a pattern no other seed shares at any
-// offset (the seed in every 8-byte word, mixed with the word's index).
+// offset (the seed in every 8-byte word, mixed with the word's index), each
+// word's top byte the writer's uid tag (the seed's top byte, UidTag).
+uint64_t Word(uint64_t seed, size_t i) {
+  return ((seed * 0x9E3779B97F4A7C15ull ^ i) & ~(uint64_t{0xFF} << 56)) |
+         (seed & (uint64_t{0xFF} << 56));
+}
 void Fill(uint64_t seed, uint8_t* p, size_t n) {
   for (size_t i = 0; i + 8 <= n; i += 8) {
-    const uint64_t w = seed * 0x9E3779B97F4A7C15ull ^ i;
+    const uint64_t w = Word(seed, i);
     std::memcpy(p + i, &w, 8);
   }
 }
@@ -204,9 +301,22 @@ bool Check(uint64_t seed, const uint8_t* p, size_t n) {
   for (size_t i = 0; i + 8 <= n; i += 8) {
     uint64_t w;
     std::memcpy(&w, p + i, 8);
-    if (w != (seed * 0x9E3779B97F4A7C15ull ^ i)) return false;
+    if (w != Word(seed, i)) return false;
   }
   return true;
+}
+// This process's uid in a byte no zero word has.
+uint8_t UidTag() { return static_cast<uint8_t>(0x80 | (geteuid() & 0x7F)); }
+// Words of a new buffer that another uid's producer wrote: a new buffer
+// holds zeros or this uid's own old patterns, never another uid's [P21].
+size_t ForeignWords(const uint8_t* p, size_t n) {
+  size_t foreign = 0;
+  for (size_t i = 0; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    if (w != 0 && (w >> 56) != UidTag()) ++foreign;
+  }
+  return foreign;
 }
 
 void Append(const std::string& log, const std::string& line) {
@@ -224,7 +334,8 @@ int Producer(const std::string& address, const std::string& log, int id) {
   std::vector<std::string> names;
   std::vector<uint8_t> data(256 << 10);
   for (uint64_t n = 0;; ++n) {
-    const uint64_t seed = (uint64_t{static_cast<uint32_t>(getpid())} << 32) | n;
+    const uint64_t seed = (uint64_t{UidTag()} << 56) |
+                          (uint64_t{static_cast<uint32_t>(getpid())} << 32) | n;
     const size_t size = 4096 * (1 + rng() % 64);
     const int kind = static_cast<int>(rng() % 3);
     absl::StatusOr<shmtensor::Buffer> buf =
@@ -232,6 +343,10 @@ int Producer(const std::string& address, const std::string& log, int id) {
                    .name = kind == 1 ? absl::StrCat("chaos-", seed) : "",
                    .timeout = absl::Milliseconds(200)});
     if (!buf.ok()) continue;  // Pool full, or a resumed connection.
+    if (size_t f = ForeignWords(static_cast<uint8_t*>(buf->data()), size);
+        f > 0) {
+      Say(absl::StrCat("FOREIGN ", f, " words of another uid in a new buffer"));
+    }
     // Through data(): a pointer the seal must revoke.
     Fill(seed, static_cast<uint8_t*>(buf->data()), size);
     absl::StatusOr<shmtensor::SealedRef> ref = buf->Seal(kind == 2);
@@ -353,6 +468,18 @@ int Run(int argc, char** argv) {
       return 2;
     }
     return Hijack(a[0], session, max_lease);
+  }
+  if (cmd == "resume" && a.size() == 2) {
+    uint64_t session;
+    if (!absl::SimpleHexAtoi(a[1], &session)) return 2;
+    return Resume(a[0], session);
+  }
+  if (cmd == "leave" && a.size() == 3) {
+    return Leave(a[0], std::strtoull(a[1].c_str(), nullptr, 10),
+                 std::atoi(a[2].c_str()));
+  }
+  if (cmd == "fresh" && a.size() == 2) {
+    return Fresh(a[0], std::strtoull(a[1].c_str(), nullptr, 10));
   }
   if (cmd == "squat" && a.size() == 2)
     return Squat(a[0], std::atoi(a[1].c_str()));

@@ -66,6 +66,31 @@ absl::StatusOr<std::unique_ptr<CudaSegment>> CudaSegment::Create(
       std::string(reinterpret_cast<const char*>(&handle), sizeof(handle))));
 }
 
+absl::Status CudaSegment::Clear(uint64_t offset, uint64_t length) const {
+  if (offset > size_bytes_ || length > size_bytes_ - offset) {
+    return absl::InternalError(
+        absl::StrFormat("clearing [%d, +%d) outside a CUDA pool of %d bytes",
+                        offset, length, size_bytes_));
+  }
+  if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) {
+    return absl::InternalError(
+        absl::StrFormat("cudaSetDevice(%d): %s", device_, CudaError(e)));
+  }
+  char* p = static_cast<char*>(base_) + offset;
+  if (cudaError_t e = cudaMemset(p, 0, length); e != cudaSuccess) {
+    return absl::InternalError(
+        absl::StrFormat("cudaMemset(%d bytes) on device %d: %s", length,
+                        device_, CudaError(e)));
+  }
+  // cudaMemset is asynchronous to the host: the range must be zero before
+  // the new writer learns of it.
+  if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess) {
+    return absl::InternalError(absl::StrFormat(
+        "cudaDeviceSynchronize on device %d: %s", device_, CudaError(e)));
+  }
+  return absl::OkStatus();
+}
+
 CudaSegment::~CudaSegment() {
   cudaSetDevice(device_);
   cudaFree(base_);
@@ -82,6 +107,10 @@ absl::StatusOr<std::unique_ptr<CudaSegment>> CudaSegment::Create(
   return absl::UnavailableError(
       "CUDA pools are unavailable: this shmtensord was built without CUDA "
       "(configure with the CUDA toolkit present, SHMTENSOR_WITH_CUDA=ON)");
+}
+
+absl::Status CudaSegment::Clear(uint64_t, uint64_t) const {
+  return absl::UnavailableError("this shmtensord was built without CUDA");
 }
 
 CudaSegment::~CudaSegment() = default;

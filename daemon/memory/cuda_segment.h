@@ -47,6 +47,8 @@ class CudaSegment final : public Segment {
   // The cudaIpcMemHandle_t, 64 raw bytes.
   const std::string& handle() const override { return ipc_handle_; }
   uint64_t size_bytes() const override { return size_bytes_; }
+  // cudaMemset on the daemon's own allocation, then a device sync.
+  absl::Status Clear(uint64_t offset, uint64_t length) const override;
   uint64_t page_size() const override { return kCudaAlignment; }
   uint64_t huge_page_size() const override { return 0; }
   int cuda_device() const override { return device_; }

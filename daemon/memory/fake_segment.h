@@ -1,5 +1,5 @@
 // A Segment of offsets only, for tests and fuzzers that run the store
-// without shared memory: the store never touches pool bytes.
+// without shared memory: it has no bytes, so Clear has nothing to do.
 //
 // Thread safety: immutable.
 #ifndef SHMTENSOR_DAEMON_MEMORY_FAKE_SEGMENT_H_
@@ -22,6 +22,9 @@ class FakeSegment final : public Segment {
   uint64_t size_bytes() const override { return size_; }
   uint64_t page_size() const override { return page_; }
   uint64_t huge_page_size() const override { return huge_; }
+  absl::Status Clear(uint64_t, uint64_t) const override {
+    return absl::OkStatus();
+  }
 
  private:
   uint64_t size_;

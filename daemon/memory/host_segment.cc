@@ -224,23 +224,26 @@ absl::Status CheckMemoryFits(uint64_t size, const char* what) {
   return absl::OkStatus();
 }
 
-// Writes zeros over [0, size) of `fd` with pwrite(2).
-absl::Status ZeroFill(int fd, uint64_t size) {
+// Writes zeros over [offset, offset + size) of `fd` with pwrite(2).
+absl::Status ZeroFill(int fd, uint64_t offset, uint64_t size) {
   const std::vector<char> zeros(uint64_t{1} << 20, 0);
   uint64_t done = 0;
   while (done < size) {
     const size_t chunk =
         static_cast<size_t>(std::min<uint64_t>(zeros.size(), size - done));
-    const ssize_t n = pwrite(fd, zeros.data(), chunk, static_cast<off_t>(done));
+    const ssize_t n =
+        pwrite(fd, zeros.data(), chunk, static_cast<off_t>(offset + done));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       const int e = n < 0 ? errno : EIO;
       if (e == ENOSPC || e == ENOMEM) {
-        return absl::ResourceExhaustedError(absl::StrFormat(
-            "zeroing at %d of %d bytes: %s", done, size, std::strerror(e)));
+        return absl::ResourceExhaustedError(
+            absl::StrFormat("zeroing at %d of %d bytes from %d: %s", done, size,
+                            offset, std::strerror(e)));
       }
-      return absl::InternalError(absl::StrFormat(
-          "zeroing at %d of %d bytes: %s", done, size, std::strerror(e)));
+      return absl::InternalError(
+          absl::StrFormat("zeroing at %d of %d bytes from %d: %s", done, size,
+                          offset, std::strerror(e)));
     }
     done += static_cast<uint64_t>(n);
   }
@@ -318,7 +321,7 @@ absl::StatusOr<std::unique_ptr<HostSegment>> HostSegment::Create(
   // touches them; that would land on a client's data path (a 2 MiB huge
   // page, zeroed and, on a VM, backed by the host, costs milliseconds).
   // Zero every page now, through the file (no mapping, no page table).
-  if (absl::Status s = ZeroFill(fd, size_bytes); !s.ok()) {
+  if (absl::Status s = ZeroFill(fd, 0, size_bytes); !s.ok()) {
     return absl::Status(
         s.code(), absl::StrCat("pool memory in ", where, ": ", s.message()));
   }
@@ -369,6 +372,20 @@ absl::StatusOr<std::unique_ptr<HostSegment>> HostSegment::Create(
   }
   return std::unique_ptr<HostSegment>(
       new HostSegment(std::move(rw), where, size_bytes, page, huge));
+}
+
+absl::Status HostSegment::Clear(uint64_t offset, uint64_t length) const {
+  if (offset > size_bytes_ || length > size_bytes_ - offset) {
+    return absl::InternalError(
+        absl::StrFormat("clearing [%d, +%d) outside %s of %d bytes", offset,
+                        length, where_, size_bytes_));
+  }
+  absl::Status s = ZeroFill(rw_.get(), offset, length);
+  if (!s.ok()) {
+    return absl::Status(s.code(),
+                        absl::StrCat("clearing ", where_, ": ", s.message()));
+  }
+  return s;
 }
 
 absl::StatusOr<UniqueFd> HostSegment::OpenDescriptor(bool writable) const {

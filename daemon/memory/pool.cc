@@ -54,6 +54,7 @@ Pool::Usage Pool::usage() const {
   u.high_water_bytes = high_water_bytes;
   u.objects = objects;
   u.leases = leases;
+  u.cleared_bytes = cleared_bytes;
   return u;
 }
 

@@ -1,6 +1,7 @@
 // A named pool: a segment of memory, the allocator of ranges inside it, who
-// may use it (pool_access.h), and the ranges each client was given writable
-// (for allocation affinity, see Allocate).
+// may use it (pool_access.h), the ranges each client was given writable
+// (for allocation affinity, see Allocate), and which uid wrote each range
+// (writer_map.h: a range goes to another uid only cleared).
 //
 // Thread safety: not thread-safe; ObjectStore serialises access under its lock.
 #ifndef SHMTENSOR_DAEMON_MEMORY_POOL_H_
@@ -19,6 +20,7 @@
 #include "daemon/memory/pool_access.h"
 #include "daemon/memory/range_allocator.h"
 #include "daemon/memory/segment.h"
+#include "daemon/memory/writer_map.h"
 
 namespace shmtensor::daemon {
 
@@ -98,6 +100,7 @@ class Pool {
     uint64_t high_water_bytes = 0;
     uint64_t objects = 0;
     uint64_t leases = 0;
+    uint64_t cleared_bytes = 0;
   };
   Usage usage() const;
 
@@ -106,17 +109,21 @@ class Pool {
   const PoolAccessRules& access() const { return access_; }
   RangeAllocator& allocator() { return allocator_; }
   const RangeAllocator& allocator() const { return allocator_; }
+  WriterMap& writers() { return writers_; }
 
   // Counters the owner (ObjectStore) keeps under its lock.
   uint64_t objects = 0;           // Live objects with memory in this pool.
   uint64_t leases = 0;            // Leases on objects of this pool.
   uint64_t high_water_bytes = 0;  // Most bytes ever allocated at once.
+  // Bytes cleared for a new object because another uid wrote them.
+  uint64_t cleared_bytes = 0;
 
  private:
   std::string name_;
   std::unique_ptr<Segment> segment_;
   PoolAccessRules access_;
   RangeAllocator allocator_;
+  WriterMap writers_;
   // By client: ranges it was given writable, most recent first, at most
   // kWrittenRanges.
   absl::flat_hash_map<uint64_t, std::vector<Range>> written_;

@@ -1,9 +1,11 @@
 // A segment is the memory behind one pool: unnamed host shared memory handed
 // to clients by descriptor (host_segment.h), or CUDA device memory shared by
 // IPC handle (cuda_segment.h). The object store only allocates offsets
-// inside a segment; it never touches the bytes.
+// inside a segment; the only bytes the daemon ever writes are zeros, over a
+// range another user wrote before it goes to a new one (Clear).
 //
-// Thread safety: implementations are immutable after creation.
+// Thread safety: implementations are immutable after creation; Clear may be
+// called from any thread.
 #ifndef SHMTENSOR_DAEMON_MEMORY_SEGMENT_H_
 #define SHMTENSOR_DAEMON_MEMORY_SEGMENT_H_
 
@@ -34,6 +36,10 @@ class Segment {
     return absl::UnimplementedError("this pool has no descriptor");
   }
   virtual uint64_t size_bytes() const = 0;
+  // Writes zeros over [offset, offset + length), which lies inside the
+  // segment and belongs to one new object that no one else can see yet
+  // (writer_map.h). RESOURCE_EXHAUSTED or INTERNAL naming the error.
+  virtual absl::Status Clear(uint64_t offset, uint64_t length) const = 0;
   // Allocation granule and alignment (>= 64, a power of two).
   virtual uint64_t page_size() const = 0;
   // Huge page size backing the segment (a power of two, a multiple of

@@ -10,7 +10,9 @@
 #include <fstream>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 #ifndef SO_PEERPIDFD
 #define SO_PEERPIDFD 77  // Linux 6.5; older headers lack it.
@@ -83,6 +85,41 @@ absl::StatusOr<UniqueFd> OpenPidfd(pid_t pid) {
     default:
       return absl::InternalError(what);
   }
+}
+
+absl::StatusOr<uint64_t> ProcessStartTime(pid_t pid) {
+  const std::string path = absl::StrCat("/proc/", pid, "/stat");
+  std::ifstream in(path);
+  std::string line;
+  if (pid <= 0 || !std::getline(in, line)) {
+    return absl::NotFoundError(absl::StrCat("no process ", pid, " in /proc"));
+  }
+  // "pid (comm) state ppid ...": comm may hold spaces and parentheses, so
+  // the fields are counted after its last ')'. Start time is field 22.
+  const size_t close = line.rfind(')');
+  if (close == std::string::npos) {
+    return absl::InternalError(absl::StrCat(path, " does not parse"));
+  }
+  std::vector<absl::string_view> fields = absl::StrSplit(
+      absl::string_view(line).substr(close + 1), ' ', absl::SkipEmpty());
+  uint64_t start = 0;
+  // fields[0] is field 3 (state), so field 22 is fields[19].
+  if (fields.size() < 20 || !absl::SimpleAtoi(fields[19], &start)) {
+    return absl::InternalError(absl::StrCat(path, " does not parse"));
+  }
+  return start;
+}
+
+absl::StatusOr<OwnerKey> IdentifyPeer(const PeerCredentials& peer, int pidfd,
+                                      uint64_t connection_serial) {
+  if (peer.pid <= 0) return OwnerOf(peer, 0, connection_serial);
+  absl::StatusOr<uint64_t> start = ProcessStartTime(peer.pid);
+  if (!start.ok()) return start.status();
+  if (pidfd >= 0 && ProcessExited(pidfd)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("process ", peer.pid, " exited before it was known"));
+  }
+  return OwnerOf(peer, *start, connection_serial);
 }
 
 bool ProcessExited(int pidfd) {

@@ -53,16 +53,53 @@ struct PeerCredentials {
   std::vector<gid_t> groups;
 };
 
-// Who owns a session: the peer's pid where the daemon can see it (the
-// kernel gives 0 for a process in a pid namespace that is not the daemon's
-// or below it, e.g. another container's); for such a process, the one
-// connection it opened the session on (1 << 40 | a connection serial), so
-// its session can be neither used nor resumed from anywhere else.
-using OwnerKey = uint64_t;
-inline OwnerKey OwnerOf(pid_t pid, uint64_t connection_serial) {
-  return pid > 0 ? static_cast<OwnerKey>(pid)
-                 : (OwnerKey{1} << 40) | connection_serial;
+// The start time of process `pid`: clock ticks after boot, field 22 of
+// /proc/<pid>/stat. With the pid it names one process for the machine's
+// uptime: a pid the kernel hands out again belongs to a process started
+// later. NOT_FOUND when no such process is visible; INTERNAL for a stat line
+// that does not parse.
+absl::StatusOr<uint64_t> ProcessStartTime(pid_t pid);
+
+// Who may act for a session: the uid and the process, by the kernel's word,
+// never the pid alone (a pid is handed out again once its process is gone,
+// to any user). For a process the daemon can see (pid > 0), `instance` is
+// its start time (ProcessStartTime); for one it cannot (pid 0: a pid
+// namespace that is not the daemon's or below it, e.g. another container's)
+// it is the one connection it opened the session on (1 << 63 | a serial), so
+// such a session can be neither used nor resumed from anywhere else.
+struct OwnerKey {
+  uid_t uid = 0;
+  pid_t pid = 0;
+  uint64_t instance = 0;
+  bool operator==(const OwnerKey& o) const {
+    return uid == o.uid && pid == o.pid && instance == o.instance;
+  }
+  bool operator!=(const OwnerKey& o) const { return !(*this == o); }
+};
+inline OwnerKey OwnerOf(const PeerCredentials& peer, uint64_t start_time,
+                        uint64_t connection_serial) {
+  return peer.pid > 0
+             ? OwnerKey{peer.uid, peer.pid, start_time}
+             : OwnerKey{peer.uid, 0, (uint64_t{1} << 63) | connection_serial};
 }
+
+// Whether `other`, the owner key of a second connection (the descriptor
+// socket's), is the process `owner` names: the same uid, pid and start time.
+// A process the daemon cannot see (pid 0) has no pid to compare on either
+// connection: the same uid, and the secret the caller checks, decide.
+inline bool SameProcess(const OwnerKey& owner, const OwnerKey& other) {
+  if (owner.pid > 0 || other.pid > 0) return owner == other;
+  return owner.uid == other.uid;
+}
+
+// The owner key of the peer of connected Unix socket `socket_fd`, whose
+// credentials are `peer` and `pidfd` a pidfd of it (OpenPeerPidfd; may be
+// invalid for pid 0): its start time is read, then the pidfd must still show
+// the process alive, so the time read was that process's and not a later
+// holder's of its pid. FAILED_PRECONDITION when the peer has exited already
+// (its connection is of no use), errors of ProcessStartTime otherwise.
+absl::StatusOr<OwnerKey> IdentifyPeer(const PeerCredentials& peer, int pidfd,
+                                      uint64_t connection_serial);
 
 // SO_PEERCRED (and SO_PEERGROUPS) of `socket_fd`. INTERNAL naming errno
 // when the kernel cannot say (not a Unix socket).

@@ -1,5 +1,6 @@
 #include "daemon/os/peer.h"
 
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -97,6 +98,58 @@ TEST(PeerTest, PidfdOfAProcessAndOfNone) {
     EXPECT_NE(gone.status().message().find("pidfd_open("), std::string::npos);
   }
   EXPECT_FALSE(OpenPidfd(-1).ok());
+}
+
+// [P20] A pid alone does not name a process: with its start time it does.
+TEST(PeerTest, StartTimeTellsAProcessFromALaterOneWithItsPid) {
+  absl::StatusOr<uint64_t> mine = ProcessStartTime(getpid());
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  EXPECT_EQ(*ProcessStartTime(getpid()), *mine);  // Stable.
+  int go[2];
+  ASSERT_EQ(pipe(go), 0);
+  const pid_t child = fork();
+  if (child == 0) {
+    // A name with spaces and parentheses: the stat line's fields are
+    // counted after the last ')'.
+    prctl(PR_SET_NAME, "a) b (c", 0, 0, 0);
+    close(go[1]);
+    char c;
+    (void)!read(go[0], &c, 1);
+    _exit(0);
+  }
+  close(go[0]);
+  usleep(20000);  // A tick (10 ms) or more after this process started.
+  absl::StatusOr<uint64_t> theirs = ProcessStartTime(child);
+  ASSERT_TRUE(theirs.ok()) << theirs.status();
+  EXPECT_GE(*theirs, *mine);
+  const PeerCredentials peer{child, getuid(), getgid(), {}};
+  absl::StatusOr<UniqueFd> pidfd = OpenPidfd(child);
+  ASSERT_TRUE(pidfd.ok());
+  absl::StatusOr<OwnerKey> key = IdentifyPeer(peer, pidfd->get(), 7);
+  ASSERT_TRUE(key.ok()) << key.status();
+  EXPECT_EQ(*key, (OwnerKey{getuid(), child, *theirs}));
+  EXPECT_FALSE(SameProcess(*key, OwnerKey{getuid(), child, *theirs + 1}));
+  EXPECT_FALSE(SameProcess(*key, OwnerKey{getuid() + 1, child, *theirs}));
+  close(go[1]);
+  while (!ProcessExited(pidfd->get())) usleep(1000);
+  // Exited (a zombie, its /proc entry still there): what its pid says is of
+  // no use for it.
+  EXPECT_EQ(IdentifyPeer(peer, pidfd->get(), 7).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  int status;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_FALSE(IdentifyPeer(peer, pidfd->get(), 7).ok());
+  EXPECT_TRUE(absl::IsNotFound(ProcessStartTime(1 << 30).status()));
+  EXPECT_FALSE(ProcessStartTime(0).ok());
+}
+
+TEST(PeerTest, AProcessTheDaemonCannotSeeIsOwnedByItsConnection) {
+  const PeerCredentials unseen{0, 1000, 1000, {}};
+  const OwnerKey a = OwnerOf(unseen, 0, 1), b = OwnerOf(unseen, 0, 2);
+  EXPECT_NE(a, b);  // Another connection: another owner.
+  // On the descriptor socket the uid (and the secret) decide.
+  EXPECT_TRUE(SameProcess(a, b));
+  EXPECT_FALSE(SameProcess(a, OwnerOf({0, 1001, 1001, {}}, 0, 1)));
 }
 
 TEST(PeerTest, CommandLineOfAVisibleProcess) {

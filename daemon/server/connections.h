@@ -33,7 +33,7 @@ namespace shmtensor::daemon {
 struct Connection {
   PeerCredentials peer;
   // Whose sessions this connection may act for (peer.h).
-  OwnerKey owner = 0;
+  OwnerKey owner;
   // Follows the peer process; shared with the sessions opened on this
   // connection, which outlive it when it breaks. Null when the kernel can
   // give none (a peer in another pid namespace, before Linux 6.5): such a

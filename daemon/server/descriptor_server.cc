@@ -119,21 +119,22 @@ void DescriptorServer::Stop() {
   thread_.join();
 }
 
-bool DescriptorServer::Serve(const Pending& p) {
+DescriptorServer::Served DescriptorServer::Serve(const Pending& p,
+                                                 uint64_t* hold_id) {
   char buf[kMaxDescriptorRequestBytes + 1];
   // No control buffer: descriptors the peer attached are closed by the
   // kernel, never installed here.
   const ssize_t n = recv(p.fd, buf, sizeof(buf), MSG_DONTWAIT | MSG_TRUNC);
-  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return false;
+  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return Served::kNotYet;
   if (n <= 0) {
     ++refused_;  // Hung up without a request.
-    return true;
+    return Served::kDone;
   }
   auto refuse = [&](absl::StatusCode code, const std::string& why) {
     SendReply(p.fd, Refusal(code, why), {});
     LogRefusal(p.peer, why);
     ++refused_;
-    return true;
+    return Served::kDone;
   };
   if (static_cast<size_t>(n) > kMaxDescriptorRequestBytes) {
     return refuse(absl::StatusCode::kInvalidArgument,
@@ -145,8 +146,35 @@ bool DescriptorServer::Serve(const Pending& p) {
     return refuse(absl::StatusCode::kInvalidArgument,
                   absl::StrFormat("%d bytes that are no DescriptorRequest", n));
   }
+  // The process behind the connection, by the kernel's word (peer.h): a
+  // process that got a dead client's pid is another owner.
+  absl::StatusOr<UniqueFd> pidfd = OpenPeerPidfd(p.fd, p.peer.pid);
+  absl::StatusOr<OwnerKey> who =
+      IdentifyPeer(p.peer, pidfd.ok() ? pidfd->get() : -1, 0);
+  if (!who.ok()) {
+    return refuse(absl::StatusCode::kPermissionDenied,
+                  std::string(who.status().message()));
+  }
+  if (request.fork_hold()) {
+    absl::StatusOr<ForkHoldGrant> hold =
+        store_.HoldForFork(request.session_id(), request.secret(), *who);
+    if (!hold.ok()) {
+      return refuse(hold.status().code(), std::string(hold.status().message()));
+    }
+    v1::DescriptorReply reply;
+    reply.set_granted(true);
+    reply.set_held_objects(hold->objects);
+    if (!SendReply(p.fd, reply, {})) {
+      // The client is gone or stopped reading: nobody will fork with it.
+      store_.EndForkHold(hold->hold_id);
+      ++refused_;
+      return Served::kDone;
+    }
+    *hold_id = hold->hold_id;
+    return Served::kHeld;
+  }
   absl::StatusOr<std::vector<DescriptorGrant>> grants =
-      store_.GrantDescriptors(request.session_id(), request.secret(), p.peer);
+      store_.GrantDescriptors(request.session_id(), request.secret(), *who);
   if (!grants.ok()) {
     return refuse(grants.status().code(),
                   std::string(grants.status().message()));
@@ -176,18 +204,25 @@ bool DescriptorServer::Serve(const Pending& p) {
                          p.peer.pid, p.peer.uid, std::strerror(errno)));
     ++refused_;
   }
-  return true;  // `fds` close here; the message holds its own references.
+  return Served::kDone;  // `fds` close here; the message holds its own.
 }
 
 void DescriptorServer::Loop() {
   std::vector<Pending> pending;
   absl::flat_hash_map<uid_t, size_t> per_uid;
   auto drop = [&](size_t i) {
-    close(pending[i].fd);
+    if (pending[i].fd >= 0) close(pending[i].fd);
     if (--per_uid[pending[i].peer.uid] == 0) per_uid.erase(pending[i].peer.uid);
     pending[i] = pending.back();
     pending.pop_back();
   };
+  // Connections that carry a fork hold: open until the client's end
+  // closes.
+  struct Held {
+    int fd;  // Owned.
+    uint64_t hold_id;
+  };
+  std::vector<Held> held;
   // Kept for EMFILE: closed to accept one waiting connection and close it.
   UniqueFd reserve(open("/dev/null", O_RDONLY | O_CLOEXEC));
   std::vector<pollfd> polled;
@@ -205,17 +240,42 @@ void DescriptorServer::Loop() {
     }
     polled.assign({{listen_fd_.get(), POLLIN, 0}, {wake_fd_.get(), POLLIN, 0}});
     for (const Pending& p : pending) polled.push_back({p.fd, POLLIN, 0});
+    const size_t first_held = polled.size();
+    // No POLLIN: a hold's connection is never read, only watched for its
+    // peer's end (POLLHUP, POLLERR come whatever is asked).
+    for (const Held& h : held) polled.push_back({h.fd, 0, 0});
     if (poll(polled.data(), polled.size(), timeout_ms) < 0 && errno != EINTR) {
       Warn(absl::StrFormat("poll: %s", std::strerror(errno)));
       absl::SleepFor(absl::Milliseconds(100));
       continue;
     }
     if (polled[1].revents != 0) break;  // Stop().
+    // Holds whose children are gone, from the back (as below).
+    for (size_t i = polled.size(); i-- > first_held;) {
+      if (polled[i].revents == 0) continue;
+      Held& h = held[i - first_held];
+      store_.EndForkHold(h.hold_id);
+      close(h.fd);
+      h = held.back();
+      held.pop_back();
+    }
     // Answer (or forget) the connections that spoke or hung up, from the
     // back so that dropping one moves none not yet looked at.
-    for (size_t i = polled.size(); i-- > 2;) {
+    for (size_t i = first_held; i-- > 2;) {
       if (polled[i].revents == 0) continue;
-      if (Serve(pending[i - 2])) drop(i - 2);
+      uint64_t hold_id = 0;
+      switch (Serve(pending[i - 2], &hold_id)) {
+        case Served::kNotYet:
+          break;
+        case Served::kDone:
+          drop(i - 2);
+          break;
+        case Served::kHeld:
+          held.push_back({pending[i - 2].fd, hold_id});
+          pending[i - 2].fd = -1;  // Now held's.
+          drop(i - 2);
+          break;
+      }
     }
     const SteadyClock::time_point now = SteadyClock::now();
     for (size_t i = pending.size(); i-- > 0;) {
@@ -277,6 +337,7 @@ void DescriptorServer::Loop() {
     }
   }
   for (const Pending& p : pending) close(p.fd);
+  for (const Held& h : held) close(h.fd);  // The daemon is stopping.
 }
 
 }  // namespace shmtensor::daemon

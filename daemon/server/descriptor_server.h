@@ -12,6 +12,11 @@
 // SO_PEERCRED pid and uid, and the session's secret); every refusal gets
 // PERMISSION_DENIED (or INVALID_ARGUMENT for bytes that are no request), no
 // descriptor, and a log line (rate-limited). A session is answered once.
+// A fork hold request (DescriptorRequest.fork_hold) is answered without
+// descriptors, and its connection then stays open, unread, until the
+// client's end closes (POLLHUP: the forked children that inherited it are
+// gone); the hold ends then (ObjectStore::EndForkHold). Held connections
+// are bounded per uid by limits.max_fork_holds_per_uid.
 // Each descriptor sent is a new open file description of the pool, the
 // receiver's alone. Descriptors a peer sends are never accepted (the kernel
 // closes them). Pending connections are bounded, in all and per uid: one
@@ -80,9 +85,12 @@ class DescriptorServer {
         store_(store),
         options_(options) {}
   void Loop();
-  // Reads and answers the request on `p`. False when there was nothing to
-  // read yet (the connection stays pending).
-  bool Serve(const Pending& p);
+  // Reads and answers the request on `p`: kNotYet when there was nothing to
+  // read yet (the connection stays pending), kDone when it was answered or
+  // refused (it is closed), kHeld when it now carries fork hold `*hold_id`
+  // (kept open until the client's end closes).
+  enum class Served { kNotYet, kDone, kHeld };
+  Served Serve(const Pending& p, uint64_t* hold_id);
 
   UniqueFd listen_fd_;
   UniqueFd wake_fd_;  // An eventfd: written by Stop.

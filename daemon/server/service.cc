@@ -101,8 +101,8 @@ absl::Status ApplyReleaseMessage(ObjectStore& store, uint64_t session_id,
 class SessionReactor final
     : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  SessionReactor(ObjectStoreService& service, std::string peer)
-      : service_(service), peer_(std::move(peer)) {
+  SessionReactor(ObjectStoreService& service, grpc::CallbackServerContext* ctx)
+      : service_(service), ctx_(ctx), peer_(ctx->peer()) {
     absl::StatusOr<Connection> caller = service_.Caller(peer_);
     if (!caller.ok()) {
       FinishOnce(RemoteRefused(peer_));
@@ -150,7 +150,7 @@ class SessionReactor final
                            CommandLineOf(caller_.peer.pid)},
                   open.read_only());
     if (!opened.ok()) {
-      FinishOnce(ToGrpcStatus(nullptr, opened.status()));
+      FinishOnce(ToGrpcStatus(ctx_, opened.status()));
       return;
     }
     session_id_ = opened->id;
@@ -216,6 +216,7 @@ class SessionReactor final
 
  private:
   ObjectStoreService& service_;
+  grpc::CallbackServerContext* const ctx_;  // gRPC's; lives until OnDone.
   const std::string peer_;
   Connection caller_;
   grpc::ByteBuffer raw_request_;
@@ -231,7 +232,7 @@ class SessionReactor final
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 ObjectStoreService::Session(grpc::CallbackServerContext* ctx) {
-  return new SessionReactor(*this, ctx->peer());
+  return new SessionReactor(*this, ctx);
 }
 
 void ObjectStoreService::Register(SessionReactor* r) {
@@ -455,6 +456,11 @@ grpc::ServerUnaryReactor* ObjectStoreService::HandleCreate(
                       if (!h->has_value()) {
                         *wake_at = deadline;
                         return std::nullopt;
+                      }
+                      if (absl::Status s =
+                              store_.ClearStale(args->session_id, **h);
+                          !s.ok()) {
+                        return ToGrpcStatus(ctx, s);
                       }
                       FillHandout(**std::move(h), resp);
                       return grpc::Status::OK;

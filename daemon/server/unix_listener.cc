@@ -126,7 +126,16 @@ void UnixListener::AcceptLoop(grpc::Server* server, ConnectionTable* table) {
     // at once), or it is in a pid namespace the daemon cannot see into on a
     // kernel without SO_PEERPIDFD (its sessions end with the connection).
     absl::StatusOr<UniqueFd> pidfd = OpenPeerPidfd(fd, peer->pid);
-    Connection c{*peer, OwnerOf(peer->pid, ++serial),
+    // The owner is the process itself (uid, pid and start time), so a pid
+    // the kernel hands out again never acts for a dead process's sessions.
+    absl::StatusOr<OwnerKey> owner =
+        IdentifyPeer(*peer, pidfd.ok() ? pidfd->get() : -1, ++serial);
+    if (!owner.ok()) {
+      warn(absl::StrFormat("refused a connection of pid %d: %s", peer->pid,
+                           owner.status().message()));
+      continue;
+    }
+    Connection c{*peer, *owner,
                  pidfd.ok()
                      ? std::make_shared<const UniqueFd>(*std::move(pidfd))
                      : nullptr};

@@ -4,6 +4,10 @@
 
 #include <cstdint>
 
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "shmtensor/errors.h"
+
 namespace shmtensor::daemon {
 
 // 0 means no limit. A request that would pass one fails RESOURCE_EXHAUSTED
@@ -33,7 +37,18 @@ struct StoreLimits {
   uint64_t max_waiters_per_session = 64;
   uint64_t max_waiters_per_uid = 256;
   uint64_t max_waiters = 1024;
+  // Fork holds one uid may have at once (ObjectStore::HoldForFork): each
+  // keeps a descriptor of the daemon's open and the objects it pins alive
+  // for as long as the forked children live.
+  uint64_t max_fork_holds_per_uid = 1024;
 };
+
+// RESOURCE_EXHAUSTED with reason LIMIT_EXCEEDED: a request would pass one of
+// the limits above (or a fixed bound of the daemon's); `message` names it.
+inline absl::Status LimitExceededError(absl::string_view message) {
+  return WithReason(absl::ResourceExhaustedError(message),
+                    kReasonLimitExceeded);
+}
 
 }  // namespace shmtensor::daemon
 

@@ -163,8 +163,7 @@ absl::StatusOr<uint32_t> ObjectStore::PoolFor(const Session& s,
 }
 
 absl::StatusOr<std::vector<DescriptorGrant>> ObjectStore::GrantDescriptors(
-    uint64_t session_id, absl::string_view secret,
-    const PeerCredentials& peer) {
+    uint64_t session_id, absl::string_view secret, const OwnerKey& peer) {
   const absl::Status refused = absl::PermissionDeniedError(
       "descriptor request refused: no open session of this process has that "
       "id and secret");
@@ -172,7 +171,7 @@ absl::StatusOr<std::vector<DescriptorGrant>> ObjectStore::GrantDescriptors(
   Session* s = sessions_.FindOrNull(session_id);
   if (s == nullptr) return refused;
   if (!SessionTable::SecretMatches(*s, secret) ||
-      peer.uid != s->peer.process.uid || peer.pid != s->peer.process.pid) {
+      !SameProcess(s->peer.owner, peer)) {
     return refused;
   }
   if (s->descriptors_granted) {
@@ -189,6 +188,60 @@ absl::StatusOr<std::vector<DescriptorGrant>> ObjectStore::GrantDescriptors(
     out.push_back({static_cast<uint32_t>(i), s->access[i]});
   }
   return out;
+}
+
+absl::StatusOr<ForkHoldGrant> ObjectStore::HoldForFork(uint64_t session_id,
+                                                       absl::string_view secret,
+                                                       const OwnerKey& peer) {
+  const absl::Status refused = absl::PermissionDeniedError(
+      "fork hold refused: no open session of this process has that id and "
+      "secret");
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return ShuttingDownError();
+  Session* s = sessions_.FindOrNull(session_id);
+  if (s == nullptr) return refused;
+  if (!SessionTable::SecretMatches(*s, secret) ||
+      !SameProcess(s->peer.owner, peer)) {
+    return refused;
+  }
+  const uid_t uid = s->peer.process.uid;
+  uint64_t& of_uid = fork_holds_per_uid_[uid];
+  if (limits_.max_fork_holds_per_uid > 0 &&
+      of_uid >= limits_.max_fork_holds_per_uid) {
+    return LimitExceededError(absl::StrFormat(
+        "uid %d has %d fork holds (limits.max_fork_holds_per_uid = %d): its "
+        "forked children must exit before it forks again while holding views",
+        uid, of_uid, limits_.max_fork_holds_per_uid));
+  }
+  ++of_uid;
+  ForkHold hold{uid, session_id, {}};
+  hold.slots.reserve(s->held_slots.size());
+  for (const auto& [slot, count] : s->held_slots) {
+    ++objects_.object(slot).holds;
+    hold.slots.push_back(slot);
+  }
+  const uint64_t id = next_fork_hold_++;
+  const auto objects = static_cast<uint32_t>(hold.slots.size());
+  fork_holds_.emplace(id, std::move(hold));
+  return ForkHoldGrant{id, objects};
+}
+
+void ObjectStore::EndForkHold(uint64_t hold_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = fork_holds_.find(hold_id);
+  if (it == fork_holds_.end()) return;
+  ForkHold hold = std::move(it->second);
+  fork_holds_.erase(it);
+  if (auto u = fork_holds_per_uid_.find(hold.uid);
+      u != fork_holds_per_uid_.end() && --u->second == 0) {
+    fork_holds_per_uid_.erase(u);
+  }
+  for (uint32_t slot : hold.slots) {
+    Object& obj = objects_.object(slot);
+    assert(obj.holds > 0);
+    --obj.holds;
+    MaybeFree(slot);
+  }
 }
 
 absl::StatusOr<OpenedSession> ObjectStore::ResumeSession(uint64_t session_id,
@@ -404,11 +457,11 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::TryCreate(
         "name ", Quoted(args.name), " is already bound to an object"));
   }
   if (objects_.full()) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
+    return LimitExceededError(absl::StrFormat(
         "%d objects alive, the most the daemon holds", kMaxObjects));
   }
   if (limits_.max_objects > 0 && objects_.live() >= limits_.max_objects) {
-    return absl::ResourceExhaustedError(
+    return LimitExceededError(
         absl::StrFormat("%d objects alive, the limit (limits.max_objects = %d)",
                         objects_.live(), limits_.max_objects));
   }
@@ -443,8 +496,30 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::TryCreate(
   pool.high_water_bytes =
       std::max(pool.high_water_bytes, pool.allocator().used_bytes());
   ++pool.objects;
+  std::vector<WriterMap::Range> stale;
+  if (capacity > 0) {
+    // [P21] Bytes another uid wrote are cleared before this one gets them.
+    stale =
+        pool.writers().Claim(offset, capacity, (*session)->peer.process.uid);
+    for (const WriterMap::Range& r : stale) pool.cleared_bytes += r.length;
+  }
   const uint64_t lease = AddLease(args.session_id, **session, slot, true);
-  return MakeHandout(slot, lease, true);
+  Handout h = MakeHandout(slot, lease, true);
+  h.stale = std::move(stale);
+  return h;
+}
+
+absl::Status ObjectStore::ClearStale(uint64_t session_id,
+                                     const Handout& handout) {
+  const Segment& seg = segment(handout.placement.pool_id());
+  for (const WriterMap::Range& r : handout.stale) {
+    absl::Status s = seg.Clear(r.offset, r.length);
+    if (!s.ok()) {
+      (void)Release(session_id, handout.lease_id);
+      return s;
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<SealResult> ObjectStore::Seal(uint64_t session_id,
@@ -715,6 +790,11 @@ v1::StatsResponse ObjectStore::Stats(uint64_t session_id,
   out.set_named_objects(objects_.named());
   out.set_leases(leases_.size());
   out.set_pending_transfers(objects_.pending_transfers());
+  uint64_t holds = 0;
+  for (const auto& [id, hold] : fork_holds_) {
+    holds += session_id == 0 || hold.session_id == session_id;
+  }
+  out.set_fork_holds(holds);
   out.set_uptime_ms(absl::ToInt64Milliseconds(absl::Now() - start_time_));
   return out;
 }
@@ -737,8 +817,9 @@ v1::ListClientsResponse ObjectStore::ListClients(
 }
 
 StoreView ObjectStore::View() const {
-  return StoreView{epoch_,    start_time_, limits_, pool_infos_,    pools_,
-                   sessions_, objects_,    leases_, !shutting_down_};
+  return StoreView{epoch_,          start_time_,       limits_,  pool_infos_,
+                   pools_,          sessions_,         objects_, leases_,
+                   !shutting_down_, fork_holds_.size()};
 }
 
 void ObjectStore::Shutdown() {
@@ -771,6 +852,7 @@ uint64_t ObjectStore::AddLease(uint64_t session_id, Session& session,
   sessions_.Hold(session, id, slot, obj.capacity);
   if (write && obj.capacity > 0) {
     pool.NoteWritten(session_id, obj.offset, obj.capacity);
+    pool.writers().Share(obj.offset, obj.capacity, session.peer.process.uid);
   }
   return id;
 }
@@ -794,7 +876,7 @@ bool ObjectStore::DropLease(uint64_t lease_id) {
 
 bool ObjectStore::MaybeFree(uint32_t slot) {
   const Object& obj = objects_.object(slot);
-  if (obj.leases > 0 || !obj.name.empty() ||
+  if (obj.leases > 0 || obj.holds > 0 || !obj.name.empty() ||
       obj.state == State::kPendingTransfer) {
     return false;
   }

@@ -55,6 +55,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/memory/pool.h"
+#include "daemon/memory/writer_map.h"
 #include "daemon/os/peer.h"
 #include "daemon/store/lease_table.h"
 #include "daemon/store/limits.h"
@@ -96,6 +97,12 @@ struct DescriptorGrant {
   v1::PoolAccess access = v1::POOL_ACCESS_UNSPECIFIED;
 };
 
+// What HoldForFork pinned.
+struct ForkHoldGrant {
+  uint64_t hold_id = 0;
+  uint32_t objects = 0;  // Distinct objects pinned.
+};
+
 // Polled while a call waits (for memory, a name, or releases): true once
 // the caller has gone (its call was cancelled), so the wait ends at once.
 using CancelledFn = std::function<bool()>;
@@ -119,6 +126,9 @@ struct Handout {
   v1::Layout layout;
   uint64_t lease_id = 0;
   bool writable = false;
+  // Create only: parts of the new object's range that another uid wrote,
+  // which ClearStale must zero before the creator learns of the object.
+  std::vector<WriterMap::Range> stale;
 };
 
 struct SealResult {
@@ -173,27 +183,49 @@ class ObjectStore {
   // (SESSION_ENDED) with one message for both, so it tells nothing of other
   // sessions.
   absl::Status Authorize(uint64_t session_id, OwnerKey owner) const;
-  // The host pools whose descriptors the process `peer` (the kernel's
-  // credentials of a descriptor-socket connection) may receive for session
+  // The host pools whose descriptors the process `peer` (the owner key of
+  // a descriptor-socket connection, peer.h) may receive for session
   // `session_id`: only when the session is open, `secret` is its
   // descriptor secret (compared in constant time), and `peer` is the
-  // session's process (same uid, and same pid where the daemon sees one).
-  // PERMISSION_DENIED otherwise, with one message for every case. Once per
+  // session's process (SameProcess). PERMISSION_DENIED otherwise, with one
+  // message for every case. Once per
   // session: descriptors in flight count against the daemon's user until
   // their receiver reads them, so a session may not ask again and again
   // without reading (FAILED_PRECONDITION the second time).
   absl::StatusOr<std::vector<DescriptorGrant>> GrantDescriptors(
-      uint64_t session_id, absl::string_view secret,
-      const PeerCredentials& peer);
+      uint64_t session_id, absl::string_view secret, const OwnerKey& peer);
+  // [P18] A process is about to fork while it holds views: pins every object
+  // session `session_id` holds now, until EndForkHold(hold_id), so that the
+  // views its children inherit keep their bytes whatever the parent (or its
+  // session) does meanwhile. Authenticated as GrantDescriptors (the
+  // session's process, its secret), with the same one refusal;
+  // RESOURCE_EXHAUSTED (LIMIT_EXCEEDED) when the uid has
+  // limits.max_fork_holds_per_uid holds; UNAVAILABLE while shutting down.
+  // The hold outlives the session: it belongs to the children.
+  absl::StatusOr<ForkHoldGrant> HoldForFork(uint64_t session_id,
+                                            absl::string_view secret,
+                                            const OwnerKey& peer);
+  // The forked children of a hold are gone: unpins its objects (freeing
+  // those nothing else holds). No-op for an unknown id.
+  void EndForkHold(uint64_t hold_id);
+
   // The segment of pool `pool_id` (< pool_infos().size()). Immutable, so
   // usable without the store's lock.
   const Segment& segment(uint32_t pool_id) const {
     return pools_[pool_id]->segment();
   }
 
+  // Create and TryCreate hand out a write lease on a new object; its
+  // `stale` ranges must go through ClearStale before the handout reaches
+  // the creator.
   absl::StatusOr<Handout> Create(const CreateArgs& args);
   absl::StatusOr<std::optional<Handout>> TryCreate(const CreateArgs& args,
                                                    bool last_try);
+  // Zeros the handout's stale ranges, without the store's lock (no one but
+  // the creator can reach a new object before it is sealed or its ref
+  // passed on, and the creator has not yet heard of it). On failure drops
+  // the handout's lease (the object goes) and returns the error.
+  absl::Status ClearStale(uint64_t session_id, const Handout& handout);
   absl::StatusOr<SealResult> Seal(uint64_t session_id, uint64_t lease_id,
                                   bool exclusive);
   absl::StatusOr<Handout> Get(uint64_t session_id, const v1::ObjectRef& ref);
@@ -360,6 +392,14 @@ class ObjectStore {
   // client ids come from it too.
   uint64_t next_serial_ ABSL_GUARDED_BY(mu_) = 1;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  struct ForkHold {
+    uid_t uid = 0;
+    uint64_t session_id = 0;  // Who took it (may have ended since).
+    std::vector<uint32_t> slots;
+  };
+  absl::flat_hash_map<uint64_t, ForkHold> fork_holds_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uid_t, uint64_t> fork_holds_per_uid_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_fork_hold_ ABSL_GUARDED_BY(mu_) = 1;
   std::array<uint64_t, 64> random_ ABSL_GUARDED_BY(mu_);
   size_t random_next_ ABSL_GUARDED_BY(mu_) = 64;
 };

@@ -22,8 +22,8 @@ constexpr uid_t kUser = 1000;
 uint64_t Open(ObjectStore& store, const std::string& name, pid_t pid,
               uid_t uid = kUser) {
   return store
-      .OpenSession(name,
-                   PeerInfo{{pid, uid, uid}, OwnerOf(pid, 0), nullptr, ""})
+      .OpenSession(
+          name, PeerInfo{{pid, uid, uid}, OwnerKey{uid, pid, 1}, nullptr, ""})
       ->id;
 }
 
@@ -582,11 +582,12 @@ class ObjectStoreAccessTest : public ::testing::Test {
                                        std::vector<gid_t> groups = {},
                                        bool read_only = false) {
     const pid_t pid = ++last_pid_;
-    return store_->OpenSession(
-        "t",
-        PeerInfo{
-            {pid, uid, uid, std::move(groups)}, OwnerOf(pid, 0), nullptr, ""},
-        read_only);
+    return store_->OpenSession("t",
+                               PeerInfo{{pid, uid, uid, std::move(groups)},
+                                        OwnerKey{uid, pid, 1},
+                                        nullptr,
+                                        ""},
+                               read_only);
   }
   absl::StatusOr<Handout> CreateIn(uint64_t session, const std::string& pool) {
     CreateArgs args;
@@ -693,7 +694,8 @@ TEST_F(ObjectStoreAccessTest, ReadersReadAndNeverWrite) {
 TEST_F(ObjectStoreAccessTest,
        DescriptorsGoOnlyToTheSessionsProcessWithItsSecret) {
   OpenedSession s = *OpenAs(2000);
-  const PeerCredentials self{last_pid_, 2000, 2000, {}};
+  // The session's process: uid, pid and start time (the tests' is 1).
+  const OwnerKey self{2000, last_pid_, 1};
   absl::StatusOr<std::vector<DescriptorGrant>> ok =
       store_->GrantDescriptors(s.id, s.descriptor_secret, self);
   ASSERT_TRUE(ok.ok()) << ok.status();
@@ -702,22 +704,70 @@ TEST_F(ObjectStoreAccessTest,
   EXPECT_EQ((*ok)[0].access, v1::POOL_ACCESS_READ_WRITE);
   std::string wrong = s.descriptor_secret;
   wrong[0] ^= 0x80;
-  const PeerCredentials other_pid{999, 2000, 2000, {}};
-  const PeerCredentials other_uid{last_pid_, 2001, 2001, {}};
+  const OwnerKey other_pid{2000, 999, 1};
+  const OwnerKey other_uid{2001, last_pid_, 1};
+  // The session's pid, handed out again to a later process.
+  const OwnerKey pid_reused{2000, last_pid_, 2};
+  // A process the daemon cannot see: no pid to tell it by.
+  const OwnerKey unseen{2000, 0, uint64_t{1} << 63};
   for (const auto& [id, secret, peer] :
-       std::vector<std::tuple<uint64_t, std::string, PeerCredentials>>{
+       std::vector<std::tuple<uint64_t, std::string, OwnerKey>>{
            {s.id, wrong, self},
            {s.id, s.descriptor_secret.substr(1), self},
            {s.id, s.descriptor_secret + "x", self},
            {s.id + 1, s.descriptor_secret, self},
            {s.id, s.descriptor_secret, other_pid},
-           {s.id, s.descriptor_secret, other_uid}}) {
+           {s.id, s.descriptor_secret, other_uid},
+           {s.id, s.descriptor_secret, pid_reused},
+           {s.id, s.descriptor_secret, unseen}}) {
     absl::StatusOr<std::vector<DescriptorGrant>> g =
         store_->GrantDescriptors(id, secret, peer);
     EXPECT_EQ(g.status().code(), absl::StatusCode::kPermissionDenied);
   }
   store_->EndSession(s.id);
   EXPECT_FALSE(store_->GrantDescriptors(s.id, s.descriptor_secret, self).ok());
+}
+
+}  // namespace
+}  // namespace shmtensor::daemon
+
+namespace shmtensor::daemon {
+namespace {
+
+// [P21] A range one uid was given writable reaches another uid only with
+// the stale parts named for clearing; within one uid it is reused as is.
+TEST_F(ObjectStoreTest, RangesAnotherUidWroteAreHandedOutForClearing) {
+  const uint64_t root = Open(*store_, "root", 3, 0);
+  Handout first = *Create(a_, 3 * kPage);
+  EXPECT_TRUE(first.stale.empty());  // The pool starts zeroed.
+  ASSERT_TRUE(*store_->Release(a_, first.lease_id));
+  Handout again = *Create(b_, 3 * kPage);  // Another process, same uid.
+  EXPECT_EQ(again.placement.offset(), first.placement.offset());
+  EXPECT_TRUE(again.stale.empty());
+  ASSERT_TRUE(*store_->Release(b_, again.lease_id));
+  EXPECT_EQ(store_->Status().pools(0).cleared_bytes(), 0u);
+
+  Handout other = *Create(root, 4 * kPage);
+  ASSERT_EQ(other.placement.offset(), first.placement.offset());
+  ASSERT_EQ(other.stale.size(), 1u);
+  EXPECT_EQ(other.stale[0].offset, first.placement.offset());
+  EXPECT_EQ(other.stale[0].length, 3 * kPage);  // Not the clean 4th page.
+  EXPECT_EQ(store_->Status().pools(0).cleared_bytes(), 3 * kPage);
+  EXPECT_TRUE(store_->ClearStale(root, other).ok());
+}
+
+// An exclusive hand-off taken by another uid leaves its range written by
+// both: it is cleared for whichever of them creates there next.
+TEST_F(ObjectStoreTest, ARangeTakenByAnotherUidIsClearedForBoth) {
+  const uint64_t root = Open(*store_, "root", 3, 0);
+  Handout h = *Create(a_, 2 * kPage);
+  SealResult sealed = *store_->Seal(a_, h.lease_id, true);
+  Handout taken = *store_->Get(root, sealed.ref);
+  EXPECT_TRUE(taken.writable);
+  ASSERT_TRUE(*store_->Release(root, taken.lease_id));
+  Handout mine = *Create(a_, 2 * kPage);
+  ASSERT_EQ(mine.placement.offset(), h.placement.offset());
+  EXPECT_EQ(mine.stale.size(), 1u);
 }
 
 }  // namespace

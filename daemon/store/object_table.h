@@ -64,6 +64,9 @@ class ObjectTable {
     std::string name;               // Non-empty while a name is bound to it.
     uint64_t creator = 0;           // Session that created it.
     uint32_t leases = 0;
+    // Fork holds pinning it (ObjectStore::HoldForFork): while any is left
+    // its memory is not freed, whatever else lets go of it.
+    uint32_t holds = 0;
     absl::Time created;
     uint64_t serial = 0;  // Creation order, for oldest-first listings.
     // Random, per object: a ref must carry it (ObjectRef.nonce).

@@ -25,7 +25,7 @@ absl::StatusOr<uint64_t> SessionTable::Open(std::string client_name,
   UidUsage& uid = uids_[peer.process.uid];
   if (limits_.max_sessions_per_uid > 0 &&
       uid.sessions >= limits_.max_sessions_per_uid) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
+    return LimitExceededError(absl::StrFormat(
         "uid %d has %d sessions open, the limit "
         "(limits.max_sessions_per_uid = %d); end sessions it no longer uses",
         peer.process.uid, uid.sessions, limits_.max_sessions_per_uid));
@@ -132,14 +132,14 @@ absl::Status SessionTable::CheckHold(const Session& s, uint32_t slot,
                                      size_t leases_held) const {
   if (limits_.max_leases_per_client > 0 &&
       s.leases.size() >= limits_.max_leases_per_client) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
+    return LimitExceededError(absl::StrFormat(
         "client '%s' pid %d holds %d leases, the limit "
         "(limits.max_leases_per_client = %d); release views it no longer "
         "needs",
         s.client_name, s.pid, s.leases.size(), limits_.max_leases_per_client));
   }
   if (limits_.max_leases > 0 && leases_held >= limits_.max_leases) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
+    return LimitExceededError(absl::StrFormat(
         "%d leases are held, the limit (limits.max_leases = %d)", leases_held,
         limits_.max_leases));
   }
@@ -147,7 +147,7 @@ absl::Status SessionTable::CheckHold(const Session& s, uint32_t slot,
   if (limits_.max_bytes_per_uid > 0 && new_hold) {
     const uint64_t held = uid_bytes(s.peer.process.uid);
     if (held + capacity > limits_.max_bytes_per_uid) {
-      return absl::ResourceExhaustedError(absl::StrFormat(
+      return LimitExceededError(absl::StrFormat(
           "uid %d holds %d bytes in all its sessions; %d more would pass the "
           "limit (limits.max_bytes_per_uid = %d)",
           s.peer.process.uid, held, capacity, limits_.max_bytes_per_uid));
@@ -155,7 +155,7 @@ absl::Status SessionTable::CheckHold(const Session& s, uint32_t slot,
   }
   if (limits_.max_bytes_per_client > 0 && new_hold &&
       s.bytes_held + capacity > limits_.max_bytes_per_client) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
+    return LimitExceededError(absl::StrFormat(
         "client '%s' pid %d holds %d bytes; %d more would pass the limit "
         "(limits.max_bytes_per_client = %d)",
         s.client_name, s.pid, s.bytes_held, capacity,
@@ -168,20 +168,20 @@ absl::Status SessionTable::BeginWait(Session& s) {
   UidUsage& uid = uids_[s.peer.process.uid];
   if (limits_.max_waiters_per_session > 0 &&
       s.waiters >= limits_.max_waiters_per_session) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
+    return LimitExceededError(absl::StrFormat(
         "client '%s' pid %d has %d calls waiting, the limit "
         "(limits.max_waiters_per_session = %d)",
         s.client_name, s.pid, s.waiters, limits_.max_waiters_per_session));
   }
   if (limits_.max_waiters_per_uid > 0 &&
       uid.waiters >= limits_.max_waiters_per_uid) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
+    return LimitExceededError(absl::StrFormat(
         "uid %d has %d calls waiting, the limit "
         "(limits.max_waiters_per_uid = %d)",
         s.peer.process.uid, uid.waiters, limits_.max_waiters_per_uid));
   }
   if (limits_.max_waiters > 0 && waiters_ >= limits_.max_waiters) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
+    return LimitExceededError(absl::StrFormat(
         "%d calls are waiting, the limit (limits.max_waiters = %d)", waiters_,
         limits_.max_waiters));
   }

@@ -35,7 +35,7 @@ namespace shmtensor::daemon {
 // request claims.
 struct PeerInfo {
   PeerCredentials process;
-  OwnerKey owner = 0;  // Who may act for the session (peer.h).
+  OwnerKey owner;  // Who may act for the session (peer.h).
   // Follows the process; null only in tests that run the store without
   // processes (then a session whose stream ends without a clean close is
   // ended at once, as if its process were gone).

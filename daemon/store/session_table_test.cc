@@ -12,7 +12,7 @@ namespace {
 constexpr uid_t kUid = 1000;
 
 PeerInfo Peer(pid_t pid, uid_t uid = kUid) {
-  return PeerInfo{{pid, uid, uid}, OwnerOf(pid, 0), nullptr, "cmd"};
+  return PeerInfo{{pid, uid, uid}, OwnerKey{uid, pid, 1}, nullptr, "cmd"};
 }
 
 class SessionTableTest : public ::testing::Test {
@@ -68,10 +68,16 @@ TEST_F(SessionTableTest, FindOfASessionNotOpenIsSessionEnded) {
 
 TEST_F(SessionTableTest, FindOwnedRefusesAnotherOwnerWithTheSameError) {
   const uint64_t id = Open(10);
-  EXPECT_TRUE(table_.FindOwned(id, OwnerOf(10, 0)).ok());
-  absl::Status other = table_.FindOwned(id, OwnerOf(11, 0)).status();
-  absl::Status ended = table_.FindOwned(id + 1, OwnerOf(10, 0)).status();
+  EXPECT_TRUE(table_.FindOwned(id, OwnerKey{kUid, 10, 1}).ok());
+  absl::Status other = table_.FindOwned(id, OwnerKey{kUid, 11, 1}).status();
+  // Its pid handed out again, to a later process of any user.
+  absl::Status reused = table_.FindOwned(id, OwnerKey{kUid, 10, 2}).status();
+  absl::Status other_uid =
+      table_.FindOwned(id, OwnerKey{kUid + 1, 10, 1}).status();
+  absl::Status ended = table_.FindOwned(id + 1, OwnerKey{kUid, 10, 1}).status();
   EXPECT_EQ(other, SessionNotOpenError(id));
+  EXPECT_EQ(reused, SessionNotOpenError(id));
+  EXPECT_EQ(other_uid, SessionNotOpenError(id));
   EXPECT_EQ(ended, SessionNotOpenError(id + 1));
 }
 

@@ -67,12 +67,14 @@ v1::DaemonStatus BuildStatus(const StoreView& store,
     ps->set_high_water_bytes(usage.high_water_bytes);
     ps->set_objects(usage.objects);
     ps->set_leases(usage.leases);
+    ps->set_cleared_bytes(usage.cleared_bytes);
   }
   out.set_sessions(store.sessions.size());
   out.set_objects(store.objects.live());
   out.set_named_objects(store.objects.named());
   out.set_leases(store.leases.size());
   out.set_pending_transfers(store.objects.pending_transfers());
+  out.set_fork_holds(store.fork_holds);
   v1::Limits* limits = out.mutable_limits();
   limits->set_max_objects(store.limits.max_objects);
   limits->set_max_leases_per_client(store.limits.max_leases_per_client);

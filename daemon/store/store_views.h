@@ -43,7 +43,8 @@ struct StoreView {
   const SessionTable& sessions;
   const ObjectTable& objects;
   const LeaseTable& leases;
-  bool serving = true;  // False once the store is shutting down.
+  bool serving = true;      // False once the store is shutting down.
+  uint64_t fork_holds = 0;  // Live fork holds (ObjectStore::HoldForFork).
 };
 
 // The store's part of DaemonStatus: pools, counts, limits, uptime, epoch.

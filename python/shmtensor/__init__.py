@@ -34,7 +34,8 @@ from . import _autostart
 from . import _dtypes
 from .errors import (AlreadyExistsError, AlreadyTakenError,
                      DaemonUnavailableError, Error, InvalidArgumentError,
-                     LargerThanPoolError, NotFoundError, PermissionDeniedError, PoolExhaustedError,
+                     LargerThanPoolError, LimitExceededError, NotFoundError,
+                     PermissionDeniedError, PoolExhaustedError,
                      PreconditionError, StaleReferenceError, TimeoutError)
 
 # At interpreter exit, live clients are kept rather than torn down: gRPC
@@ -49,6 +50,7 @@ __all__ = [
     "Error", "InvalidArgumentError", "LargerThanPoolError", "NotFoundError",
     "StaleReferenceError", "AlreadyExistsError", "PreconditionError",
     "AlreadyTakenError", "PermissionDeniedError", "PoolExhaustedError",
+    "LimitExceededError",
     "TimeoutError", "DaemonUnavailableError",
 ]
 
@@ -114,11 +116,16 @@ class Client(_core.Client):
     """A session with shmtensord. Thread-safe. Use shmtensor.connect().
 
     create(), create_bytes(), get(), delete(), stats() and the properties
-    session_id, address and daemon_epoch are the native base class's (see
-    help(shmtensor.Client.create)); put() and has_pool_on() are here.
+    client_id, address and daemon_epoch are the native base class's (see
+    help(shmtensor.Client.create)); put() and has_pool_on() are here. The
+    session's own id is its secret and is never shown: only this process
+    may act for the session, whoever learns it.
     """
 
     __slots__ = ()
+
+    def __repr__(self):
+        return f"<shmtensor.Client {self.client_id} of {self.address}>"
 
     def has_pool_on(self, device):
         """True when the daemon has a pool on `device` ("cpu", "cuda:N")."""
@@ -138,7 +145,9 @@ class Client(_core.Client):
         else goes to the host. "cpu" or "cuda:N" choose explicitly (host data
         is copied to the GPU, GPU data to the host).
 
-        Rules: a tensor is detached (no autograd graph is kept); bfloat16
+        Rules: a tensor is detached (no autograd graph is kept); a tensor
+        on another device than the CPU and CUDA is copied through the host,
+        and a meta tensor (no data) is a TypeError naming the device; bfloat16
         keeps its dtype. Non-contiguous
         data (slices, transposes) is stored C-contiguous: values and shape
         round-trip, strides do not. A big-endian array, or a dtype one side
@@ -150,6 +159,14 @@ class Client(_core.Client):
         stream = 0
         if torch is not None and isinstance(obj, torch.Tensor):
             t = obj.detach()
+            if t.device.type == "meta":
+                raise TypeError(
+                    f"put of a tensor on device '{t.device}': it has a shape "
+                    f"and dtype ({tuple(t.shape)}, {t.dtype}) but no data to "
+                    f"copy; materialize it first (e.g. torch.empty_like(t, "
+                    f"device='cpu'))")
+            if t.device.type not in ("cpu", "cuda"):
+                t = t.to("cpu")  # Another accelerator's: through the host.
             own = f"cuda:{t.device.index}" if t.device.type == "cuda" else None
             if own is not None and target is None:
                 target = own if self._has_pool_on(own) else "cpu"

@@ -5,9 +5,11 @@ $SHMTENSOR_ADDRESS unset and no daemon answering at the default address
 starts one shmtensord for this process, the package's own
 (shmtensor/bin/shmtensord):
 
-- its socket in a fresh directory of its own (0700, made by the daemon,
-  under $XDG_RUNTIME_DIR or /tmp); its pool is unnamed memory (a memfd),
-  in no file system, so a container's small /dev/shm does not bound it;
+- its socket in a fresh directory of its own (0700, under
+  $XDG_RUNTIME_DIR or /tmp), which this process makes before the daemon
+  starts (mkdtemp), so its name is never public (the daemon's command line
+  is, in /proc) before it exists; its pool is unnamed memory (a memfd), in
+  no file system, so a container's small /dev/shm does not bound it;
 - its pool $SHMTENSOR_POOL_SIZE (e.g. 4GiB), else the smallest of 1 GiB,
   half of the memory the kernel says is available (MemAvailable) and a
   quarter of this process's cgroup memory limit;
@@ -20,11 +22,17 @@ starts one shmtensord for this process, the package's own
   configured) saying what was started;
 - it ends when this process ends, however it ends (SIGKILL too): the daemon
   watches this process's pidfd (shmtensord --owner-pid) and then cleans up
-  as on SIGTERM, segments, socket and directory.
+  as on SIGTERM, segments, socket and directory; if the daemon itself dies
+  first (SIGKILL, the OOM killer), a thread of this process that watches
+  its pidfd removes what it left in the directory, and the directory.
 
 $SHMTENSOR_AUTOSTART=0 turns this off (connect() then raises
-DaemonUnavailableError). An explicit address never starts anything, and a
-daemon that serves the default address is used as it is.
+DaemonUnavailableError). An explicit address never starts anything. A
+daemon that serves the default address is used as it is when the address
+is this user's: its directory belongs to this user (or root) and no one
+else may write it, and the process listening there runs as this user (or
+root, SO_PEERCRED). Otherwise (another user made /tmp/shmtensor-<uid>/
+first, say) the job says once why it does not use it, and starts its own.
 
 Thread-safe: one daemon per process, whichever thread asks first.
 """
@@ -34,7 +42,10 @@ import logging
 import os
 import secrets
 import select
+import shutil
 import socket
+import stat
+import struct
 import subprocess
 import sys
 import tempfile
@@ -125,44 +136,113 @@ def resolve(address=None, start=True):
         global _private
         if _mine() is not None:
             return _private.address  # $SHMTENSOR_ADDRESS was unset since.
-        if _answers(default):
+        serving, why_not = _probe_default(default)
+        if serving:
             return default
         if not start:
             return None
+        if why_not:
+            _say(f"not using the default address {default}: {why_not}; "
+                 f"starting a private shmtensord instead")
         _private = _start(default)
         os.environ[ADDRESS_ENV] = _private.address
         return _private.address
 
 
-def _answers(address):
-    """True when something accepts connections at the Unix socket of
-    `address` (a daemon's listen queue accepts at once, busy or not)."""
+def _say(message):
+    """One line for the user: logger "shmtensor" at INFO, or stderr when
+    logging is not configured."""
+    if _log.hasHandlers():
+        _log.info(message)
+    else:
+        print(f"shmtensor: {message}", file=sys.stderr, flush=True)
+
+
+def _probe_default(address):
+    """(serving, why_not) for the default address: (True, None) when this
+    user's daemon answers there; (False, None) when nothing does; (False,
+    a sentence) when the address is not this user's to use (another user's
+    directory or socket), whether or not something answers there."""
     if not address.startswith("unix:"):
-        return True  # Not ours to judge: connect() says whether it answers.
+        return True, None  # Not ours to judge: connect() says.
+    path = address[len("unix:"):]
+    directory = os.path.dirname(path) or "."
+    me = os.geteuid()
+    try:
+        st = os.lstat(directory)
+    except OSError:
+        return False, None  # No directory: no daemon.
+    if not stat.S_ISDIR(st.st_mode):
+        return False, f"{directory} is not a directory"
+    if st.st_uid not in (me, 0):
+        return False, (f"its directory {directory} belongs to uid "
+                       f"{st.st_uid}, not to this user (uid {me})")
+    if st.st_mode & 0o022:
+        return False, (f"its directory {directory} has mode "
+                       f"{stat.S_IMODE(st.st_mode):04o}: others could put "
+                       f"their socket there")
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(2.0)
         try:
-            s.connect(address[len("unix:"):])
-            return True
+            s.connect(path)
         except OSError as e:
-            if e.errno in (errno.EAGAIN, errno.EWOULDBLOCK) or isinstance(
-                    e, socket.timeout):
-                return True  # Listening, with a full queue.
-            return False  # ENOENT, ECONNREFUSED, EACCES, ...
+            if not (e.errno in (errno.EAGAIN, errno.EWOULDBLOCK)
+                    or isinstance(e, socket.timeout)):
+                return False, None  # ENOENT, ECONNREFUSED, EACCES, ...
+            # Listening with a full queue: whose it is, lstat says.
+            try:
+                owner = os.lstat(path).st_uid
+            except OSError:
+                return False, None
+        else:
+            # The kernel's word on who listens (pid, uid, gid).
+            owner = struct.unpack(
+                "3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                   struct.calcsize("3i")))[1]
+    if owner not in (me, 0):
+        return False, (f"the process listening there runs as uid {owner}, "
+                       f"not as this user (uid {me})")
+    return True, None
 
 
 def _socket_directory():
-    """A fresh name for the daemon's socket directory (the daemon makes it
-    0700 and refuses one it did not make that others could write)."""
-    name = f"shmtensor-job-{secrets.token_hex(8)}"
+    """Makes the daemon's socket directory (0700, a fresh random name, made
+    with O_EXCL semantics by mkdtemp) and returns its path."""
     run = os.environ.get("XDG_RUNTIME_DIR", "")
-    for base in (run, tempfile.gettempdir()):
-        # sun_path holds 107 bytes and a NUL.
+    for base in (run, tempfile.gettempdir(), "/tmp"):
+        # sun_path holds 107 bytes and a NUL; the name adds 39.
         if base.startswith("/") and os.path.isdir(base) and os.access(
-                base, os.W_OK | os.X_OK) and len(
-                    os.path.join(base, name, "shmtensord.sock")) < 108:
-            return os.path.join(base, name)
-    return os.path.join("/tmp", name)
+                base, os.W_OK | os.X_OK) and len(base) + 40 < 108:
+            try:
+                return tempfile.mkdtemp(prefix="shmtensor-job-", dir=base)
+            except OSError:
+                continue
+    raise _unavailable(
+        "no shmtensord answers, and there is no directory to start a "
+        f"private one in ($XDG_RUNTIME_DIR, {tempfile.gettempdir()} and /tmp "
+        f"are not writable, or too long for a socket path); set "
+        f"{ADDRESS_ENV} to a running daemon")
+
+
+def _remove_directory(directory):
+    """Removes the private daemon's directory and what the daemon left in
+    it (its socket, descriptor socket and lock file); it is this process's
+    own (0700), so nothing else is there."""
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def _watch(process, pidfd, directory):
+    """Thread: waits for the private daemon to end; if it died without
+    cleaning up (SIGKILL, the OOM killer), removes what it left."""
+    try:
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        while not poller.poll():
+            pass
+    finally:
+        os.close(pidfd)
+    process.poll()  # Reaps it, so why_unavailable can say how it ended.
+    _remove_directory(directory)
 
 
 def _cgroup_memory_limit():
@@ -243,6 +323,7 @@ def _start(default):
     except OSError as e:
         os.close(ready_r)
         os.close(ready_w)
+        _remove_directory(directory)
         raise _unavailable(
             f"no shmtensord answers at {default}, and starting a private one "
             f"({binary}) failed: {e}") from e
@@ -252,6 +333,7 @@ def _start(default):
     except BaseException:  # A Ctrl-C while waiting, say: nothing left over.
         process.kill()
         process.wait()
+        _remove_directory(directory)
         raise
     finally:
         os.close(ready_r)
@@ -259,6 +341,7 @@ def _start(default):
         if process.poll() is None:
             process.kill()
         rc = process.wait()
+        _remove_directory(directory)
         raise _unavailable(
             f"no shmtensord answers at {default}, and the private one "
             f"started for this job ({binary} --pool-size {pool}) "
@@ -271,10 +354,14 @@ def _start(default):
                f"{process.pid}, {pool} pool, {address}); it ends with this "
                f"process (pid {os.getpid()}). Set {ADDRESS_ENV} to use a "
                f"shared daemon instead")
-    if _log.hasHandlers():
-        _log.info(message)
-    else:
-        print(f"shmtensor: {message}", file=sys.stderr, flush=True)
+    _say(message)
+    try:
+        pidfd = os.pidfd_open(process.pid)
+    except (AttributeError, OSError):
+        pidfd = None  # Python < 3.9 or Linux < 5.3: the daemon cleans up.
+    if pidfd is not None:
+        threading.Thread(target=_watch, args=(process, pidfd, directory),
+                         name="shmtensord-watch", daemon=True).start()
     return _PrivateDaemon(os.getpid(), address, process, pool)
 
 

@@ -14,6 +14,8 @@ so ``except KeyError`` or ``except TimeoutError`` work as expected::
     │   └── AlreadyTakenError               exclusive ref taken already
     ├── PermissionDeniedError (PermissionError)  another client's lease
     ├── PoolExhaustedError (MemoryError)    pool full after the timeout
+    ├── LimitExceededError                  an operator's limit (sessions,
+    │                                       leases, bytes per client/user)
     ├── TimeoutError (TimeoutError)         a wait ran out (named get)
     └── DaemonUnavailableError (ConnectionError)  no daemon, or it stopped
 """
@@ -23,7 +25,8 @@ import builtins as _builtins
 __all__ = [
     "Error", "InvalidArgumentError", "LargerThanPoolError", "NotFoundError", "StaleReferenceError",
     "AlreadyExistsError", "PreconditionError", "AlreadyTakenError",
-    "PermissionDeniedError", "PoolExhaustedError", "TimeoutError",
+    "PermissionDeniedError", "PoolExhaustedError", "LimitExceededError",
+    "TimeoutError",
     "DaemonUnavailableError", "from_status",
 ]
 
@@ -83,6 +86,13 @@ class PoolExhaustedError(Error, MemoryError):
     pool, the size asked, the bytes free and the clients holding the most."""
 
 
+class LimitExceededError(Error):
+    """A limit the daemon's operator set would be passed (its [limits]:
+    sessions, leases or bytes per client or per user, waiting calls, live
+    objects); the message names it. Not a full pool: release what this
+    client or user holds, or ask for a higher limit."""
+
+
 class TimeoutError(Error, _builtins.TimeoutError):  # noqa: A001
     """A wait (for a named object to be sealed) ran out."""
 
@@ -117,6 +127,7 @@ _BY_REASON = {
     "ERROR_REASON_ALREADY_TAKEN": AlreadyTakenError,
     "ERROR_REASON_SESSION_ENDED": DaemonUnavailableError,
     "ERROR_REASON_LARGER_THAN_POOL": LargerThanPoolError,
+    "ERROR_REASON_LIMIT_EXCEEDED": LimitExceededError,
 }
 
 

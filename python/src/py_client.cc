@@ -343,11 +343,12 @@ py::dict StatsDict(const StoreStats& s) {
   d["named_objects"] = s.named_objects;
   d["leases"] = s.leases;
   d["pending_transfers"] = s.pending_transfers;
+  d["fork_holds"] = s.fork_holds;
   return d;
 }
 
-PyObject* ClientSessionId(PyObject* self, void*) {
-  return Guarded([&] { return ToPython(Self(self).session_id()); });
+PyObject* ClientClientId(PyObject* self, void*) {
+  return Guarded([&] { return ToPython(Self(self).client_id()); });
 }
 
 PyObject* ClientDaemonEpoch(PyObject* self, void*) {
@@ -493,7 +494,10 @@ PyMethodDef kClientMethods[] = {
 };
 
 PyGetSetDef kClientGetSet[] = {
-    {"session_id", ClientSessionId, nullptr, "This session's id at the daemon.",
+    {"client_id", ClientClientId, nullptr,
+     "This session's public id: what operators see (shmtensorctl clients). "
+     "It acts for nothing; the session's own id, its secret, never leaves "
+     "the library.",
      nullptr},
     {"daemon_epoch", ClientDaemonEpoch, nullptr,
      "Random id of the daemon instance: clients with the same epoch share "

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import shmtensor
-from conftest import child_env, used
+from conftest import Daemon, child_env, used
 
 ctypes_byte = ctypes.c_uint8
 
@@ -426,7 +426,7 @@ def test_each_native_type_defines_its_attributes_once(client):
         shmtensor._core.View: info | {"writable", "closed", "close"},
         shmtensor._core.Client: {
             "create", "create_bytes", "get", "delete", "stats", "_put",
-            "_has_pool_on", "_pool_on", "session_id", "daemon_epoch",
+            "_has_pool_on", "_pool_on", "client_id", "daemon_epoch",
             "address"},
     }
     for native, names in expected.items():
@@ -459,7 +459,11 @@ def test_each_native_type_defines_its_attributes_once(client):
     assert view.closed
     with pytest.raises(shmtensor.PreconditionError, match="closed"):
         view.__dlpack_device__()
-    assert isinstance(client.session_id, int) and client.address
+    assert isinstance(client.client_id, int) and client.address
+    # [P15, P20] The session's id is its secret: no attribute shows it.
+    assert not hasattr(client, "session_id")
+    assert repr(client) == (f"<shmtensor.Client {client.client_id} of "
+                            f"{client.address}>")
 
 
 def test_native_objects_free_what_they_hold(client):
@@ -638,3 +642,30 @@ def test_a_reader_then_a_writer_in_one_process_share_one_mapping(daemon):
         assert r["create"] == [7.0, 7.0, 7.0], (order, r)
         assert r["reader_put"] == "denied", (order, r)
         assert r["mappings"] == 1, (order, r)  # One pool, one memory.
+
+
+def test_a_limit_gives_a_limit_error_not_a_full_pool(tmp_path):
+    cfg = tmp_path / "d.toml"
+    cfg.write_text('[[pool]]\nname = "default"\nsize = "16MiB"\n'
+                   '[limits]\nmax_sessions_per_uid = 2\n'
+                   'max_leases_per_client = 3\n')
+    with Daemon(config=str(cfg)) as d:
+        c = shmtensor.connect(d.address)
+        other = shmtensor.connect(d.address)
+        with pytest.raises(shmtensor.LimitExceededError) as e:
+            shmtensor.connect(d.address)
+        assert not isinstance(e.value, shmtensor.PoolExhaustedError)
+        assert "limits.max_sessions_per_uid = 2" in str(e.value)
+        assert e.value.code == "RESOURCE_EXHAUSTED"
+        assert e.value.reason == "ERROR_REASON_LIMIT_EXCEEDED"
+        refs = [c.put(np.ones(4)) for _ in range(3)]
+        with pytest.raises(shmtensor.LimitExceededError) as e:
+            c.put(np.ones(4))
+        assert "limits.max_leases_per_client = 3" in str(e.value)
+        del refs, other
+
+
+def test_a_meta_tensor_to_put_is_a_type_error_naming_the_device(client):
+    with pytest.raises(TypeError) as e:
+        client.put(torch.empty(4, device="meta"))
+    assert "meta" in str(e.value)

@@ -411,3 +411,145 @@ except shmtensor.DaemonUnavailableError as e:
     assert f"(pid {first['pid']}) was killed by signal 9" in second["error"]
     assert "its log is on this process's stderr" in second["error"]
     assert second["code"] == "UNAVAILABLE"
+
+
+def _as_user(uid, code, *args, env=None):
+    """Popen of `code` (with `args`) in this interpreter as `uid`
+    (setpriv), in "/"."""
+    return subprocess.Popen(
+        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+         sys.executable, "-c", code, *args], env=env or child_env(), cwd="/",
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _needs_other_users():
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv to run as other users")
+
+
+def _job_env_without_runtime_dir():
+    env = child_env(SHMTENSOR_POOL_SIZE="32MiB")
+    for name in ("SHMTENSOR_ADDRESS", "SHMTENSOR_AUTOSTART", "XDG_RUNTIME_DIR",
+                 "TMPDIR"):
+        env.pop(name, None)
+    return env
+
+
+JOB_AS_USER = JOB_PREAMBLE + """
+try:
+    c = shmtensor.connect()
+    ref = c.put(np.arange(1000, dtype=np.int64))
+    report(uid=os.getuid(), private=_autostart.private_daemon(),
+           total=int(np.asarray(c.get(ref)).sum()))
+except Exception as e:
+    report(error=f"{type(e).__name__}: {e}")
+"""
+
+SQUAT_DEFAULT = """
+import os, socket, sys, time
+d = sys.argv[1]
+os.mkdir(d, 0o777)
+os.chmod(d, 0o777)
+s = socket.socket(socket.AF_UNIX)
+s.bind(os.path.join(d, "shmtensord.sock"))
+os.chmod(os.path.join(d, "shmtensord.sock"), 0o777)
+s.listen(64)
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_another_users_socket_at_the_default_address_gets_a_private_daemon():
+    # Without $XDG_RUNTIME_DIR the default is /tmp/shmtensor-<uid>/; another
+    # user made that directory and listens there. The job starts its own
+    # daemon instead of failing, and says once why.
+    _needs_other_users()
+    job_uid, squatter_uid = 65524, 65525
+    directory = f"/tmp/shmtensor-{job_uid}"
+    shutil.rmtree(directory, ignore_errors=True)
+    squatter = _as_user(squatter_uid, SQUAT_DEFAULT, directory)
+    try:
+        assert squatter.stdout.readline().strip() == "ready", \
+            squatter.stderr.read()
+        job = _as_user(job_uid, JOB_AS_USER, env=_job_env_without_runtime_dir())
+        out, err = job.communicate(timeout=120)
+        (r,) = reports(out)
+        assert "error" not in r, r
+        assert r["uid"] == job_uid and r["total"] == sum(range(1000))
+        assert r["private"] is not None, r
+        assert err.count(f"not using the default address unix:{directory}"
+                         "/shmtensord.sock") == 1, err
+        assert f"uid {squatter_uid}" in err, err
+    finally:
+        squatter.kill()
+        squatter.wait()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+WATCH_AND_SQUAT = """
+import os, re, sys, time
+made = 0
+end = time.monotonic() + float(sys.argv[1])
+print("ready", flush=True)
+while time.monotonic() < end:
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().split(b"\\0")
+        except OSError:
+            continue
+        if args and args[0].endswith(b"shmtensord") and b"--listen" in args:
+            path = args[args.index(b"--listen") + 1].decode()[len("unix:"):]
+            try:
+                os.mkdir(os.path.dirname(path), 0o777)
+                made += 1
+            except OSError:
+                pass
+print("made", made, flush=True)
+"""
+
+
+def test_nobody_can_make_a_private_daemons_directory_first():
+    # Another user reads every new shmtensord's --listen from /proc and
+    # makes that directory before the daemon can: the job makes it before
+    # the daemon is started, so its name is never public before it exists.
+    _needs_other_users()
+    job_uid, watcher_uid = 65524, 65525
+    watcher = _as_user(watcher_uid, WATCH_AND_SQUAT, "60")
+    try:
+        assert watcher.stdout.readline().strip() == "ready"
+        results = []
+        for _ in range(4):
+            job = _as_user(job_uid, JOB_AS_USER,
+                           env=_job_env_without_runtime_dir())
+            out, err = job.communicate(timeout=120)
+            results.append((reports(out) or [{"error": err}])[0])
+        assert [r.get("error") for r in results] == [None] * 4, results
+        assert all(r["private"] is not None for r in results)
+    finally:
+        watcher.kill()
+        watcher.wait()
+        for name in os.listdir("/tmp"):
+            p = os.path.join("/tmp", name)
+            if name.startswith("shmtensor-job-") and \
+                    os.stat(p).st_uid == watcher_uid:
+                shutil.rmtree(p, ignore_errors=True)
+
+
+def test_a_sigkilled_private_daemon_leaves_nothing(tmp_path):
+    out = run_job(tmp_path, USE + """
+import signal, time
+os.kill(pid, signal.SIGKILL)
+directory = os.path.dirname(address[len("unix:"):])
+deadline = time.monotonic() + 10
+while os.path.exists(directory) and time.monotonic() < deadline:
+    time.sleep(0.02)
+report(left=os.listdir(directory) if os.path.exists(directory) else None)
+""")
+    assert out.returncode == 0, out.stderr
+    first, second = reports(out.stdout)
+    # Gone while the job still ran, not only at its exit.
+    assert second["left"] is None, second
+    assert os.listdir(RUN) == []

@@ -42,7 +42,7 @@ def _forked_child(parent_client, address, results):
         inherited = str(e)
     own = shmtensor.connect(address)
     ref = own.put(np.full(8, 3.0), exclusive=True)
-    results.put((inherited, own.session_id, ref))
+    results.put((inherited, own.client_id, ref))
     # Keep the session (and so the untaken transfer) while the parent takes it.
     time.sleep(2)
 
@@ -55,7 +55,7 @@ def test_fork_gives_child_its_own_session_and_spares_the_parent(client, daemon):
     proc.start()
     inherited, child_session, ref = results.get(timeout=60)
     assert "fork" in inherited
-    assert child_session != client.session_id
+    assert child_session != client.client_id
     view = client.get(ref)  # The parent takes the child's hand-off.
     assert view.writable and np.asarray(view).tolist() == [3.0] * 8
     proc.join(30)
@@ -117,12 +117,12 @@ def test_parent_and_forked_child_use_grpc_at_once(client, daemon):
     proc = ctx.Process(target=_forked_taker, args=(daemon.address, q, done))
     proc.start()
     assert done.get(timeout=60) == "ready"
-    session = client.session_id
+    session = client.client_id
     for i in range(5):
         q.put(client.put(np.full(1 << 18, float(i), dtype=np.float32),
                          exclusive=True))
         assert client.stats()["sessions"] == 2  # Both sessions alive.
     assert done.get(timeout=60) == sum(i * (1 << 18) for i in range(5))
     proc.join(30)
-    assert proc.exitcode == 0 and client.session_id == session
+    assert proc.exitcode == 0 and client.client_id == session
     assert client.stats()["pending_transfers"] == 0

@@ -103,7 +103,8 @@ void Run(const uint8_t* data, size_t size) {
   std::vector<Client> clients(3);
   auto open = [&](Client& c, pid_t pid) {
     absl::StatusOr<OpenedSession> s = store.OpenSession(
-        "fuzz", PeerInfo{{pid, 1000, 1000}, OwnerOf(pid, 0), nullptr, ""});
+        "fuzz",
+        PeerInfo{{pid, 1000, 1000}, OwnerKey{1000, pid, 1}, nullptr, ""});
     c = Client{s.ok() ? s->id : 0, s.ok() ? s->stream : 0, pid, 0};
   };
   for (size_t i = 0; i < clients.size(); ++i) open(clients[i], 100 + i);
@@ -201,14 +202,14 @@ void Run(const uint8_t* data, size_t size) {
         break;
       case 9: {  // Resume: by its process, or by another one.
         const bool other = in.Byte() % 2;
-        absl::StatusOr<OpenedSession> r =
-            store.ResumeSession(c.id, OwnerOf(other ? c.pid + 50 : c.pid, 0));
+        absl::StatusOr<OpenedSession> r = store.ResumeSession(
+            c.id, OwnerKey{1000, other ? c.pid + 50 : c.pid, 1});
         if (other && r.ok()) Broken("another process resumed a session");
         if (r.ok()) c.stream = r->stream;
         break;
       }
       case 10: {  // Another process acting for this session.
-        if (store.Authorize(c.id, OwnerOf(c.pid + 50, 0)).ok()) {
+        if (store.Authorize(c.id, OwnerKey{1000, c.pid, 2}).ok()) {
           Broken("a session acted for another process");
         }
         break;
@@ -225,8 +226,9 @@ void Run(const uint8_t* data, size_t size) {
   CheckBooks(store);
   const uint64_t opener =
       store
-          .OpenSession("end",
-                       PeerInfo{{1, 1000, 1000}, OwnerOf(1, 0), nullptr, ""})
+          .OpenSession(
+              "end",
+              PeerInfo{{1, 1000, 1000}, OwnerKey{1000, 1, 1}, nullptr, ""})
           ->id;
   for (const char* n : names) {
     if (*n) store.Delete(opener, n).IgnoreError();

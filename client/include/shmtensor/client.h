@@ -118,6 +118,9 @@ struct StoreStats {
   uint64_t named_objects = 0;
   uint64_t leases = 0;
   uint64_t pending_transfers = 0;
+  // Fork holds this client took that still pin objects for its forked
+  // children (they live).
+  uint64_t fork_holds = 0;
 };
 
 // A session with shmtensord. Copies share the session. The session ends when

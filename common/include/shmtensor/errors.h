@@ -25,6 +25,7 @@ inline constexpr char kReasonStaleReference[] = "ERROR_REASON_STALE_REFERENCE";
 inline constexpr char kReasonSessionEnded[] = "ERROR_REASON_SESSION_ENDED";
 inline constexpr char kReasonAlreadyTaken[] = "ERROR_REASON_ALREADY_TAKEN";
 inline constexpr char kReasonLargerThanPool[] = "ERROR_REASON_LARGER_THAN_POOL";
+inline constexpr char kReasonLimitExceeded[] = "ERROR_REASON_LIMIT_EXCEEDED";
 
 // Returns `status` with `reason` attached.
 absl::Status WithReason(absl::Status status, absl::string_view reason);
@@ -42,6 +43,10 @@ inline bool IsAlreadyTaken(const absl::Status& s) {
 // The requested size exceeds the whole pool: no wait or free can make room.
 inline bool IsLargerThanPool(const absl::Status& s) {
   return ErrorReasonOf(s) == kReasonLargerThanPool;
+}
+// A limit the daemon's operator set would be passed (not a full pool).
+inline bool IsLimitExceeded(const absl::Status& s) {
+  return ErrorReasonOf(s) == kReasonLimitExceeded;
 }
 // The client's session with the daemon has ended.
 inline bool IsSessionEnded(const absl::Status& s) {

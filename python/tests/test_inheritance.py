@@ -1,0 +1,328 @@
+"""Memory that reaches another process without a get of its own: inherited
+through fork (P18), or moved by torch's own sharing, a torch.multiprocessing
+queue, Process arguments or share_memory_() (P19). Each test drops every
+reference the sending or forking process had, churns the pool so that any
+range let go is written again with other bytes, and then reads what the
+other process kept. Each scenario also runs against torch's own memory (or
+torch's own DataLoader), which must give the same values."""
+
+import os
+import pickle
+import signal
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as tmp
+from torch.utils.data import DataLoader as TorchLoader, Dataset
+
+import shmtensor
+import shmtensor.torch as st
+
+from conftest import spawn_python, used, wait_until
+from test_dataloader import in_pool
+
+MiB = 1 << 20
+
+
+def churn(client, nbytes, value, keep):
+    """Fills the pool with objects of `nbytes` holding `value` until it is
+    full, keeping them in `keep`: every range freed before now holds
+    `value` afterwards."""
+    n = nbytes // 4
+    while True:
+        try:
+            keep.append(client.put(np.full(n, value, dtype=np.float32),
+                                   timeout=0))
+        except (shmtensor.PoolExhaustedError, shmtensor.LargerThanPoolError):
+            return
+
+
+def child_check(check):
+    """Forks; the child waits for a byte on a pipe, runs check() and exits 0
+    when it returned True (1 when False, 2 when it raised). Returns
+    (pid, go): go() lets the child run and returns its exit status."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(w)
+        code = 2
+        try:
+            os.read(r, 1)
+            code = 0 if check() else 1
+        finally:
+            os._exit(code)
+    os.close(r)
+
+    def go():
+        os.write(w, b"x")
+        os.close(w)
+        _, status = os.waitpid(pid, 0)
+        return os.waitstatus_to_exitcode(status)
+    return pid, go
+
+
+# -- fork -------------------------------------------------------------------
+
+@pytest.mark.parametrize("memory", ["shmtensor", "torch"])
+def test_a_forked_child_keeps_what_it_inherited_after_the_parent_drops_it(
+        daemon, memory):  # P18
+    client = shmtensor.connect(daemon.address)
+    if memory == "shmtensor":
+        view = client.get(client.put(np.full(MiB // 4, 1.0, np.float32)))
+        a, t = np.asarray(view), view.tensor()
+        del view
+    else:
+        t = torch.full((MiB // 4,), 1.0).share_memory_()
+        a = t.numpy()
+    _, go = child_check(lambda: bool((a == 1.0).all()) and
+                        bool((t == 1.0).all()))
+    del a, t
+    keep = []
+    churn(client, MiB, 5.0, keep)
+    assert go() == 0
+    del keep
+    assert wait_until(lambda: used(client) == 0, 2.0)
+
+
+def test_a_child_keeps_its_inherited_views_after_the_parent_exits(
+        daemon, tmp_path):  # P18
+    client = shmtensor.connect(daemon.address)
+    ref = client.put(np.full(MiB // 4, 1.0, np.float32))
+    go, result = tmp_path / "go", tmp_path / "result"
+    script = f"""
+import os, pickle, sys, time, numpy as np, shmtensor
+c = shmtensor.connect({daemon.address!r})
+a = np.asarray(c.get(pickle.loads(bytes.fromhex(sys.argv[1]))))
+if os.fork() == 0:
+    while not os.path.exists({str(go)!r}):
+        time.sleep(0.01)
+    with open({str(result)!r}, "w") as f:
+        f.write("ok" if (a == 1.0).all() else "CHANGED")
+    os._exit(0)
+print("forked", flush=True)
+time.sleep(1000)
+"""
+    p = spawn_python(script, daemon.address, pickle.dumps(ref).hex())
+    assert p.stdout.readline().strip() == "forked", p.stderr.read()
+    p.kill()  # The parent dies; its session ends.
+    p.wait()
+    del ref
+    assert wait_until(lambda: client.stats()["sessions"] == 1, 5.0)
+    keep = []
+    churn(client, MiB, 5.0, keep)
+    go.write_text("")
+    assert wait_until(lambda: result.exists() and result.read_text(), 30.0)
+    assert result.read_text() == "ok"
+    del keep
+
+
+class _Tensors(Dataset):
+    """Samples cut from the tensor the dataset holds now."""
+
+    def __init__(self, t):
+        self.t = t
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return self.t[i]
+
+
+@pytest.mark.parametrize("loader", ["shmtensor", "torch"])
+@pytest.mark.parametrize("memory", ["shmtensor", "torch"])
+def test_persistent_fork_workers_read_the_dataset_tensor_they_inherited(
+        daemon, loader, memory):  # P18
+    client = shmtensor.connect(daemon.address)
+
+    def tensor(value):
+        if memory == "torch":
+            return torch.full((8, MiB // 32), value)
+        return client.get(client.put(torch.full((8, MiB // 32),
+                                                value))).tensor()
+    ds = _Tensors(tensor(1.0))
+    kwargs = dict(batch_size=4, num_workers=2, persistent_workers=True,
+                  multiprocessing_context="fork")
+    dl = (st.DataLoader(ds, shmtensor_address=daemon.address, **kwargs)
+          if loader == "shmtensor" else TorchLoader(ds, **kwargs))
+    first = [b.clone() for b in dl]
+    assert all(bool((b == 1.0).all()) for b in first)
+    # Between epochs the training process replaces the dataset's tensor;
+    # the workers keep the copy of the dataset they were forked with.
+    ds.t = tensor(2.0)
+    keep = []
+    churn(client, 8 * MiB // 4, 5.0, keep)
+    churn(client, MiB, 5.0, keep)
+    second = [b.clone() for b in dl]
+    assert [float(b.min()) for b in second] == [1.0, 1.0]
+    assert [float(b.max()) for b in second] == [1.0, 1.0]
+    del dl, keep
+
+
+class _Indexed(Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return torch.full((MiB // 16,), float(i))
+
+
+@pytest.mark.parametrize("loader", ["shmtensor", "torch"])
+def test_a_batch_inherited_by_a_forked_child_keeps_its_bytes(daemon, loader):
+    # P18: the training process forks while it holds a batch, drops it and
+    # goes on; the worker writes later batches into the memory it let go.
+    kwargs = dict(batch_size=4, num_workers=1, multiprocessing_context="fork")
+    dl = (st.DataLoader(_Indexed(), shmtensor_address=daemon.address,
+                        **kwargs)
+          if loader == "shmtensor" else TorchLoader(_Indexed(), **kwargs))
+    it = iter(dl)
+    batch = next(it)
+    a = batch.numpy()
+    expected = np.repeat(np.arange(4, dtype=np.float32), MiB // 16)
+    assert (a.reshape(-1) == expected).all()
+    _, go = child_check(lambda: bool((a.reshape(-1) == expected).all()))
+    del a, batch
+    rest = [float(b.sum()) for b in it]  # The worker reuses its slots.
+    assert len(rest) == 15
+    assert go() == 0
+
+
+def test_an_inherited_unsealed_buffer_never_changes_the_sealed_object(
+        daemon):  # P1, P18
+    client = shmtensor.connect(daemon.address)
+    buf = client.create((MiB // 4,), "float32")
+    np.asarray(buf)[:] = 1.0
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(w)
+        a = np.asarray(buf)
+        os.read(r, 1)  # The parent sealed it.
+        a[:] = 7.0     # Faults: the range is not writable in this child.
+        os._exit(0)
+    os.close(r)
+    ref = buf.seal()
+    os.write(w, b"x")
+    os.close(w)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) in (
+        signal.SIGSEGV, signal.SIGBUS), status
+    assert (np.asarray(client.get(ref)) == 1.0).all()
+
+
+def test_a_fork_without_views_asks_the_daemon_nothing(daemon):
+    client = shmtensor.connect(daemon.address)
+    ref = client.put(np.ones(4))
+    del ref
+    _, go = child_check(lambda: True)
+    assert go() == 0
+    assert client.stats()["fork_holds"] == 0
+    view = client.get(client.put(np.ones(4)))
+    pid, go = child_check(lambda: True)
+    assert client.stats()["fork_holds"] == 1  # One for the one fork.
+    assert go() == 0
+    assert wait_until(lambda: client.stats()["fork_holds"] == 0, 2.0)
+    del view
+
+
+# -- torch's own sharing ----------------------------------------------------
+
+def _receive_sum(q, out):
+    t = q.get()
+    out.put((float(t.sum()), in_pool(t.data_ptr()), type(t).__name__,
+             t.is_shared()))
+    time.sleep(0.5)  # Hold it while the sender checks.
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_a_tensor_through_a_torch_queue_travels_by_reference(
+        daemon, method):  # P19
+    client = shmtensor.connect(daemon.address)
+    view = client.get(client.put(torch.full((MiB // 4,), 1.0)))
+    t = view.tensor()
+    a = t.numpy()
+    ptr = t.data_ptr()
+    del view
+    ctx = tmp.get_context(method)
+    q, out = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=_receive_sum, args=(q, out))
+    p.start()
+    q.put(t)
+    total, by_reference, kind, shared = out.get(timeout=60)
+    assert total == MiB // 4
+    assert by_reference and kind == "ReadOnlyTensor" and shared
+    assert t.data_ptr() == ptr  # The sender's tensor was not moved.
+    del t
+    keep = []
+    churn(client, MiB, 5.0, keep)
+    assert (a == 1.0).all()
+    p.join(30)
+    assert p.exitcode == 0
+
+
+def _receive_args(t, out):
+    out.put((float(t.sum()), in_pool(t.data_ptr())))
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_a_tensor_as_a_process_argument_travels_by_reference(daemon, method):
+    client = shmtensor.connect(daemon.address)
+    t = client.get(client.put(torch.full((1024,), 2.0))).tensor()
+    ctx = tmp.get_context(method)
+    out = ctx.Queue()
+    p = ctx.Process(target=_receive_args, args=(t, out))
+    p.start()
+    assert out.get(timeout=60) == (2048.0, True)
+    p.join(30)
+    assert p.exitcode == 0
+
+
+def test_share_memory_of_pool_memory_changes_nothing(daemon):  # P19
+    client = shmtensor.connect(daemon.address)
+    view = client.get(client.put(torch.full((MiB // 4,), 1.0)))
+    t = view.tensor()
+    a = t.numpy()
+    ptr = t.data_ptr()
+    assert t.is_shared()
+    assert t.share_memory_() is t and t.data_ptr() == ptr
+    t.untyped_storage().share_memory_() if hasattr(
+        t, "untyped_storage") else t.storage().share_memory_()
+    assert t.data_ptr() == ptr
+    del view, t
+    keep = []
+    churn(client, MiB, 5.0, keep)
+    assert (a == 1.0).all()
+
+
+@pytest.mark.parametrize("loader", ["shmtensor", "torch"])
+def test_kept_batches_sent_through_a_torch_queue_keep_their_bytes(
+        daemon, loader):  # P19: 4 of 4 kept batches read others' bytes
+    kwargs = dict(batch_size=4, num_workers=2)
+    dl = (st.DataLoader(_Indexed(), shmtensor_address=daemon.address,
+                        **kwargs)
+          if loader == "shmtensor" else TorchLoader(_Indexed(), **kwargs))
+    ctx = tmp.get_context("spawn")
+    q, out = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=_receive_many, args=(q, out, 4))
+    p.start()
+    kept = []
+    for i, batch in enumerate(dl):
+        if i < 4:
+            kept.append((i, batch.numpy()))
+            q.put(batch)
+    got = out.get(timeout=60)
+    expected = [float(sum(range(4 * i, 4 * i + 4)) * (MiB // 16))
+                for i in range(4)]
+    assert got == expected
+    for i, a in kept:
+        want = np.repeat(np.arange(4 * i, 4 * i + 4, dtype=np.float32),
+                         MiB // 16)
+        assert (a.reshape(-1) == want).all(), f"kept batch {i} changed"
+    p.join(30)
+    assert p.exitcode == 0
+
+
+def _receive_many(q, out, n):
+    out.put([float(q.get().sum()) for _ in range(n)])

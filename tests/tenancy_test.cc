@@ -1,0 +1,150 @@
+// Users of one daemon against each other (PITFALLS P20, P21): a process that
+// gets a dead client's pid never acts for its session, and bytes one user
+// wrote never reach another. Real uids (setresuid) and real pid reuse (the
+// kernel's ns_last_pid, as an unprivileged user cycling pids would get it),
+// so the tests need root and skip without it.
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "gtest/gtest.h"
+#include "shmtensor/client.h"
+#include "shmtensor/v1/monitor.pb.h"
+#include "tests/test_util.h"
+
+namespace shmtensor {
+namespace {
+
+using testing::DaemonProcess;
+using testing::Subprocess;
+
+constexpr int kUserA = 65520;  // Both in the pool's `users`.
+constexpr int kUserB = 65521;
+constexpr int kStranger = 65532;  // On no list.
+constexpr uint64_t kMiB = 1 << 20;
+
+class TenancyTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (geteuid() != 0) GTEST_SKIP() << "needs root to become other users";
+    dir_ = absl::StrCat("/tmp/shmtensor-tenancy-", getpid(), "-", counter_++);
+    mkdir(dir_.c_str(), 0755);
+    chmod(dir_.c_str(), 0755);
+    address_ = "unix:" + dir_ + "/d.sock";
+    const std::string config = dir_ + ".toml";
+    std::ofstream(config) << "socket_mode = \"0666\"\n"
+                          << "[[pool]]\nname = \"default\"\nsize = \"16MiB\"\n"
+                          << "users = [" << kUserA << ", " << kUserB << "]\n";
+    absl::StatusOr<std::unique_ptr<DaemonProcess>> d =
+        DaemonProcess::Start({"--config", config}, address_);
+    ASSERT_TRUE(d.ok()) << d.status();
+    daemon_ = *std::move(d);
+    unlink(config.c_str());
+    absl::StatusOr<Client> c = Client::Connect({.address = address_});
+    ASSERT_TRUE(c.ok()) << c.status();
+    client_.emplace(*std::move(c));
+  }
+  void TearDown() override {
+    client_.reset();
+    daemon_.reset();
+    if (!dir_.empty()) rmdir(dir_.c_str());
+  }
+
+  static std::unique_ptr<Subprocess> Spawn(std::vector<std::string> args) {
+    args.insert(args.begin(), SHMTENSOR_HARDENING_CHILD_PATH);
+    absl::StatusOr<std::unique_ptr<Subprocess>> p = Subprocess::Spawn(args);
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? *std::move(p) : nullptr;
+  }
+  // `args` started as a process whose pid is `pid`, or null when the kernel
+  // gave the pid to someone else first every time.
+  static std::unique_ptr<Subprocess> SpawnWithPid(
+      pid_t pid, std::vector<std::string> args) {
+    for (int attempt = 0; attempt < 50; ++attempt) {
+      std::ofstream("/proc/sys/kernel/ns_last_pid") << pid - 1;
+      std::unique_ptr<Subprocess> p = Spawn(args);
+      if (p != nullptr && p->pid() == pid) return p;
+    }
+    return nullptr;
+  }
+  uint64_t Used() {
+    return testing::MonitorStatus(address_).pools(0).used_bytes();
+  }
+
+  static inline int counter_ = 0;
+  std::string dir_;
+  std::string address_;
+  std::unique_ptr<DaemonProcess> daemon_;
+  std::optional<Client> client_;
+};
+
+// [P20] A client loses its connection (its session waits for it, detached),
+// then dies; before the daemon's reaper sees it, a process with the same pid
+// resumes the session with the leaked session id and uses it. The process
+// is another user (who may use no pool at all) or the same user (another
+// process). Every try is refused.
+TEST_F(TenancyTest, APidHandedOutAgainNeverActsForTheDeadProcessesSession) {
+  int rounds = 0;
+  std::vector<std::string> breaches;
+  for (int round = 0; round < 8; ++round) {
+    client_->Delete("victim").IgnoreError();
+    std::unique_ptr<Subprocess> victim =
+        Spawn({"--uid", absl::StrCat(kUserA), "victim", address_, "break"});
+    ASSERT_NE(victim, nullptr);
+    absl::StatusOr<std::string> ready = victim->ReadLine();
+    ASSERT_TRUE(ready.ok() && absl::StartsWith(*ready, "ready")) << *ready;
+    ASSERT_EQ(*victim->ReadLine(), "broken");
+    const std::vector<std::string> f = absl::StrSplit(*ready, ' ');
+    const pid_t pid = victim->pid();
+    victim->Signal(SIGKILL);
+    victim->Wait();
+    const int uid = round % 2 == 0 ? kStranger : kUserA;
+    std::unique_ptr<Subprocess> attacker = SpawnWithPid(
+        pid, {"--uid", absl::StrCat(uid), "resume", address_, f[1]});
+    if (attacker == nullptr) continue;
+    ++rounds;
+    const std::string out = attacker->ReadAll();
+    if (!absl::StrContains(out, "refused: ") ||
+        !absl::StrContains(out, "accepted 0 refused 3")) {
+      breaches.push_back(absl::StrCat("uid ", uid, ": ", out));
+    }
+  }
+  EXPECT_GT(rounds, 0) << "never got a dead victim's pid";
+  EXPECT_TRUE(breaches.empty()) << absl::StrJoin(breaches, "\n");
+}
+
+// [P21] User A fills the pool with 0x5A and leaves (exclusive hand-offs
+// nobody takes, reclaimed when it exits); user B, also a writer of the pool,
+// then gets all of that memory: every byte is zero.
+TEST_F(TenancyTest, BytesOneUserWroteNeverReachAnother) {
+  for (uint64_t size : {kMiB, 3 * kMiB, 4 * kMiB, 8 * kMiB - 4096}) {
+    std::unique_ptr<Subprocess> a =
+        Spawn({"--uid", absl::StrCat(kUserA), "leave", address_,
+               absl::StrCat(size), "90"});
+    ASSERT_NE(a, nullptr);
+    EXPECT_EQ(*a->ReadLine(), "sealed");
+    a->Wait();
+  }
+  for (int i = 0; i < 200 && Used() != 0; ++i) usleep(10000);
+  ASSERT_EQ(Used(), 0u);
+  std::unique_ptr<Subprocess> b = Spawn({"--uid", absl::StrCat(kUserB), "fresh",
+                                         address_, absl::StrCat(16 * kMiB)});
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(*b->ReadLine(), "zero");
+  // What it cost, as operators see it: every byte A had been given (its
+  // objects reused one another's ranges: the largest covers them all).
+  EXPECT_GE(testing::MonitorStatus(address_).pools(0).cleared_bytes(),
+            8 * kMiB - 4096);
+}
+
+}  // namespace
+}  // namespace shmtensor
