@@ -127,6 +127,20 @@ void PoolMapping::AfterFork() {
   delete held;  // May unmap a mapping whose last other holder let go.
 }
 
+bool PoolMapping::Contains(const void* p) {
+  const auto* b = static_cast<const uint8_t*>(p);
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  for (const auto& [key, weak] : Registry()) {
+    std::shared_ptr<PoolMapping> m = weak.lock();
+    if (m == nullptr) continue;
+    const uint64_t size = m->info_.size_bytes();
+    if (b >= m->ro_ && b < m->ro_ + size) return true;
+    std::lock_guard<std::mutex> mapping_lock(m->mu_);
+    if (m->rw_ != nullptr && b >= m->rw_ && b < m->rw_ + size) return true;
+  }
+  return false;
+}
+
 absl::StatusOr<std::shared_ptr<PoolMapping>> PoolMapping::Get(
     const v1::PoolInfo& info, int fd) {
   // Owns `fd` until it is handed to a mapping.

@@ -68,6 +68,11 @@ class PoolMapping {
   PoolMapping(const PoolMapping&) = delete;
   PoolMapping& operator=(const PoolMapping&) = delete;
 
+  // True when `p` lies in a mapping (read-only or writable) of a pool that
+  // this process maps now: memory a lease of some client of the process
+  // may cover. A lock and a few comparisons per live pool.
+  static bool Contains(const void* p);
+
   const v1::PoolInfo& info() const { return info_; }
   const uint8_t* read_base() const { return ro_; }
 

@@ -20,6 +20,10 @@
 //  5. Section 1's lifecycle filled through data(). Last: a range data() ever
 //     pointed into closes at every later seal in this process (view.h,
 //     WriteRevocation::kWhenExposed), which would change what 1-4 measure.
+//  6. Clearing between users (docs/shm_layout.md): what the daemon pays to
+//     zero a range another uid wrote before a create of another uid gets it
+//     (HostSegment::Clear, pwrite of zeros into a memfd), against memset of
+//     private memory already faulted in (the ideal bound), per size.
 //
 // Sections 1 and 2 run twice, side by side: with the default pool, a memfd
 // (4 KiB pages), and in a tmpfs mounted huge=always (2 MiB pages; mounted for
@@ -47,6 +51,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/lease.h"
+#include "daemon/memory/host_segment.h"
 #include "grpcpp/grpcpp.h"
 #include "shmtensor/client.h"
 #include "shmtensor/v1/monitor.grpc.pb.h"
@@ -660,6 +665,43 @@ void BenchMonitoring(const DaemonProcess& d, int rounds, double round_s) {
 
 }  // namespace
 
+// Section 6.
+void BenchClearing(int reps) {
+  std::printf(
+      "\n== 6. Clearing a range another uid wrote (per create of another "
+      "uid) ==\n");
+  constexpr uint64_t kSegment = 64ull << 20;
+  absl::StatusOr<std::unique_ptr<shmtensor::daemon::HostSegment>> seg =
+      shmtensor::daemon::HostSegment::Create(
+          {.label = "bench-clear", .size_bytes = kSegment});
+  if (!seg.ok()) {
+    std::printf("no segment: %s\n", seg.status().ToString().c_str());
+    return;
+  }
+  std::vector<uint8_t> private_memory(kSegment, 1);
+  std::printf("%-8s %14s %14s %10s %12s\n", "size", "clear (us)", "memset (us)",
+              "ratio", "clear GB/s");
+  for (uint64_t size : {64ull << 10, 1ull << 20, 16ull << 20, 64ull << 20}) {
+    double clear_s = 0, memset_s = 0;
+    for (int i = 0; i < reps; ++i) {
+      Clock::time_point t0 = Clock::now();
+      Check((*seg)->Clear(0, size), "clear");
+      Clock::time_point t1 = Clock::now();
+      std::memset(private_memory.data(), i & 0xFF, size);
+      Clock::time_point t2 = Clock::now();
+      clear_s += std::chrono::duration<double>(t1 - t0).count();
+      memset_s += std::chrono::duration<double>(t2 - t1).count();
+    }
+    std::printf("%-8s %14.1f %14.1f %9.2fx %12.2f\n",
+                absl::StrFormat("%d KiB", size >> 10).c_str(),
+                clear_s / reps * 1e6, memset_s / reps * 1e6, clear_s / memset_s,
+                size * reps / clear_s / 1e9);
+  }
+  std::printf(
+      "(a create by the uid that last wrote the range clears nothing; the "
+      "ratio is the clear against memset of private memory)\n");
+}
+
 int main(int argc, char** argv) {
   bool quick = false, monitoring_only = false, huge = true;
   std::string huge_dir;
@@ -720,6 +762,7 @@ int main(int argc, char** argv) {
     for (const Target& t : targets) {
       BenchPointerLifecycle(t, quick ? 200 : 2000);
     }
+    BenchClearing(quick ? 5 : 40);
     return 0;
   }
   BenchMonitoring(daemon, quick ? 3 : 8, quick ? 1.0 : 2.0);

@@ -212,6 +212,8 @@ def _dtype_of(obj):
 
 def _to_tensor(obj, read_only):
     import torch
+    from . import _torch_sharing
+    _torch_sharing.install()
     t = torch.from_dlpack(obj)
     if obj.dtype_code == _dtypes.BOOL:
         t = t.view(torch.bool)  # DLPack carries bools as uint8 for torch.

@@ -23,7 +23,8 @@ _INPLACE_DUNDERS = frozenset({
     "__ixor__", "__ilshift__", "__irshift__", "__imatmul__",
 })
 # Named like in-place ops but change no element.
-_HARMLESS = frozenset({"requires_grad_", "retain_grad", "detach_"})
+_HARMLESS = frozenset({"requires_grad_", "retain_grad", "detach_",
+                       "share_memory_"})
 
 
 def _writes(name):
@@ -93,6 +94,8 @@ def _tensors(args, kwargs):
 
 
 def _rewrap(ret, guarded):
+    if isinstance(ret, ReadOnlyTensor):
+        return ret  # The tensor itself (share_memory_ returns self).
     if isinstance(ret, torch.Tensor):
         if ret.device.type == "cpu" and _storage_ptr(ret) in guarded:
             return ReadOnlyTensor.wrap(ret)

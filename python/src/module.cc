@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "client/batch_ring.h"
+#include "client/pool_mapping.h"
 #ifdef SHMTENSOR_BENCH_HOOKS
 #include "bench/python/hooks.h"
 #endif
@@ -117,6 +118,15 @@ PYBIND11_MODULE(_core, m) {
       "For the package, once: its Buffer and View classes (subclasses of "
       "the native ones) and the dtype and device helpers Client uses (see "
       "python/src/py_objects.h, py_client.h).");
+  m.def(
+      "_in_pool",
+      [](uintptr_t address) {
+        return internal::PoolMapping::Contains(
+            reinterpret_cast<const void*>(address));
+      },
+      py::arg("address"),
+      "True when `address` lies in this process's mapping of a shmtensord "
+      "pool (host pools; for torch's sharing, shmtensor/_torch_sharing.py).");
   m.def("default_address", &DefaultAddress,
         "The daemon address used when none is given ($SHMTENSOR_ADDRESS or "
         "$XDG_RUNTIME_DIR/shmtensord.sock, or "

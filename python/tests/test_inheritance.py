@@ -236,9 +236,11 @@ def _receive_sum(q, out):
     time.sleep(0.5)  # Hold it while the sender checks.
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
-def test_a_tensor_through_a_torch_queue_travels_by_reference(
-        daemon, method):  # P19
+def _send_through_queue(daemon, method):
+    """Sends a tensor over pool memory through a torch.multiprocessing
+    queue, drops every reference but a NumPy array of it, churns the pool;
+    returns what the receiver said, whether the sender's tensor stayed
+    where it was, and whether the array kept its bytes."""
     client = shmtensor.connect(daemon.address)
     view = client.get(client.put(torch.full((MiB // 4,), 1.0)))
     t = view.tensor()
@@ -250,33 +252,69 @@ def test_a_tensor_through_a_torch_queue_travels_by_reference(
     p = ctx.Process(target=_receive_sum, args=(q, out))
     p.start()
     q.put(t)
-    total, by_reference, kind, shared = out.get(timeout=60)
-    assert total == MiB // 4
-    assert by_reference and kind == "ReadOnlyTensor" and shared
-    assert t.data_ptr() == ptr  # The sender's tensor was not moved.
+    received = out.get(timeout=60)
+    stayed = t.data_ptr() == ptr and t.is_shared()
     del t
     keep = []
     churn(client, MiB, 5.0, keep)
-    assert (a == 1.0).all()
+    kept = bool((a == 1.0).all())
     p.join(30)
     assert p.exitcode == 0
+    return received, stayed, kept
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_a_tensor_through_a_torch_queue_keeps_every_view_of_it(
+        daemon, method):  # P19: torch moved it, and the array read others'
+    (total, _, _, _), stayed, kept = _send_through_queue(daemon, method)
+    assert total == MiB // 4
+    assert stayed  # The sender's tensor was not moved.
+    assert kept
+
+
+@pytest.mark.xfail(strict=True, reason="P19 by reference: issue 33 leaves "
+                   "it open; the receiver gets a copy (docs/guide.md)")
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_tensor_through_a_torch_queue_travels_by_reference(
+        daemon, method):  # P19
+    (_, by_reference, kind, _), _, _ = _send_through_queue(daemon, method)
+    assert by_reference and kind == "ReadOnlyTensor"
 
 
 def _receive_args(t, out):
     out.put((float(t.sum()), in_pool(t.data_ptr())))
 
 
-@pytest.mark.parametrize("method", ["spawn", "forkserver"])
-def test_a_tensor_as_a_process_argument_travels_by_reference(daemon, method):
+def _send_as_argument(daemon, method):
     client = shmtensor.connect(daemon.address)
-    t = client.get(client.put(torch.full((1024,), 2.0))).tensor()
+    t = client.get(client.put(torch.full((MiB // 4,), 2.0))).tensor()
+    a = t.numpy()
     ctx = tmp.get_context(method)
     out = ctx.Queue()
     p = ctx.Process(target=_receive_args, args=(t, out))
     p.start()
-    assert out.get(timeout=60) == (2048.0, True)
+    got = out.get(timeout=60)
     p.join(30)
     assert p.exitcode == 0
+    del t
+    keep = []
+    churn(client, MiB, 5.0, keep)
+    return got, bool((a == 2.0).all())
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_a_tensor_as_a_process_argument_keeps_every_view_of_it(
+        daemon, method):  # P19
+    (total, _), kept = _send_as_argument(daemon, method)
+    assert total == MiB // 2
+    assert kept
+
+
+@pytest.mark.xfail(strict=True, reason="P19 by reference: issue 33 leaves "
+                   "it open; the receiver gets a copy (docs/guide.md)")
+def test_a_tensor_as_a_process_argument_travels_by_reference(daemon):
+    (_, by_reference), _ = _send_as_argument(daemon, "spawn")
+    assert by_reference
 
 
 def test_share_memory_of_pool_memory_changes_nothing(daemon):  # P19

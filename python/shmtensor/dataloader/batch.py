@@ -34,6 +34,8 @@ import torch
 # is made of; its registry is documented for extending default_collate).
 from torch.utils.data._utils import collate as _torch_collate
 
+from .. import _torch_sharing
+
 # Offsets of leaves in the buffer are multiples of this (a cache line, and a
 # multiple of every dtype's element size).
 ALIGN = 64
@@ -143,6 +145,7 @@ def _reductions():
     made once; again only if a reduction is registered later (what
     ForkingPickler.__init__ would copy for every batch)."""
     global _table, _table_from
+    _torch_sharing.install()  # Before the table copies torch's reductions.
     extra = ForkingPickler._extra_reducers
     if _table is None or _table_from != len(extra):
         table = ForkingPickler._copyreg_dispatch_table.copy()

@@ -10,6 +10,7 @@ Each handle turns into tensors once: the hand-off is exclusive.
 
 import torch
 
+from .. import _torch_sharing
 from .._local import local_client
 from . import batch as _batch
 from . import rings as _rings
@@ -90,6 +91,7 @@ def _ring_batch(ring_ref, slots, slot_bytes, align, slot, gen, nbytes,
     if cache is None:
         cache = _rings.RingCache(register=False)  # Joined for this batch only.
     ring = cache.ring(ring_ref, slots, slot_bytes, align, address, client)
+    _torch_sharing.install()
     flat = torch.from_dlpack(ring.adopt(slot, gen, max(nbytes, 1)))
     return _batch.unpack(payload, flat)
 
