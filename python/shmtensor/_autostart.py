@@ -181,6 +181,20 @@ def _probe_default(address):
         return False, (f"its directory {directory} has mode "
                        f"{stat.S_IMODE(st.st_mode):04o}: others could put "
                        f"their socket there")
+    answers, owner = _listener(path)
+    if not answers:
+        return False, None
+    if owner not in (me, 0):
+        return False, (f"the process listening there runs as uid {owner}, "
+                       f"not as this user (uid {me})")
+    return True, None
+
+
+def _listener(path):
+    """(answers, uid): whether something accepts connections at the Unix
+    socket `path` (a daemon's listen queue accepts at once, busy or not),
+    and the uid it runs as: the kernel's word (SO_PEERCRED), or the socket
+    file's owner when the queue is full; uid None when nothing answers."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(2.0)
         try:
@@ -189,20 +203,21 @@ def _probe_default(address):
             if not (e.errno in (errno.EAGAIN, errno.EWOULDBLOCK)
                     or isinstance(e, socket.timeout)):
                 return False, None  # ENOENT, ECONNREFUSED, EACCES, ...
-            # Listening with a full queue: whose it is, lstat says.
             try:
-                owner = os.lstat(path).st_uid
+                return True, os.lstat(path).st_uid  # Listening, queue full.
             except OSError:
-                return False, None
-        else:
-            # The kernel's word on who listens (pid, uid, gid).
-            owner = struct.unpack(
-                "3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                   struct.calcsize("3i")))[1]
-    if owner not in (me, 0):
-        return False, (f"the process listening there runs as uid {owner}, "
-                       f"not as this user (uid {me})")
-    return True, None
+                return True, None
+        return True, struct.unpack(
+            "3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                               struct.calcsize("3i")))[1]
+
+
+def _answers(address):
+    """True when something accepts connections at the Unix socket of
+    `address` (for the distributed helper: the node's private daemon)."""
+    if not address.startswith("unix:"):
+        return True  # Not ours to judge: connect() says whether it answers.
+    return _listener(address[len("unix:"):])[0]
 
 
 def _socket_directory():

@@ -165,7 +165,9 @@ Device DeviceOf(PyObject* device) {
 }
 
 // Runs `attempt(wait)` in slices of at most one second until it succeeds,
-// fails with something other than `retry_code`, or `timeout` has passed,
+// fails with something other than `retry_code` (or with a limit error:
+// LIMIT_EXCEEDED is RESOURCE_EXHAUSTED too, but no wait lifts it), or
+// `timeout` has passed,
 // so that a long wait (timeout=None waits without limit) still answers
 // Ctrl-C. The GIL is released while an attempt runs.
 template <typename T, typename Attempt>
@@ -184,7 +186,8 @@ T WaitInSlices(absl::Duration timeout, absl::StatusCode retry_code,
       ReleaseGil release;
       r = attempt(slice);
     }
-    if (r->ok() || r->status().code() != retry_code) {
+    if (r->ok() || r->status().code() != retry_code ||
+        IsLimitExceeded(r->status())) {
       return Check(*std::move(r));
     }
     if (!forever && absl::Now() >= deadline) {

@@ -557,7 +557,8 @@ def test_ring_slot_is_reused_only_after_its_last_tensor_dies(daemon):
     """The ring protocol in one process: a handed slot is adopted once (a
     second adoption is a stale handle), stays taken while any tensor over it
     lives, in this process only (a forked child's copies free nothing), and
-    then is the producer's to fill again."""
+    then is the producer's to fill again; unless the process forked while
+    it had the slot: then it is retired for good (P18)."""
     from shmtensor import _core
     c = shmtensor.connect(daemon.address)
     size = _core.BatchRing.bytes(1, 4096, 4096)
@@ -580,6 +581,19 @@ def test_ring_slot_is_reused_only_after_its_last_tensor_dies(daemon):
     part = batch[100:200]
     del batch
     assert producer.claim() == -1  # `part` still views the slot.
+    assert int(part.sum()) == 700
+    del part
+    assert producer.claim() == 0  # Free again, for the next batch.
+    assert producer.generation(0) == gen + 1
+    with pytest.raises(shmtensor.Error, match="stale batch handle"):
+        consumer.adopt(0, gen, 4096)  # The old handle.
+    # P18: a fork while the slot is adopted. The child's copies free
+    # nothing; and since the child may read the batch for as long as it
+    # lives, the parent's last tensor retires the slot instead of freeing
+    # it: the producer never writes it again.
+    gen = producer.generation(0)
+    producer.hand(0)
+    part = torch.from_dlpack(consumer.adopt(0, gen, 4096))[100:200]
     pid = os.fork()
     if pid == 0:  # The child drops its copy of the tensor, then exits.
         del part
@@ -589,11 +603,7 @@ def test_ring_slot_is_reused_only_after_its_last_tensor_dies(daemon):
     assert producer.claim() == -1  # Not freed by the child.
     assert int(part.sum()) == 700
     del part
-    assert producer.claim() == 0  # Free again, for the next batch.
-    assert producer.generation(0) == gen + 1
-    with pytest.raises(shmtensor.Error, match="stale batch handle"):
-        consumer.adopt(0, gen, 4096)  # The old handle.
-    producer.unclaim(0)
+    assert producer.claim() == -1  # Retired, not freed.
     del producer, consumer, view, buf
     assert wait_until(lambda: used(c) == 0, 2.0), c.stats()
 

@@ -99,17 +99,20 @@ void Run(const uint8_t* data, size_t size) {
     uint64_t stream = 0;
     pid_t pid = 0;
     uint64_t seq = 0;
+    std::string secret;  // Its descriptor secret.
   };
   std::vector<Client> clients(3);
   auto open = [&](Client& c, pid_t pid) {
     absl::StatusOr<OpenedSession> s = store.OpenSession(
         "fuzz",
         PeerInfo{{pid, 1000, 1000}, OwnerKey{1000, pid, 1}, nullptr, ""});
-    c = Client{s.ok() ? s->id : 0, s.ok() ? s->stream : 0, pid, 0};
+    c = Client{s.ok() ? s->id : 0, s.ok() ? s->stream : 0, pid, 0,
+               s.ok() ? s->descriptor_secret : ""};
   };
   for (size_t i = 0; i < clients.size(); ++i) open(clients[i], 100 + i);
   std::vector<uint64_t> leases;
   std::vector<v1::ObjectRef> refs;
+  std::vector<uint64_t> holds;  // Fork holds taken and not yet ended.
   const char* names[] = {"a", "b", "c", ""};
   for (int step = 0; step < 400 && !in.done(); ++step) {
     const uint8_t op = in.Byte();
@@ -119,7 +122,7 @@ void Run(const uint8_t* data, size_t size) {
       if (b < 200 && !leases.empty()) return leases[b % leases.size()];
       return b == 255 ? in.U64() : b;  // Made up.
     };
-    switch (op % 13) {
+    switch (op % 15) {
       case 0:
       case 11: {  // Create, untyped or with a layout off the wire.
         CreateArgs a;
@@ -218,11 +221,30 @@ void Run(const uint8_t* data, size_t size) {
         store.ListObjects(in.Byte(), in.U64() % 64);
         store.ListClients();
         break;
+      case 13: {  // A fork: by the session's process, or by another one.
+        const bool other = in.Byte() % 4 == 0;
+        absl::StatusOr<ForkHoldGrant> h =
+            store.HoldForFork(c.id, other ? std::string("forged") : c.secret,
+                              OwnerKey{1000, c.pid, 1});
+        if (other && h.ok()) Broken("a forged secret took a fork hold");
+        if (h.ok()) holds.push_back(h->hold_id);
+        break;
+      }
+      case 14:  // The children of a fork are gone (or a made-up hold).
+        if (!holds.empty() && in.Byte() < 200) {
+          const size_t i = in.Byte() % holds.size();
+          store.EndForkHold(holds[i]);
+          holds.erase(holds.begin() + i);
+        } else {
+          store.EndForkHold(in.U64());
+        }
+        break;
     }
     CheckBooks(store);
   }
   // Everything ends: nothing may be left but named objects, then nothing.
   for (Client& c : clients) store.EndSession(c.id);
+  for (uint64_t h : holds) store.EndForkHold(h);
   CheckBooks(store);
   const uint64_t opener =
       store
