@@ -226,7 +226,10 @@ absl::Status CheckMemoryFits(uint64_t size, const char* what) {
 
 // Writes zeros over [offset, offset + size) of `fd` with pwrite(2).
 absl::Status ZeroFill(int fd, uint64_t offset, uint64_t size) {
-  const std::vector<char> zeros(uint64_t{1} << 20, 0);
+  // Read-only once made (so any thread may use it); never freed.
+  static const std::vector<char>* const kZeros =
+      new std::vector<char>(uint64_t{1} << 20, 0);
+  const std::vector<char>& zeros = *kZeros;
   uint64_t done = 0;
   while (done < size) {
     const size_t chunk =
