@@ -188,13 +188,15 @@ absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::Connect(
     std::optional<uid_t> daemon_uid, bool read_only) {
   absl::StatusOr<std::string> path = SocketPathOf(address);
   if (!path.ok()) return path.status();
-  EnableForkSupport();
   static std::once_flag fork_handlers;
-  // Registered after EnableForkSupport's: its prepare runs before gRPC's,
-  // while every channel still works (it uses none: the descriptor socket).
+  // Registered before EnableForkSupport's, so its prepare runs after
+  // gRPC's (prepare handlers run in reverse order): the hold's snapshot is
+  // taken once gRPC has stopped completing calls, so a lease a call gets
+  // is in it. It needs no gRPC: the descriptor socket is a plain one.
   std::call_once(fork_handlers, [] {
     pthread_atfork(PrepareFork, AfterForkInParent, AfterForkInChild);
   });
+  EnableForkSupport();
   RegisterDaemonAddress(address);
   std::shared_ptr<ClientCore> core(new ClientCore());
   core->owner_pid_ = getpid();

@@ -114,6 +114,15 @@ absl::StatusOr<OwnerKey> IdentifyPeer(const PeerCredentials& peer, int pidfd,
                                       uint64_t connection_serial) {
   if (peer.pid <= 0) return OwnerOf(peer, 0, connection_serial);
   absl::StatusOr<uint64_t> start = ProcessStartTime(peer.pid);
+  if (absl::IsNotFound(start.status()) && pidfd >= 0 && !ProcessExited(pidfd)) {
+    // Alive, yet /proc does not show it (hidepid=2, and this daemon is not
+    // root): no start time tells it from a later holder of its pid, so it
+    // is keyed as a process the daemon cannot see at all, by its
+    // connection (its session cannot be resumed from another one).
+    PeerCredentials hidden = peer;
+    hidden.pid = 0;
+    return OwnerOf(hidden, 0, connection_serial);
+  }
   if (!start.ok()) return start.status();
   if (pidfd >= 0 && ProcessExited(pidfd)) {
     return absl::FailedPreconditionError(

@@ -97,7 +97,9 @@ inline bool SameProcess(const OwnerKey& owner, const OwnerKey& other) {
 // invalid for pid 0): its start time is read, then the pidfd must still show
 // the process alive, so the time read was that process's and not a later
 // holder's of its pid. FAILED_PRECONDITION when the peer has exited already
-// (its connection is of no use), errors of ProcessStartTime otherwise.
+// (its connection is of no use), errors of ProcessStartTime otherwise. A
+// live peer whose /proc entry this daemon cannot read (hidepid=2) gets the
+// key of a pid the daemon cannot see (pid 0, by its connection).
 absl::StatusOr<OwnerKey> IdentifyPeer(const PeerCredentials& peer, int pidfd,
                                       uint64_t connection_serial);
 

@@ -214,12 +214,17 @@ absl::StatusOr<ForkHoldGrant> ObjectStore::HoldForFork(uint64_t session_id,
         uid, of_uid, limits_.max_fork_holds_per_uid));
   }
   ++of_uid;
-  ForkHold hold{uid, session_id, {}};
+  ForkHold hold{uid, session_id, {}, 0};
   hold.slots.reserve(s->held_slots.size());
   for (const auto& [slot, count] : s->held_slots) {
-    ++objects_.object(slot).holds;
+    Object& obj = objects_.object(slot);
+    ++obj.holds;
     hold.slots.push_back(slot);
+    hold.bytes += obj.capacity;
   }
+  // What the children keep counts against the uid (max_bytes_per_uid),
+  // as long as they keep it: a hold is no way around the limit.
+  sessions_.ChargeUid(uid, static_cast<int64_t>(hold.bytes));
   const uint64_t id = next_fork_hold_++;
   const auto objects = static_cast<uint32_t>(hold.slots.size());
   fork_holds_.emplace(id, std::move(hold));
@@ -236,6 +241,7 @@ void ObjectStore::EndForkHold(uint64_t hold_id) {
       u != fork_holds_per_uid_.end() && --u->second == 0) {
     fork_holds_per_uid_.erase(u);
   }
+  sessions_.ChargeUid(hold.uid, -static_cast<int64_t>(hold.bytes));
   for (uint32_t slot : hold.slots) {
     Object& obj = objects_.object(slot);
     assert(obj.holds > 0);
@@ -505,21 +511,36 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::TryCreate(
   }
   const uint64_t lease = AddLease(args.session_id, **session, slot, true);
   Handout h = MakeHandout(slot, lease, true);
+  if (!stale.empty()) ++objects_.object(slot).holds;  // Until ClearStale.
   h.stale = std::move(stale);
+  h.slot = slot;
   return h;
 }
 
 absl::Status ObjectStore::ClearStale(uint64_t session_id,
                                      const Handout& handout) {
-  const Segment& seg = segment(handout.placement.pool_id());
+  if (handout.stale.empty()) return absl::OkStatus();
+  const uint32_t pool_id = handout.placement.pool_id();
+  const Segment& seg = segment(pool_id);
+  absl::Status cleared;
   for (const WriterMap::Range& r : handout.stale) {
-    absl::Status s = seg.Clear(r.offset, r.length);
-    if (!s.ok()) {
-      (void)Release(session_id, handout.lease_id);
-      return s;
-    }
+    cleared = seg.Clear(r.offset, r.length);
+    if (!cleared.ok()) break;
   }
-  return absl::OkStatus();
+  {
+    absl::MutexLock lock(&mu_);
+    if (!cleared.ok()) {
+      for (const WriterMap::Range& r : handout.stale) {
+        pools_[pool_id]->writers().Share(r.offset, r.length, WriterMap::kMixed);
+      }
+    }
+    Object& obj = objects_.object(handout.slot);
+    assert(obj.holds > 0);
+    --obj.holds;
+    MaybeFree(handout.slot);
+  }
+  if (!cleared.ok()) (void)Release(session_id, handout.lease_id);
+  return cleared;
 }
 
 absl::StatusOr<SealResult> ObjectStore::Seal(uint64_t session_id,

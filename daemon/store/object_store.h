@@ -127,8 +127,10 @@ struct Handout {
   uint64_t lease_id = 0;
   bool writable = false;
   // Create only: parts of the new object's range that another uid wrote,
-  // which ClearStale must zero before the creator learns of the object.
+  // which ClearStale must zero before the creator learns of the object
+  // (the object is pinned until it has: a fork-hold count, see TryCreate).
   std::vector<WriterMap::Range> stale;
+  uint32_t slot = 0;
 };
 
 struct SealResult {
@@ -223,7 +225,10 @@ class ObjectStore {
                                                    bool last_try);
   // Zeros the handout's stale ranges, without the store's lock (no one but
   // the creator can reach a new object before it is sealed or its ref
-  // passed on, and the creator has not yet heard of it). On failure drops
+  // passed on, and the creator has not yet heard of it), then unpins the
+  // object: its range is not reused while the zeros are written, even if
+  // the creator's session ends meanwhile. On failure marks the ranges
+  // written by several uids again (so they are cleared next time), drops
   // the handout's lease (the object goes) and returns the error.
   absl::Status ClearStale(uint64_t session_id, const Handout& handout);
   absl::StatusOr<SealResult> Seal(uint64_t session_id, uint64_t lease_id,
@@ -396,6 +401,7 @@ class ObjectStore {
     uid_t uid = 0;
     uint64_t session_id = 0;  // Who took it (may have ended since).
     std::vector<uint32_t> slots;
+    uint64_t bytes = 0;  // Their capacity, charged to `uid`.
   };
   absl::flat_hash_map<uint64_t, ForkHold> fork_holds_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uid_t, uint64_t> fork_holds_per_uid_ ABSL_GUARDED_BY(mu_);

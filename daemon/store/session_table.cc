@@ -127,6 +127,12 @@ void SessionTable::Charge(Session& s, int64_t delta) {
   uids_[s.peer.process.uid].bytes += delta;
 }
 
+void SessionTable::ChargeUid(uid_t uid, int64_t delta) {
+  UidUsage& u = uids_[uid];
+  u.bytes += delta;
+  if (u.sessions == 0 && u.waiters == 0 && u.bytes == 0) uids_.erase(uid);
+}
+
 absl::Status SessionTable::CheckHold(const Session& s, uint32_t slot,
                                      uint64_t capacity,
                                      size_t leases_held) const {

@@ -121,6 +121,9 @@ class SessionTable {
   void Unhold(Session& s, uint64_t lease_id, uint32_t slot, uint64_t capacity);
   // Adds `delta` to the bytes `s` holds, and to its uid's.
   void Charge(Session& s, int64_t delta);
+  // Adds `delta` to the bytes uid `uid` holds outside any session (its
+  // fork holds, which outlive sessions): max_bytes_per_uid counts them.
+  void ChargeUid(uid_t uid, int64_t delta);
   // RESOURCE_EXHAUSTED naming the client and the limit if `s` taking one
   // more lease, on the object in `slot` (kNoSlot: one not created yet) of
   // `capacity` bytes, would break a per-client or per-uid limit, or the

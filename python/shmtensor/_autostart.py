@@ -225,9 +225,10 @@ def _socket_directory():
     with O_EXCL semantics by mkdtemp) and returns its path."""
     run = os.environ.get("XDG_RUNTIME_DIR", "")
     for base in (run, tempfile.gettempdir(), "/tmp"):
-        # sun_path holds 107 bytes and a NUL; the name adds 39.
+        # sun_path holds 107 bytes and a NUL; "/shmtensor-job-XXXXXXXX/
+        # shmtensord.sock.fd" (the longest socket) adds 42.
         if base.startswith("/") and os.path.isdir(base) and os.access(
-                base, os.W_OK | os.X_OK) and len(base) + 40 < 108:
+                base, os.W_OK | os.X_OK) and len(base) + 42 <= 107:
             try:
                 return tempfile.mkdtemp(prefix="shmtensor-job-", dir=base)
             except OSError:
