@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/client_core.h"
 #include "client/lease.h"
+#include "client/ref_proto.h"
 #include "shmtensor/defaults.h"
 
 namespace shmtensor {
@@ -22,20 +23,8 @@ uint32_t ToMillis(absl::Duration d) {
   return ms > UINT32_MAX ? UINT32_MAX : static_cast<uint32_t>(ms);
 }
 
-ObjectRef FromProto(const v1::ObjectRef& r) {
-  return ObjectRef{r.daemon_epoch(), r.slot(), r.generation(), r.exclusive(),
-                   r.nonce()};
-}
-
-v1::ObjectRef ToProto(const ObjectRef& r) {
-  v1::ObjectRef p;
-  p.set_daemon_epoch(r.daemon_epoch);
-  p.set_slot(r.slot);
-  p.set_generation(r.generation);
-  p.set_exclusive(r.exclusive);
-  p.set_nonce(r.nonce);
-  return p;
-}
+using internal::FromProto;
+using internal::ToProto;
 
 ObjectInfo MakeInfo(const internal::ClientCore& core, const v1::ObjectRef& ref,
                     const v1::Placement& placement, const v1::Layout& layout) {
@@ -241,9 +230,19 @@ absl::StatusOr<SealedRef> Client::Put(const void* data,
 }
 
 absl::StatusOr<View> Client::Get(const ObjectRef& ref, bool writable) {
+  return GetRef(ref, writable, 0);
+}
+
+absl::StatusOr<View> Client::Take(const ObjectRef& ref, uint64_t offer_token) {
+  return GetRef(ref, false, offer_token);
+}
+
+absl::StatusOr<View> Client::GetRef(const ObjectRef& ref, bool writable,
+                                    uint64_t offer_token) {
   v1::GetRequest req;
   req.set_session_id(core_->session_id());
   *req.mutable_ref() = ToProto(ref);
+  req.set_offer_token(offer_token);
   v1::GetResponse resp;
   if (absl::Status s = core_->CallAfterReleases(&v1::ObjectStore::Stub::Get,
                                                 std::move(req), &resp);
@@ -299,6 +298,7 @@ absl::StatusOr<StoreStats> Client::Stats() {
   out.leases = resp.leases();
   out.pending_transfers = resp.pending_transfers();
   out.fork_holds = resp.fork_holds();
+  out.offers = resp.offers();
   return out;
 }
 

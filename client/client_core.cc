@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "client/daemon_socket.h"
 #include "client/fork_guard.h"
+#include "client/lease_registry.h"
 #include "client/pool_descriptors.h"
 #include "shmtensor/defaults.h"
 #include "shmtensor/errors.h"
@@ -93,9 +94,13 @@ void ClientCore::PrepareFork() {
                    hold.status().ToString().c_str());
     }
   }
+  // Last: no other thread may hold it across the fork (a child's first
+  // lease would wait for it for ever), and the holds above took time.
+  LeaseRegistry::LockForFork();
 }
 
 void ClientCore::AfterForkInParent() {
+  LeaseRegistry::UnlockAfterFork();
   for (int i = 0; i < fork_hold_count; ++i) close(fork_hold_fds[i]);
   fork_hold_count = 0;
   std::vector<std::shared_ptr<ClientCore>>* cores = forking_cores;
@@ -109,6 +114,7 @@ void ClientCore::AfterForkInChild() {
   // each hold when the last process holding it (this child, and children
   // it forks in turn) exits or execs.
   fork_hold_count = 0;
+  LeaseRegistry::UnlockAfterFork();
   // The parent's cores: left alive here (their destruction in the child
   // is harmless, but need not happen inside a fork handler).
   forking_cores = nullptr;

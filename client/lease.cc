@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "client/lease_address.h"
+#include "client/lease_registry.h"
 
 namespace shmtensor::internal {
 
@@ -21,6 +22,15 @@ bool Lease::ClosesAtOnce(WriteRevocation revocation,
 }
 
 void* LeaseAddress(const Lease& lease) { return lease.data(); }
+
+void Lease::Register() {
+  if (device_.is_cuda() || placement_.size_bytes() == 0 ||
+      registered_.load(std::memory_order_acquire) != nullptr) {
+    return;
+  }
+  LeaseRegistry::Add(this, data_, placement_.size_bytes());
+  registered_.store(data_, std::memory_order_release);
+}
 
 void Lease::CloseWritableRange() {
   if (opened_rw_range_ && access_ == Access::kReadWrite) {
@@ -69,6 +79,9 @@ cuda::Fence Lease::RecordFence() {
 }
 
 Lease::~Lease() {
+  if (const uint8_t* at = registered_.load(std::memory_order_acquire)) {
+    LeaseRegistry::Remove(this, at);
+  }
   core_->LeaseGone();
   if (core_->inherited()) return;  // The parent's lease, not ours to drop.
   CloseWritableRange();
@@ -119,8 +132,10 @@ void Lease::BecomeReadLease() {
   if (device_.is_cuda()) return;  // One mapping of device memory.
   // Readers read through the read-only mapping, like every other view.
   absl::StatusOr<PoolMapping*> m = core_->Mapping(placement_.pool_id());
-  if (m.ok())
+  if (m.ok()) {
     data_ = const_cast<uint8_t*>((*m)->read_base()) + placement_.offset();
+    Register();
+  }
 }
 
 void Lease::MarkSharedWritable() {

@@ -21,7 +21,7 @@
 
 namespace shmtensor::internal {
 
-class Lease {
+class Lease : public std::enable_shared_from_this<Lease> {
  public:
   // `data` points to the object's bytes in the mapping matching `access`.
   // For kReadWrite the range is already open for writing.
@@ -38,6 +38,7 @@ class Lease {
         opened_rw_range_(access == Access::kReadWrite && !device.is_cuda()),
         revocation_(core_->write_revocation()) {
     core_->LeaseMade();
+    if (access == Access::kRead) Register();
   }
   // Closes a writable range (as revocation() says), then releases the lease
   // without waiting (one ReleaseLeases message; errors are dropped: a daemon
@@ -79,7 +80,8 @@ class Lease {
   absl::Status CloseForSeal(
       CudaStream stream = kLegacyDefaultStream,
       WriteRevocation revocation = WriteRevocation::kImmediate);
-  // After a shared seal: the lease now is the ref's read lease.
+  // After a shared seal: the lease now is the ref's read lease (and is
+  // registered as one: lease_registry.h).
   void BecomeReadLease();
   // A write lease of a shared-writable object: other leases of this process
   // may write through the same range, so its release leaves the range open
@@ -96,6 +98,9 @@ class Lease {
   absl::Status ReleaseNow();
 
  private:
+  // Enters a host lease's read-only bytes into the LeaseRegistry (once; the
+  // destructor removes them).
+  void Register();
   // Closes the range this lease opened for writing, if still open, as
   // revocation_ says. Called under mu_ or in the destructor.
   void CloseWritableRange();
@@ -122,6 +127,10 @@ class Lease {
   bool held_ = true;                  // Guarded by mu_.
   bool shared_writable_ = false;      // Guarded by mu_.
   std::atomic<bool> exposed_{false};  // MarkExposed was called.
+  // Where Register entered the lease (null: not registered). Set at most
+  // once (constructor, or BecomeReadLease under mu_); the destructor reads
+  // it.
+  std::atomic<const uint8_t*> registered_{nullptr};
 };
 
 }  // namespace shmtensor::internal

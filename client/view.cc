@@ -7,6 +7,8 @@
 #include "absl/strings/str_format.h"
 #include "client/cuda_api.h"
 #include "client/lease.h"
+#include "client/offer.h"
+#include "client/ref_proto.h"
 
 namespace shmtensor {
 
@@ -22,6 +24,20 @@ void* View::mutable_data() const {
   if (lease_ == nullptr || !writable_) return nullptr;
   lease_->MarkExposed();
   return lease_->data();
+}
+
+absl::StatusOr<uint64_t> View::Offer() const {
+  if (lease_ == nullptr) {
+    return absl::FailedPreconditionError("Offer of a released view");
+  }
+  if (writable_) {
+    return absl::FailedPreconditionError(
+        "Offer of a writable view: only read-only views of sealed shared "
+        "objects travel by reference");
+  }
+  absl::StatusOr<internal::LeaseOffer> offer = internal::OfferLease(*lease_);
+  if (!offer.ok()) return offer.status();
+  return offer->token;
 }
 
 void View::UseOnStream(CudaStream stream) const {
@@ -126,9 +142,7 @@ absl::StatusOr<SealedRef> Buffer::Seal(
       lease_->core().Call(&v1::ObjectStore::Stub::Seal, req, &resp);
   std::shared_ptr<internal::Lease> lease = std::move(lease_);
   if (!s.ok()) return s;  // The lease goes and discards the object.
-  ObjectRef ref{resp.ref().daemon_epoch(), resp.ref().slot(),
-                resp.ref().generation(), resp.ref().exclusive(),
-                resp.ref().nonce()};
+  const ObjectRef ref = internal::FromProto(resp.ref());
   if (exclusive) {
     lease->Forget();
     return SealedRef(ref, nullptr);

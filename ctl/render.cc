@@ -124,7 +124,7 @@ std::string RenderStatus(const v1::DaemonStatus& s) {
                   limit(l.max_waiters(), false), "\n");
   absl::StrAppend(&out, "waiting calls ", s.waiters(), "  detached sessions ",
                   s.detached_sessions(), "  fork holds ", s.fork_holds(),
-                  "\n\n");
+                  "  offers ", s.offers(), "\n\n");
   std::vector<std::vector<std::string>> rows;
   for (const v1::PoolStatus& p : s.pools()) {
     rows.push_back(
@@ -284,6 +284,9 @@ std::string RenderMetrics(const v1::DaemonStatus& s,
        s.pending_transfers()},
       {"shmtensor_fork_holds", "Objects pinned for forked children: holds.",
        s.fork_holds()},
+      {"shmtensor_offers",
+       "Objects sent by reference that no receiver took yet: offers.",
+       s.offers()},
   };
   for (const Global& g : globals) {
     e.Family(g.name, "gauge", g.help);

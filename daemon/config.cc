@@ -146,6 +146,8 @@ absl::Status ParseLimits(const std::string& path, const toml::node& node,
         {"max_waiters_per_uid", &StoreLimits::max_waiters_per_uid, false},
         {"max_waiters", &StoreLimits::max_waiters, false},
         {"max_fork_holds_per_uid", &StoreLimits::max_fork_holds_per_uid, false},
+        {"max_offers_per_session", &StoreLimits::max_offers_per_session, false},
+        {"offer_grace_ms", &StoreLimits::offer_grace_ms, false},
     };
     const Key* known = nullptr;
     for (const Key& key : kKeys) {

@@ -317,6 +317,7 @@ void Daemon::ReapLoop() {
     if (stopping_) break;
     reaper_mu_.Unlock();
     store_->ReapExitedProcesses();
+    store_->ExpireOffers();
     connections_->Sweep();
     reaper_mu_.Lock();
   }

@@ -6,7 +6,9 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "shmtensor/client.h"
 #include "shmtensor/errors.h"
@@ -222,6 +224,54 @@ TEST_F(LifecycleTest, UnclaimedTransferReclaimedWhenCreatorEnds) {
   EXPECT_EQ(client_->Stats()->pending_transfers, 0u);
   EXPECT_EQ(Used(), 0u);
   EXPECT_TRUE(IsStaleReference(client_->Get(*ref).status()));
+}
+
+// [P19] A view sent by reference: the daemon keeps the object for the
+// receiver after the sender let go of everything and exited.
+TEST_F(LifecycleTest, AnOfferedObjectWaitsForItsReceiverAfterTheSenderExits) {
+  std::unique_ptr<Subprocess> child = Child({"offer-and-exit"});
+  absl::StatusOr<std::string> line = child->ReadLine();
+  ASSERT_TRUE(line.ok() && absl::StartsWith(*line, "offered ")) << *line;
+  EXPECT_EQ(WEXITSTATUS(child->Wait()), 0);
+  const std::vector<std::string> parts = absl::StrSplit(*line, ' ');
+  ASSERT_EQ(parts.size(), 3u);
+  absl::StatusOr<ObjectRef> ref = testing::RefFromHex(parts[1]);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  uint64_t token = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(parts[2], &token));
+  EXPECT_EQ(Used(), 65536u);  // Pinned, though its session ended.
+  absl::StatusOr<View> view = client_->Take(*ref, token);
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_FALSE(view->writable());
+  EXPECT_EQ(static_cast<const uint8_t*>(view->data())[65535], 0x6F);
+  EXPECT_EQ(client_->Stats()->offers, 0u);
+  // The token pins nothing now; while the view holds the object, a second
+  // take is a get of the ref.
+  absl::StatusOr<View> again = client_->Take(*ref, token);
+  ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_TRUE(again->Release().ok());
+  ASSERT_TRUE(view->Release().ok());
+  EXPECT_EQ(Used(), 0u);
+  absl::StatusOr<View> late = client_->Take(*ref, token);
+  EXPECT_TRUE(IsStaleReference(late.status())) << late.status();
+  EXPECT_TRUE(absl::StrContains(late.status().message(), "offer was taken"))
+      << late.status();
+}
+
+TEST_F(LifecycleTest, OnlyReadOnlyViewsAreOffered) {
+  absl::StatusOr<Buffer> buf = client_->Create({.size_bytes = 4096});
+  ASSERT_TRUE(buf.ok()) << buf.status();
+  absl::StatusOr<SealedRef> xfer = buf->Seal(true);
+  ASSERT_TRUE(xfer.ok()) << xfer.status();
+  absl::StatusOr<View> taken = client_->Get(xfer->ref());  // Writable.
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  absl::StatusOr<uint64_t> offer = taken->Offer();
+  EXPECT_EQ(offer.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(offer.status().message(), "writable view"))
+      << offer.status();
+  EXPECT_EQ(View().Offer().status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(client_->Stats()->offers, 0u);
 }
 
 TEST_F(LifecycleTest, PutCopiesInAndSealsInOneCall) {

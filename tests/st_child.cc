@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/lease.h"
 #include "shmtensor/client.h"
@@ -255,6 +256,22 @@ int Run(int argc, char** argv) {
     absl::StatusOr<shmtensor::SealedRef> ref = buf->Seal(true);
     if (!ref.ok()) return Fail(ref.status());
     Say("sealed " + RefToHex(ref->ref()));
+    return 0;
+  }
+  if (cmd == "offer-and-exit") {
+    // A 64 KiB object of 0x6F, offered from a view, then every handle
+    // dropped and the process gone.
+    absl::StatusOr<shmtensor::Buffer> buf =
+        client->Create({.size_bytes = 65536});
+    if (!buf.ok()) return Fail(buf.status());
+    std::memset(buf->data(), 0x6F, 65536);
+    absl::StatusOr<shmtensor::SealedRef> ref = buf->Seal();
+    if (!ref.ok()) return Fail(ref.status());
+    absl::StatusOr<shmtensor::View> view = client->Get(ref->ref());
+    if (!view.ok()) return Fail(view.status());
+    absl::StatusOr<uint64_t> token = view->Offer();
+    if (!token.ok()) return Fail(token.status());
+    Say(absl::StrCat("offered ", RefToHex(ref->ref()), " ", *token));
     return 0;
   }
   return 2;

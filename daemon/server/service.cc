@@ -498,29 +498,29 @@ grpc::ServerUnaryReactor* ObjectStoreService::HandleGet(
   const absl::Time deadline = BoundedDeadline(ctx, timeout);
   return Serve(
       ctx, req->session_id(), reply,
-      AfterReleases(ctx, req,
-                    [this, ctx, req, resp, timeout, deadline](
-                        absl::Time* wake_at) -> std::optional<grpc::Status> {
-                      absl::StatusOr<std::optional<Handout>> h;
-                      if (req->target_case() == v1::GetRequest::kRef) {
-                        absl::StatusOr<Handout> g =
-                            store_.Get(req->session_id(), req->ref());
-                        if (!g.ok()) return ToGrpcStatus(ctx, g.status());
-                        h = std::optional<Handout>(*std::move(g));
-                      } else {
-                        h = store_.TryGetByName(req->session_id(), req->name(),
-                                                timeout,
-                                                absl::Now() >= deadline);
-                      }
-                      if (!h.ok()) return ToGrpcStatus(ctx, h.status());
-                      if (!h->has_value()) {
-                        *wake_at = deadline;
-                        return std::nullopt;
-                      }
-                      resp->set_writable((*h)->writable);
-                      FillHandout(**std::move(h), resp);
-                      return grpc::Status::OK;
-                    }));
+      AfterReleases(
+          ctx, req,
+          [this, ctx, req, resp, timeout,
+           deadline](absl::Time* wake_at) -> std::optional<grpc::Status> {
+            absl::StatusOr<std::optional<Handout>> h;
+            if (req->target_case() == v1::GetRequest::kRef) {
+              absl::StatusOr<Handout> g =
+                  store_.Get(req->session_id(), req->ref(), req->offer_token());
+              if (!g.ok()) return ToGrpcStatus(ctx, g.status());
+              h = std::optional<Handout>(*std::move(g));
+            } else {
+              h = store_.TryGetByName(req->session_id(), req->name(), timeout,
+                                      absl::Now() >= deadline);
+            }
+            if (!h.ok()) return ToGrpcStatus(ctx, h.status());
+            if (!h->has_value()) {
+              *wake_at = deadline;
+              return std::nullopt;
+            }
+            resp->set_writable((*h)->writable);
+            FillHandout(**std::move(h), resp);
+            return grpc::Status::OK;
+          }));
 }
 
 grpc::ServerUnaryReactor* ObjectStoreService::HandleRelease(
@@ -590,6 +590,20 @@ grpc::ServerUnaryReactor* ObjectStoreService::HandleEndSession(
   return Answer(ctx, grpc::Status::OK, reply);
 }
 
+grpc::ServerUnaryReactor* ObjectStoreService::HandleOffer(
+    grpc::CallbackServerContext* ctx, const v1::OfferRequest* req,
+    v1::OfferResponse* resp, const Reply& reply) {
+  if (absl::Status s = Authorize(ctx, req->session_id()); !s.ok()) {
+    return Answer(ctx, ToGrpcStatus(ctx, s), reply);
+  }
+  absl::StatusOr<OfferGrant> offer =
+      store_.Offer(req->session_id(), req->lease_id());
+  if (!offer.ok()) return Answer(ctx, ToGrpcStatus(ctx, offer.status()), reply);
+  *resp->mutable_ref() = offer->ref;
+  resp->set_offer_token(offer->token);
+  return Answer(ctx, grpc::Status::OK, reply);
+}
+
 template <typename Req, typename Resp>
 grpc::ServerUnaryReactor* ObjectStoreService::Raw(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
@@ -632,6 +646,7 @@ SHMTENSOR_RAW_METHOD(Release)
 SHMTENSOR_RAW_METHOD(Delete)
 SHMTENSOR_RAW_METHOD(Stats)
 SHMTENSOR_RAW_METHOD(EndSession)
+SHMTENSOR_RAW_METHOD(Offer)
 #undef SHMTENSOR_RAW_METHOD
 
 }  // namespace shmtensor::daemon

@@ -64,7 +64,8 @@ using ObjectStoreServiceBase = v1::ObjectStore::WithRawCallbackMethod_Session<
                     v1::ObjectStore::WithRawCallbackMethod_Delete<
                         v1::ObjectStore::WithRawCallbackMethod_Stats<
                             v1::ObjectStore::WithRawCallbackMethod_EndSession<
-                                v1::ObjectStore::Service>>>>>>>>;
+                                v1::ObjectStore::WithRawCallbackMethod_Offer<
+                                    v1::ObjectStore::Service>>>>>>>>>;
 
 class ObjectStoreService final : public ObjectStoreServiceBase {
  public:
@@ -100,6 +101,9 @@ class ObjectStoreService final : public ObjectStoreServiceBase {
   grpc::ServerUnaryReactor* EndSession(grpc::CallbackServerContext* ctx,
                                        const grpc::ByteBuffer* in,
                                        grpc::ByteBuffer* out) override;
+  grpc::ServerUnaryReactor* Offer(grpc::CallbackServerContext* ctx,
+                                  const grpc::ByteBuffer* in,
+                                  grpc::ByteBuffer* out) override;
 
   // Serializes the call's response into the reply's bytes (and owns the
   // call's request and response).
@@ -174,6 +178,10 @@ class ObjectStoreService final : public ObjectStoreServiceBase {
                                              const v1::EndSessionRequest* req,
                                              v1::EndSessionResponse* resp,
                                              const Reply& reply);
+  grpc::ServerUnaryReactor* HandleOffer(grpc::CallbackServerContext* ctx,
+                                        const v1::OfferRequest* req,
+                                        v1::OfferResponse* resp,
+                                        const Reply& reply);
   // Logs a client's error, at most a few lines a second.
   void LogClientError(uint64_t session_id, const absl::Status& s);
 

@@ -41,6 +41,12 @@ struct StoreLimits {
   // keeps a descriptor of the daemon's open and the objects it pins alive
   // for as long as the forked children live.
   uint64_t max_fork_holds_per_uid = 1024;
+  // Offers (ObjectStore::Offer) one session may have untaken at once, and
+  // how long, in milliseconds, an untaken offer outlives its session (a
+  // receiver reads its message after the sender exited). 0 grace: offers
+  // end with their session.
+  uint64_t max_offers_per_session = 16384;
+  uint64_t offer_grace_ms = 300000;
 };
 
 // RESOURCE_EXHAUSTED with reason LIMIT_EXCEEDED: a request would pass one of

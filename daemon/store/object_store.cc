@@ -335,6 +335,11 @@ void ObjectStore::EndSession(uint64_t session_id) {
       s.client_id, s.client_name, s.pid, leases.size(), transfers.size(),
       used_before - used_after, sessions_.size() - 1);
   for (const auto& p : pools_) p->ForgetClient(session_id);
+  // Its untaken offers outlive it by the grace; with none, they end now.
+  const absl::Time now = absl::Now();
+  offers_.SessionEnded(session_id, now,
+                       absl::Milliseconds(limits_.offer_grace_ms));
+  for (const OfferTable::Offer& offer : offers_.Expire(now)) EndOffer(offer);
   sessions_.Close(session_id);
   // Waiters of this session (a Create for memory, a Get for a name) give up
   // now instead of holding on until their timeout.
@@ -585,13 +590,27 @@ absl::StatusOr<SealResult> ObjectStore::Seal(uint64_t session_id,
 }
 
 absl::StatusOr<Handout> ObjectStore::Get(uint64_t session_id,
-                                         const v1::ObjectRef& ref) {
+                                         const v1::ObjectRef& ref,
+                                         uint64_t offer_token) {
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return ShuttingDownError();
   absl::StatusOr<Session*> session = sessions_.Find(session_id);
   if (!session.ok()) return session.status();
   absl::StatusOr<uint32_t> slot = objects_.ResolveRef(ref);
-  if (!slot.ok()) return slot.status();
+  if (!slot.ok()) {
+    if (offer_token == 0 || !IsStaleReference(slot.status())) {
+      return slot.status();
+    }
+    // A live offer would have kept the object: it was taken by another
+    // Get, or expired.
+    return WithReason(
+        absl::NotFoundError(absl::StrFormat(
+            "%s (it was sent by reference, and its offer was taken by "
+            "another receiver or expired: limits.offer_grace_ms = %d after "
+            "the sender's session ended)",
+            slot.status().message(), limits_.offer_grace_ms)),
+        kReasonStaleReference);
+  }
   const Object& obj = objects_.object(*slot);
   const bool can_write =
       (**session).access[obj.pool] == v1::POOL_ACCESS_READ_WRITE;
@@ -637,10 +656,70 @@ absl::StatusOr<Handout> ObjectStore::Get(uint64_t session_id,
       }
       const bool write = obj.state == State::kSharedWritable;
       const uint64_t lease = AddLease(session_id, **session, *slot, write);
+      if (offer_token != 0) {
+        if (std::optional<OfferTable::Offer> taken =
+                offers_.Take(offer_token, *slot, ref.generation())) {
+          EndOffer(*taken);  // The new lease holds the object now.
+        }
+      }
       return MakeHandout(*slot, lease, write);
     }
   }
   return absl::InternalError("unreachable object state");
+}
+
+absl::StatusOr<OfferGrant> ObjectStore::Offer(uint64_t session_id,
+                                              uint64_t lease_id) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Lease*> lease = FindLease(session_id, lease_id);
+  if (!lease.ok()) return lease.status();
+  const uint32_t slot = (*lease)->slot;
+  Object& obj = objects_.object(slot);
+  if ((*lease)->write || obj.state != State::kSealed) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "lease %d is not a read lease of a sealed shared object: only those "
+        "travel by reference (an unsealed buffer, a shared-writable object "
+        "or an exclusive take must be copied)",
+        lease_id));
+  }
+  const size_t open = offers_.CountOf(session_id);
+  if (limits_.max_offers_per_session > 0 &&
+      open >= limits_.max_offers_per_session) {
+    return LimitExceededError(
+        absl::StrFormat("the session has %d offers nobody took yet "
+                        "(limits.max_offers_per_session = %d)",
+                        open, limits_.max_offers_per_session));
+  }
+  Session& s = *sessions_.FindOrNull(session_id);  // FindLease checked it.
+  uint64_t token = Random64();
+  while (token == 0 || offers_.Contains(token)) token = Random64();
+  OfferTable::Offer offer;
+  offer.slot = slot;
+  offer.generation = objects_.MakeRef(slot).generation();
+  offer.session_id = session_id;
+  offer.uid = s.peer.process.uid;
+  offer.bytes = obj.capacity;
+  ++obj.holds;
+  // What an offer pins counts against the sender's uid
+  // (max_bytes_per_uid) until it is taken: no way around the limit.
+  sessions_.ChargeUid(offer.uid, static_cast<int64_t>(offer.bytes));
+  offers_.Add(token, offer);
+  return OfferGrant{objects_.MakeRef(slot), token};
+}
+
+int ObjectStore::ExpireOffers(absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  const std::vector<OfferTable::Offer> expired = offers_.Expire(now);
+  for (const OfferTable::Offer& offer : expired) EndOffer(offer);
+  return static_cast<int>(expired.size());
+}
+
+void ObjectStore::EndOffer(const OfferTable::Offer& offer) {
+  sessions_.ChargeUid(offer.uid, -static_cast<int64_t>(offer.bytes));
+  Object& obj = objects_.object(offer.slot);
+  assert(obj.holds > 0);
+  --obj.holds;
+  MaybeFree(offer.slot);
 }
 
 absl::StatusOr<Handout> ObjectStore::GetByName(uint64_t session_id,
@@ -816,6 +895,8 @@ v1::StatsResponse ObjectStore::Stats(uint64_t session_id,
     holds += session_id == 0 || hold.session_id == session_id;
   }
   out.set_fork_holds(holds);
+  out.set_offers(session_id == 0 ? offers_.size()
+                                 : offers_.CountOf(session_id));
   out.set_uptime_ms(absl::ToInt64Milliseconds(absl::Now() - start_time_));
   return out;
 }
@@ -838,9 +919,10 @@ v1::ListClientsResponse ObjectStore::ListClients(
 }
 
 StoreView ObjectStore::View() const {
-  return StoreView{epoch_,          start_time_,       limits_,  pool_infos_,
-                   pools_,          sessions_,         objects_, leases_,
-                   !shutting_down_, fork_holds_.size()};
+  return StoreView{
+      epoch_,          start_time_,        limits_,       pool_infos_,
+      pools_,          sessions_,          objects_,      leases_,
+      !shutting_down_, fork_holds_.size(), offers_.size()};
 }
 
 void ObjectStore::Shutdown() {

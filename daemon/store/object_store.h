@@ -60,6 +60,7 @@
 #include "daemon/store/lease_table.h"
 #include "daemon/store/limits.h"
 #include "daemon/store/object_table.h"
+#include "daemon/store/offer_table.h"
 #include "daemon/store/session_table.h"
 #include "shmtensor/v1/shmtensor.pb.h"
 
@@ -101,6 +102,12 @@ struct DescriptorGrant {
 struct ForkHoldGrant {
   uint64_t hold_id = 0;
   uint32_t objects = 0;  // Distinct objects pinned.
+};
+
+// What Offer returns.
+struct OfferGrant {
+  v1::ObjectRef ref;
+  uint64_t token = 0;
 };
 
 // Polled while a call waits (for memory, a name, or releases): true once
@@ -233,7 +240,25 @@ class ObjectStore {
   absl::Status ClearStale(uint64_t session_id, const Handout& handout);
   absl::StatusOr<SealResult> Seal(uint64_t session_id, uint64_t lease_id,
                                   bool exclusive);
-  absl::StatusOr<Handout> Get(uint64_t session_id, const v1::ObjectRef& ref);
+  // A lease on the object `ref` names. With a nonzero `offer_token` of an
+  // offer of that object, the new lease takes the offer's pin over (the
+  // offer ends); a token that pins nothing (taken, expired, another
+  // object's) changes nothing, but words a stale ref's error.
+  absl::StatusOr<Handout> Get(uint64_t session_id, const v1::ObjectRef& ref,
+                              uint64_t offer_token = 0);
+  // [P19] Pins the object of the session's read lease `lease_id` for a
+  // receiver in another process (offer_table.h) and returns its ref and the
+  // offer's token. FAILED_PRECONDITION for a lease that is not a read lease
+  // of a sealed shared object (an unsealed buffer's, a shared-writable
+  // object's, an exclusive take's); RESOURCE_EXHAUSTED (LIMIT_EXCEEDED) at
+  // limits.max_offers_per_session untaken offers; the lease lookup's errors
+  // (FindLease). The pinned capacity is charged to the session's uid until
+  // the offer ends.
+  absl::StatusOr<OfferGrant> Offer(uint64_t session_id, uint64_t lease_id);
+  // Ends the offers whose grace after their session's end has passed
+  // (limits.offer_grace_ms), freeing what nothing else holds. Returns how
+  // many. The daemon calls it with ReapExitedProcesses.
+  int ExpireOffers(absl::Time now = absl::Now());
   absl::StatusOr<Handout> GetByName(uint64_t session_id,
                                     const std::string& name,
                                     absl::Duration timeout,
@@ -373,6 +398,10 @@ class ObjectStore {
   void Changed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // 64 bits from getrandom(2), drawn 64 at a time.
   uint64_t Random64() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Undoes an offer's pin and charge (taken, or expired: then frees what
+  // nothing else holds).
+  void EndOffer(const OfferTable::Offer& offer)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves the capacity of an offered transfer into or out of its creator's
   // holdings.
   void HoldTransfer(uint32_t slot, bool hold)
@@ -406,6 +435,7 @@ class ObjectStore {
   absl::flat_hash_map<uint64_t, ForkHold> fork_holds_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uid_t, uint64_t> fork_holds_per_uid_ ABSL_GUARDED_BY(mu_);
   uint64_t next_fork_hold_ ABSL_GUARDED_BY(mu_) = 1;
+  OfferTable offers_ ABSL_GUARDED_BY(mu_);
   std::array<uint64_t, 64> random_ ABSL_GUARDED_BY(mu_);
   size_t random_next_ ABSL_GUARDED_BY(mu_) = 64;
 };

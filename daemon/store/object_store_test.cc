@@ -770,5 +770,160 @@ TEST_F(ObjectStoreTest, ARangeTakenByAnotherUidIsClearedForBoth) {
   EXPECT_EQ(mine.stale.size(), 1u);
 }
 
+// -- Offers [P19] ------------------------------------------------------------
+
+// A store whose limits the test sets, with sessions a and b (uid kUser).
+struct OfferStore {
+  explicit OfferStore(StoreLimits limits) {
+    std::vector<std::unique_ptr<Pool>> pools;
+    pools.push_back(std::make_unique<Pool>(
+        "default", std::make_unique<FakeSegment>(16 * kPage),
+        PoolAccessRules(kUser)));
+    store = std::make_unique<ObjectStore>(std::move(pools), 42, limits);
+    a = Open(*store, "a", 1);
+    b = Open(*store, "b", 2);
+  }
+  absl::StatusOr<Handout> Create(uint64_t session, uint64_t bytes,
+                                 bool shared_writable = false) {
+    CreateArgs args;
+    args.session_id = session;
+    args.size_bytes = bytes;
+    args.shared_writable = shared_writable;
+    return store->Create(args);
+  }
+  // A sealed object of a's, and a's read lease on it.
+  SealResult Sealed(uint64_t bytes = kPage) {
+    return *store->Seal(a, Create(a, bytes)->lease_id, false);
+  }
+  uint64_t Used() { return store->Stats().pools(0).used_bytes(); }
+
+  std::unique_ptr<ObjectStore> store;
+  uint64_t a, b;
+};
+
+TEST(ObjectStoreOfferTest, AnOfferOutlivesItsSendersSessionUntilTaken) {
+  OfferStore s({});
+  SealResult sealed = s.Sealed(2 * kPage);
+  OfferGrant offer = *s.store->Offer(s.a, sealed.lease_id);
+  EXPECT_NE(offer.token, 0u);
+  EXPECT_EQ(offer.ref.slot(), sealed.ref.slot());
+  EXPECT_EQ(offer.ref.nonce(), sealed.ref.nonce());
+  // The sender lets go of everything and ends: the offer keeps the object.
+  ASSERT_TRUE(s.store->Release(s.a, sealed.lease_id).ok());
+  s.store->EndSession(s.a);
+  EXPECT_EQ(s.Used(), 2 * kPage);
+  EXPECT_EQ(s.store->Stats().offers(), 1u);
+  Handout taken = *s.store->Get(s.b, offer.ref, offer.token);
+  EXPECT_FALSE(taken.writable);
+  EXPECT_EQ(s.store->Stats().offers(), 0u);  // The lease holds it now.
+  EXPECT_EQ(s.Used(), 2 * kPage);
+  EXPECT_TRUE(*s.store->Release(s.b, taken.lease_id));
+  EXPECT_EQ(s.Used(), 0u);
+  // Taken once: the token pins nothing now, and the ref is stale, saying
+  // why.
+  absl::StatusOr<Handout> again = s.store->Get(s.b, offer.ref, offer.token);
+  EXPECT_TRUE(IsStaleReference(again.status())) << again.status();
+  EXPECT_TRUE(absl::StrContains(again.status().message(), "offer was taken"))
+      << again.status();
+}
+
+TEST(ObjectStoreOfferTest, AnUntakenOfferEndsGraceAfterItsSessionEnded) {
+  StoreLimits limits;
+  limits.offer_grace_ms = 60000;
+  OfferStore s(limits);
+  SealResult sealed = s.Sealed();
+  OfferGrant offer = *s.store->Offer(s.a, sealed.lease_id);
+  // While the session is open, time does not end it.
+  EXPECT_EQ(s.store->ExpireOffers(absl::Now() + absl::Hours(24)), 0);
+  s.store->EndSession(s.a);
+  EXPECT_EQ(s.store->ExpireOffers(absl::Now() + absl::Seconds(30)), 0);
+  EXPECT_EQ(s.Used(), kPage);
+  EXPECT_EQ(s.store->ExpireOffers(absl::Now() + absl::Seconds(61)), 1);
+  EXPECT_EQ(s.Used(), 0u);
+  EXPECT_EQ(s.store->Stats().offers(), 0u);
+  EXPECT_TRUE(
+      IsStaleReference(s.store->Get(s.b, offer.ref, offer.token).status()));
+}
+
+TEST(ObjectStoreOfferTest, WithNoGraceOffersEndWithTheirSession) {
+  StoreLimits limits;
+  limits.offer_grace_ms = 0;
+  OfferStore s(limits);
+  SealResult sealed = s.Sealed();
+  ASSERT_TRUE(s.store->Offer(s.a, sealed.lease_id).ok());
+  s.store->EndSession(s.a);
+  EXPECT_EQ(s.Used(), 0u);
+}
+
+TEST(ObjectStoreOfferTest, ATokenOfAnotherObjectTakesNothing) {
+  OfferStore s({});
+  SealResult one = s.Sealed();
+  SealResult two = s.Sealed();
+  OfferGrant offer_one = *s.store->Offer(s.a, one.lease_id);
+  // Two's ref with one's token: a lease on two; one's pin stays.
+  ASSERT_TRUE(s.store->Get(s.b, two.ref, offer_one.token).ok());
+  EXPECT_EQ(s.store->Stats().offers(), 1u);
+  ASSERT_TRUE(s.store->Release(s.a, one.lease_id).ok());
+  s.store->EndSession(s.a);
+  EXPECT_TRUE(s.store->Get(s.b, offer_one.ref, offer_one.token).ok());
+  EXPECT_EQ(s.store->Stats().offers(), 0u);
+}
+
+TEST(ObjectStoreOfferTest, OnlyReadLeasesOfSealedSharedObjectsAreOffered) {
+  OfferStore s({});
+  Handout unsealed = *s.Create(s.a, kPage);
+  absl::StatusOr<OfferGrant> o = s.store->Offer(s.a, unsealed.lease_id);
+  EXPECT_EQ(o.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(o.status().message(), "not a read lease"))
+      << o.status();
+  Handout shared = *s.Create(s.a, kPage, true);
+  EXPECT_EQ(s.store->Offer(s.a, shared.lease_id).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  SealResult ex = *s.store->Seal(s.a, s.Create(s.a, kPage)->lease_id, true);
+  Handout taken = *s.store->Get(s.b, ex.ref);
+  EXPECT_EQ(s.store->Offer(s.b, taken.lease_id).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  // Another session's lease, or none: the lease lookup's errors.
+  SealResult sealed = s.Sealed();
+  EXPECT_EQ(s.store->Offer(s.b, sealed.lease_id).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(s.store->Offer(s.b, 999999).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(s.store->Stats().offers(), 0u);
+}
+
+TEST(ObjectStoreOfferTest, OffersPerSessionAreBounded) {
+  StoreLimits limits;
+  limits.max_offers_per_session = 3;
+  OfferStore s(limits);
+  SealResult sealed = s.Sealed();
+  std::vector<OfferGrant> offers;
+  for (int i = 0; i < 3; ++i) {
+    offers.push_back(*s.store->Offer(s.a, sealed.lease_id));
+  }
+  absl::StatusOr<OfferGrant> fourth = s.store->Offer(s.a, sealed.lease_id);
+  EXPECT_EQ(fourth.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StrContains(fourth.status().message(),
+                                "limits.max_offers_per_session = 3"))
+      << fourth.status();
+  // A take makes room.
+  ASSERT_TRUE(s.store->Get(s.b, offers[0].ref, offers[0].token).ok());
+  EXPECT_TRUE(s.store->Offer(s.a, sealed.lease_id).ok());
+}
+
+TEST(ObjectStoreOfferTest, WhatAnOfferPinsCountsAgainstTheSendersUid) {
+  StoreLimits limits;
+  limits.max_bytes_per_uid = 4 * kPage;
+  OfferStore s(limits);
+  SealResult sealed = s.Sealed(3 * kPage);
+  ASSERT_TRUE(s.store->Offer(s.a, sealed.lease_id).ok());
+  ASSERT_TRUE(s.store->Release(s.a, sealed.lease_id).ok());
+  s.store->EndSession(s.a);
+  // 3 pages pinned for uid kUser: b (same uid) cannot hold 2 more.
+  absl::StatusOr<Handout> h = s.Create(s.b, 2 * kPage);
+  EXPECT_EQ(h.status().code(), absl::StatusCode::kResourceExhausted)
+      << h.status();
+}
+
 }  // namespace
 }  // namespace shmtensor::daemon

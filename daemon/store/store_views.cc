@@ -75,6 +75,7 @@ v1::DaemonStatus BuildStatus(const StoreView& store,
   out.set_leases(store.leases.size());
   out.set_pending_transfers(store.objects.pending_transfers());
   out.set_fork_holds(store.fork_holds);
+  out.set_offers(store.offers);
   v1::Limits* limits = out.mutable_limits();
   limits->set_max_objects(store.limits.max_objects);
   limits->set_max_leases_per_client(store.limits.max_leases_per_client);

@@ -15,29 +15,41 @@ only; every other tensor goes torch's way, unchanged:
 
 - ``share_memory_()`` does nothing, and ``is_shared()`` is True: the memory
   is shared already;
-- ForkingPickler sends such a tensor (``torch.Tensor``, ``Parameter``) or
-  storage as a copy of its bytes, in the message itself. The sender's
-  storage never moves, so every view of it stays valid; the receiver gets
-  an ordinary tensor (in its own memory) with the same values. (Not a
-  clone handed to torch's reduction: that sends a descriptor of the
-  clone's memory, which with spawn and forkserver children is read only
-  when the child starts, after the clone is gone.)
-
-Sending by reference instead (the receiver mapping the same pool bytes
-under a lease of its own) needs a hand-over the daemon holds while the
-message is in flight; it is not built yet (docs/guide.md).
+- ForkingPickler sends such a tensor (``torch.Tensor`` and the read-only
+  ``ReadOnlyTensor``) or storage by reference when a read-only view holds
+  its memory (a view of a sealed object, what get() and the DataLoader's
+  pool objects give): the sender offers the object (client/offer.h; the
+  daemon pins it until the receiver takes it, whatever the sender does
+  meanwhile, exit included, for up to the daemon's limits.offer_grace_ms
+  after the sender's session ended) and the message carries the ref, the
+  offer's token and the tensor's geometry. The receiver takes the object
+  with a lease of its own, through its process's client of the same daemon
+  (shmtensor._local), and gets a ReadOnlyTensor over the same bytes: no
+  byte is copied, and its tensor stays valid however long it lives.
+- Everything else over pool memory (an unsealed buffer's tensor, a
+  shared-writable object's, a DataLoader batch-ring slot's, a
+  ``Parameter``, whose optimizer would write into read-only memory, and any
+  tensor whose offer failed, e.g. at the daemon's
+  limits.max_offers_per_session, said once as a warning) goes as a copy of
+  its bytes in the message itself. The sender's storage never moves either
+  way, so every view of it stays valid. (Not a clone handed to torch's
+  reduction: that sends a descriptor of the clone's memory, which with
+  spawn and forkserver children is read only when the child starts, after
+  the clone is gone.)
 
 Thread safety: install() is idempotent and thread-safe.
 """
 
 import threading
+import warnings
 
 import numpy as np
 import torch
 import torch.multiprocessing  # Registers torch's reductions first.
+import torch.utils.dlpack
 from multiprocessing.reduction import ForkingPickler
 
-from . import _core
+from . import _core, errors
 
 _lock = threading.Lock()
 _installed = False
@@ -62,6 +74,77 @@ if hasattr(torch.Tensor, "untyped_storage"):  # torch >= 2.0
 else:  # torch 1.13
     def _untyped(t):
         return t.storage()._storage
+
+
+def _offer(storage, itemsize):
+    """(ref_bytes, token, byte offset of `storage` in its object, daemon
+    address) when a read-only view holds the storage's memory and the
+    daemon took the offer; None: send a copy."""
+    ptr = storage.data_ptr()
+    if ptr % itemsize:
+        return None  # The receiver could not view it as that dtype.
+    try:
+        offer = _core._offer_at(ptr)
+    except errors.Error as e:
+        _warn_once(e)
+        return None
+    if offer is None:
+        return None
+    ref_bytes, token, base, nbytes, address = offer
+    if ptr - base + storage.nbytes() > nbytes:
+        return None  # Not within the object: never made by shmtensor.
+    return ref_bytes, token, ptr - base, address
+
+
+_warned = False
+
+
+def _warn_once(error):
+    global _warned
+    if not _warned:
+        _warned = True
+        warnings.warn(f"shmtensor: a tensor over pool memory is sent as a "
+                      f"copy, not by reference: {error}", RuntimeWarning,
+                      stacklevel=3)
+
+
+def _taken(address, ref_bytes, token, offset, nbytes):
+    """The receiving side of an offer: a uint8 tensor over the `nbytes`
+    bytes at `offset` of the object, under a lease of this process."""
+    install()
+    from . import ObjectRef
+    from ._local import local_client
+    view = _core._take(local_client(address), ObjectRef(ref_bytes), token)
+    # The capsule's share of the lease keeps the object; the view may go.
+    return torch.utils.dlpack.from_dlpack(_core._bytes_of(view, offset,
+                                                          nbytes))
+
+
+_itemsizes = {}
+
+
+def _itemsize(dtype):
+    size = _itemsizes.get(dtype)
+    if size is None:
+        size = _itemsizes[dtype] = torch.empty(0, dtype=dtype).element_size()
+    return size
+
+
+def _rebuild_by_reference(address, ref_bytes, token, offset, nbytes, dtype,
+                          shape, stride, storage_offset, requires_grad):
+    """The receiving side of a tensor sent by reference: a ReadOnlyTensor
+    over the sender's bytes, with its geometry."""
+    flat = _taken(address, ref_bytes, token, offset, nbytes)
+    itemsize = _itemsize(dtype)
+    typed = flat[:nbytes - nbytes % itemsize].view(dtype)
+    t = torch.as_strided(typed, shape, stride, storage_offset)
+    from ._readonly import ReadOnlyTensor
+    t = ReadOnlyTensor.wrap(t)
+    return t.requires_grad_() if requires_grad else t
+
+
+def _rebuild_storage_by_reference(address, ref_bytes, token, offset, nbytes):
+    return _untyped(_taken(address, ref_bytes, token, offset, nbytes))
 
 
 def _bytes_of(t):
@@ -110,10 +193,21 @@ def _wrap_reductions():
     torch_storage = reducers.get(torch.UntypedStorage)
 
     def reduce_tensor(t):
-        if not _tensor_in_pool(t) or (t.requires_grad and not t.is_leaf):
-            return torch_tensor(t)  # Torch's way (and its error for those).
-        return (_rebuild_tensor,
-                (_bytes_of(t), t.dtype, tuple(t.shape), t.requires_grad))
+        # Plain torch below: a ReadOnlyTensor's __torch_function__ on each
+        # attribute read cost more than the offer's round trip.
+        with torch._C.DisableTorchFunction():
+            if not _tensor_in_pool(t) or (t.requires_grad and not t.is_leaf):
+                return torch_tensor(t)  # Torch's way (and its errors).
+            storage = _untyped(t)
+            offer = _offer(storage, t.element_size())
+            if offer is not None:
+                ref_bytes, token, offset, address = offer
+                return (_rebuild_by_reference,
+                        (address, ref_bytes, token, offset, storage.nbytes(),
+                         t.dtype, tuple(t.shape), tuple(t.stride()),
+                         t.storage_offset(), t.requires_grad))
+            return (_rebuild_tensor,
+                    (_bytes_of(t), t.dtype, tuple(t.shape), t.requires_grad))
 
     def reduce_parameter(p):
         if not _tensor_in_pool(p):
@@ -124,11 +218,20 @@ def _wrap_reductions():
     def reduce_storage(s):
         if not _storage_in_pool(s):
             return torch_storage(s)
+        offer = _offer(s, 1)
+        if offer is not None:
+            ref_bytes, token, offset, address = offer
+            return (_rebuild_storage_by_reference,
+                    (address, ref_bytes, token, offset, s.nbytes()))
         data = _bytes_of(torch.empty(0, dtype=torch.uint8).set_(s))
         return (_rebuild_storage, (data,))
 
     if torch_tensor is not None:
+        from ._readonly import ReadOnlyTensor
         ForkingPickler.register(torch.Tensor, reduce_tensor)
+        # Pickled by its exact type: without this, its __reduce_ex__
+        # (torch.save's copy).
+        ForkingPickler.register(ReadOnlyTensor, reduce_tensor)
     if torch_parameter is not None:
         ForkingPickler.register(torch.nn.Parameter, reduce_parameter)
     if torch_storage is not None:

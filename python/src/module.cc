@@ -15,7 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "client/batch_ring.h"
+#include "client/offer.h"
 #include "client/pool_mapping.h"
 #ifdef SHMTENSOR_BENCH_HOOKS
 #include "bench/python/hooks.h"
@@ -127,6 +129,69 @@ PYBIND11_MODULE(_core, m) {
       py::arg("address"),
       "True when `address` lies in this process's mapping of a shmtensord "
       "pool (host pools; for torch's sharing, shmtensor/_torch_sharing.py).");
+  m.def(
+      "_offer_at",
+      [](uintptr_t address) -> py::object {
+        absl::StatusOr<internal::LeaseOffer> offer;
+        {
+          py::gil_scoped_release release;
+          offer = internal::OfferReadLeaseAt(
+              reinterpret_cast<const void*>(address));
+        }
+        if (absl::IsNotFound(offer.status())) return py::none();
+        Check(offer.status());
+        return py::make_tuple(py::bytes(offer->ref.Serialize()), offer->token,
+                              reinterpret_cast<uintptr_t>(offer->data),
+                              offer->size_bytes, offer->daemon_address);
+      },
+      py::arg("address"),
+      "[P19] Offers the object whose bytes hold `address` (a live read-only "
+      "view's, in this process) to another process: (ref_bytes, token, "
+      "object_address, object_nbytes, daemon_address), or None when no "
+      "read-only view holds it (see client/offer.h).");
+  m.def(
+      "_take",
+      [](py::handle client, py::handle ref, uint64_t token) {
+        const ObjectRef* parsed = ParsedRefOf(ref.ptr());
+        if (parsed == nullptr)
+          throw py::type_error("_take() needs an ObjectRef");
+        Client& c = ClientOf(client);
+        const ObjectRef r = *parsed;
+        std::optional<absl::StatusOr<View>> v;
+        {
+          py::gil_scoped_release release;
+          v = c.Take(r, token);
+        }
+        return NewView(Check(*std::move(v)));
+      },
+      py::arg("client"), py::arg("ref"), py::arg("token"),
+      "[P19] The view of an object another process offered (Client::Take).");
+  m.def(
+      "_bytes_of",
+      [](py::handle view, uint64_t offset, std::optional<uint64_t> nbytes) {
+        const ExportSource src = ViewOf(view).Source();
+        const uint64_t size = src.info->size_bytes;
+        if (src.info->device.is_cuda()) {
+          throw py::type_error("_bytes_of() of a CUDA view");
+        }
+        const uint64_t n = nbytes.value_or(offset <= size ? size - offset : 0);
+        if (offset > size || n > size - offset) {
+          throw py::value_error(absl::StrFormat(
+              "_bytes_of(): bytes [%d, %d) are not within the object's %d",
+              offset, offset + n, size));
+        }
+        const ObjectInfo info = BytesInfo(n);
+        return MakeDLPack({&info,
+                           static_cast<uint8_t*>(src.data) + offset,
+                           src.lease,
+                           src.writable,
+                           nullptr,
+                           {}});
+      },
+      py::arg("view"), py::arg("offset") = 0, py::arg("nbytes") = py::none(),
+      "A DLPack capsule (uint8, one dimension) over `nbytes` bytes (default: "
+      "the rest) of a host view's object from byte `offset`; it keeps the "
+      "object alive while it lives.");
   m.def("default_address", &DefaultAddress,
         "The daemon address used when none is given ($SHMTENSOR_ADDRESS or "
         "$XDG_RUNTIME_DIR/shmtensord.sock, or "

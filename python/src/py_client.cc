@@ -347,6 +347,7 @@ py::dict StatsDict(const StoreStats& s) {
   d["leases"] = s.leases;
   d["pending_transfers"] = s.pending_transfers;
   d["fork_holds"] = s.fork_holds;
+  d["offers"] = s.offers;
   return d;
 }
 

@@ -272,8 +272,6 @@ def test_a_tensor_through_a_torch_queue_keeps_every_view_of_it(
     assert kept
 
 
-@pytest.mark.xfail(strict=True, reason="P19 by reference: issue 33 leaves "
-                   "it open; the receiver gets a copy (docs/guide.md)")
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_a_tensor_through_a_torch_queue_travels_by_reference(
         daemon, method):  # P19
@@ -310,11 +308,149 @@ def test_a_tensor_as_a_process_argument_keeps_every_view_of_it(
     assert kept
 
 
-@pytest.mark.xfail(strict=True, reason="P19 by reference: issue 33 leaves "
-                   "it open; the receiver gets a copy (docs/guide.md)")
 def test_a_tensor_as_a_process_argument_travels_by_reference(daemon):
     (_, by_reference), _ = _send_as_argument(daemon, "spawn")
     assert by_reference
+
+
+def _send_and_exit(address, q, done):
+    """A sender that puts a tensor over pool memory into `q` and exits at
+    once: whatever it held goes with it."""
+    client = shmtensor.connect(address)
+    q.put(client.get(client.put(torch.full((MiB // 4,), 3.0))).tensor())
+    q.close()
+    q.join_thread()  # The message is in the pipe.
+    done.set()
+
+
+def test_a_tensor_sent_by_reference_outlives_its_sender(daemon):  # P19
+    ctx = tmp.get_context("spawn")
+    q, done = ctx.Queue(), ctx.Event()
+    p = ctx.Process(target=_send_and_exit, args=(daemon.address, q, done))
+    p.start()
+    assert done.wait(60)
+    p.join(30)
+    assert p.exitcode == 0
+    client = shmtensor.connect(daemon.address)
+    # The sender's session ended with it; its offer still pins the object.
+    assert wait_until(lambda: client.stats()["sessions"] == 1, 5.0)
+    t = q.get(timeout=60)
+    assert type(t).__name__ == "ReadOnlyTensor" and in_pool(t.data_ptr())
+    a = t.numpy()
+    keep = []
+    churn(client, MiB, 5.0, keep)
+    assert (a == 3.0).all() and float(t.sum()) == 3.0 * (MiB // 4)
+    del keep
+    del t, a
+    assert wait_until(lambda: used(client) == 0, 5.0)  # Nothing left over.
+
+
+def test_geometry_and_dtypes_survive_the_reference(daemon):  # P19
+    from multiprocessing.reduction import ForkingPickler
+    client = shmtensor.connect(daemon.address)
+    base = torch.arange(4 * 6 * 5, dtype=torch.float64).reshape(4, 6, 5)
+    v = client.get(client.put(base))
+    t = v.tensor()
+    cases = {
+        "whole": t,
+        "slice": t[1:3, 2:, ::2],
+        "transposed": t.transpose(0, 2),
+        "offset": t[3],
+        "as int32": t.view(torch.int32)[2:, 1],
+        "as bool": t.view(torch.uint8)[1].view(torch.bool),
+        "as float16": t.view(torch.float16)[0, :, 3:7],
+        "empty": t[2:2],
+    }
+    for what, sent in cases.items():
+        got = ForkingPickler.loads(ForkingPickler.dumps(sent))
+        assert type(got).__name__ == "ReadOnlyTensor", what
+        assert got.dtype == sent.dtype and got.shape == sent.shape, what
+        assert got.stride() == sent.stride(), what
+        assert torch.equal(got, sent), what
+        if got.numel():
+            assert in_pool(got.data_ptr()), what
+        with pytest.raises(RuntimeError):
+            got.add_(1)  # Read-only, like the sender's.
+    storage = (t.untyped_storage() if hasattr(t, "untyped_storage")
+               else t.storage()._storage)
+    got = ForkingPickler.loads(ForkingPickler.dumps(storage))
+    assert in_pool(got.data_ptr())
+    assert got.nbytes() == storage.nbytes()
+    assert bytes(torch.empty(0, dtype=torch.uint8).set_(got).numpy()) == \
+        bytes(torch.empty(0, dtype=torch.uint8).set_(storage).numpy())
+    # Every offer was taken (by this process's other client: the object's
+    # lease the sender finds may be either's).
+    from shmtensor._local import local_client
+    other = local_client(daemon.address)
+    assert client.stats()["offers"] + other.stats()["offers"] == 0
+
+
+def test_what_cannot_go_by_reference_goes_as_a_copy(daemon):  # P19
+    from multiprocessing.reduction import ForkingPickler
+    client = shmtensor.connect(daemon.address)
+    buf = client.create((MiB // 4,), "float32")  # Unsealed: writable.
+    w = buf.tensor()
+    w.fill_(4.0)
+    got = ForkingPickler.loads(ForkingPickler.dumps(w))
+    assert type(got) is torch.Tensor and not in_pool(got.data_ptr())
+    assert float(got.sum()) == 4.0 * (MiB // 4)
+    # A Parameter: an optimizer would write into the read-only memory.
+    view = client.get(client.put(torch.ones(8)))
+    p = torch.nn.Parameter(torch.utils.dlpack.from_dlpack(view),
+                           requires_grad=False)
+    got = ForkingPickler.loads(ForkingPickler.dumps(p))
+    assert type(got) is torch.nn.Parameter and not in_pool(got.data_ptr())
+    assert client.stats()["offers"] == 0
+
+
+def test_past_the_offer_limit_tensors_go_as_copies(tmp_path):  # P19
+    from multiprocessing.reduction import ForkingPickler
+    import shmtensor._torch_sharing as sharing
+    from conftest import Daemon
+    cfg = tmp_path / "d.toml"
+    cfg.write_text('[[pool]]\nname = "default"\nsize = "16MiB"\n'
+                   '[limits]\nmax_offers_per_session = 2\n')
+    with Daemon(config=str(cfg)) as d:
+        client = shmtensor.connect(d.address)
+        t = client.get(client.put(torch.ones(1024))).tensor()
+        sharing._warned = False
+        sent = [ForkingPickler.dumps(t) for _ in range(2)]  # Untaken.
+        assert client.stats()["offers"] == 2
+        with pytest.warns(RuntimeWarning, match="max_offers_per_session"):
+            third = ForkingPickler.loads(ForkingPickler.dumps(t))
+        assert not in_pool(third.data_ptr()) and float(third.sum()) == 1024
+        got = [ForkingPickler.loads(b) for b in sent]
+        assert all(in_pool(g.data_ptr()) for g in got)
+        assert client.stats()["offers"] == 0
+
+
+def test_an_untaken_offer_ends_grace_after_its_sender(tmp_path):  # P19
+    from multiprocessing.reduction import ForkingPickler
+    from conftest import Daemon
+    cfg = tmp_path / "d.toml"
+    cfg.write_text('[[pool]]\nname = "default"\nsize = "16MiB"\n'
+                   '[limits]\noffer_grace_ms = 500\n')
+    with Daemon(config=str(cfg)) as d:
+        code = (
+            "import sys, torch, shmtensor\n"
+            "from multiprocessing.reduction import ForkingPickler\n"
+            f"c = shmtensor.connect({d.address!r})\n"
+            "t = c.get(c.put(torch.ones(MiB))).tensor()\n".replace(
+                "MiB", str(MiB // 4)) +
+            "sys.stdout.buffer.write(bytes(ForkingPickler.dumps(t)))\n")
+        import subprocess
+        import sys
+        from conftest import child_env
+        out = subprocess.run([sys.executable, "-c", code], env=child_env(),
+                             stdout=subprocess.PIPE, check=True,
+                             timeout=120).stdout
+        watcher = shmtensor.connect(d.address)
+        assert used(watcher) == MiB  # Pinned after the sender exited.
+        assert wait_until(lambda: used(watcher) == 0, 10.0)
+        with pytest.raises(shmtensor.StaleReferenceError,
+                           match="offer was taken by another receiver or "
+                                 "expired"):
+            ForkingPickler.loads(out)
 
 
 def test_share_memory_of_pool_memory_changes_nothing(daemon):  # P19

@@ -17,6 +17,7 @@
 
 #include "daemon/memory/fake_segment.h"
 #include "daemon/store/object_store.h"
+#include "shmtensor/errors.h"
 #include "shmtensor/v1/monitor.pb.h"
 #include "spdlog/spdlog.h"
 
@@ -93,6 +94,10 @@ void Run(const uint8_t* data, size_t size) {
   limits.max_leases_per_client = 30;
   limits.max_bytes_per_uid = (in.Byte() % 2) ? 48 * kPage : 0;
   limits.max_sessions_per_uid = 6;
+  limits.max_offers_per_session = 4;
+  // With a grace, an untaken offer keeps its object past its session's end.
+  const bool grace = in.Byte() % 2;
+  limits.offer_grace_ms = grace ? 300000 : 0;
   ObjectStore store(std::move(pools), 7, limits);
   struct Client {
     uint64_t id = 0;
@@ -113,6 +118,12 @@ void Run(const uint8_t* data, size_t size) {
   std::vector<uint64_t> leases;
   std::vector<v1::ObjectRef> refs;
   std::vector<uint64_t> holds;  // Fork holds taken and not yet ended.
+  struct Offered {
+    v1::ObjectRef ref;
+    uint64_t token = 0;
+    bool taken = false;
+  };
+  std::vector<Offered> offers;
   const char* names[] = {"a", "b", "c", ""};
   for (int step = 0; step < 400 && !in.done(); ++step) {
     const uint8_t op = in.Byte();
@@ -122,7 +133,7 @@ void Run(const uint8_t* data, size_t size) {
       if (b < 200 && !leases.empty()) return leases[b % leases.size()];
       return b == 255 ? in.U64() : b;  // Made up.
     };
-    switch (op % 15) {
+    switch (op % 17) {
       case 0:
       case 11: {  // Create, untyped or with a layout off the wire.
         CreateArgs a;
@@ -239,12 +250,40 @@ void Run(const uint8_t* data, size_t size) {
           store.EndForkHold(in.U64());
         }
         break;
+      case 15: {  // Offer a lease (any: only sealed read leases may go).
+        absl::StatusOr<OfferGrant> o = store.Offer(c.id, pick_lease());
+        if (o.ok()) offers.push_back({o->ref, o->token, false});
+        break;
+      }
+      case 16: {  // Take an offer: its own, another object's, a made-up one.
+        if (offers.empty()) break;
+        Offered& o = offers[in.Byte() % offers.size()];
+        const uint8_t how = in.Byte() % 4;
+        const v1::ObjectRef& ref =
+            how == 1 ? offers[in.Byte() % offers.size()].ref : o.ref;
+        const uint64_t token = how == 2 ? in.U64() : o.token;
+        absl::StatusOr<Handout> h = store.Get(c.id, ref, token);
+        if (h.ok()) {
+          leases.push_back(h->lease_id);
+          // The pin moves only for that token of that object.
+          if (token == o.token && ref.slot() == o.ref.slot() &&
+              ref.generation() == o.ref.generation()) {
+            o.taken = true;
+          }
+        } else if (grace && how != 1 && token == o.token && !o.taken &&
+                   IsStaleReference(h.status())) {
+          Broken("an untaken offer's object was freed");
+        }
+        break;
+      }
     }
     CheckBooks(store);
   }
   // Everything ends: nothing may be left but named objects, then nothing.
   for (Client& c : clients) store.EndSession(c.id);
   for (uint64_t h : holds) store.EndForkHold(h);
+  store.ExpireOffers(absl::Now() + absl::Hours(1));
+  if (store.Status().offers() != 0) Broken("an offer outlived its grace");
   CheckBooks(store);
   const uint64_t opener =
       store

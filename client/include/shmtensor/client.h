@@ -121,6 +121,9 @@ struct StoreStats {
   // Fork holds this client took that still pin objects for its forked
   // children (they live).
   uint64_t fork_holds = 0;
+  // Objects this client offered to another process (View::Offer) that no
+  // one took yet.
+  uint64_t offers = 0;
 };
 
 // A session with shmtensord. Copies share the session. The session ends when
@@ -166,6 +169,16 @@ class Client {
   // read-only.
   absl::StatusOr<View> Get(const ObjectRef& ref, bool writable = true);
 
+  // The receiving half of sending an object by reference: a read-only view
+  // of the object another process offered (View::Offer) with `offer_token`.
+  // The view's lease takes the daemon's pin over, so the object stays
+  // whatever its sender did since, exit included (for up to the daemon's
+  // limits.offer_grace_ms after the sender's session ended). A token that
+  // pins nothing (taken already, expired) makes this Get(ref, false): it
+  // works while something else holds the object, and fails as a stale ref
+  // once nothing does, saying so.
+  absl::StatusOr<View> Take(const ObjectRef& ref, uint64_t offer_token);
+
   // A read-only view of the object bound to `name`, waiting up to `timeout`
   // for one to be sealed (DEADLINE_EXCEEDED after; NOT_FOUND at once for a
   // zero timeout).
@@ -196,6 +209,8 @@ class Client {
  private:
   explicit Client(std::shared_ptr<internal::ClientCore> core)
       : core_(std::move(core)) {}
+  absl::StatusOr<View> GetRef(const ObjectRef& ref, bool writable,
+                              uint64_t offer_token);
 
   std::shared_ptr<internal::ClientCore> core_;
 };

@@ -104,6 +104,17 @@ class View {
   // released already.
   absl::Status Release();
 
+  // The sending half of sending the object by reference to another process
+  // (Client::Take receives): pins the object at the daemon for the
+  // receiver and returns the pin's token, to send with ref(). The pin lasts
+  // until a Take presents the token, or until the daemon's
+  // limits.offer_grace_ms after this client's session ended, and counts
+  // against this process's uid meanwhile. FAILED_PRECONDITION for a
+  // writable view (an exclusive take, a shared-writable object) or one of a
+  // CUDA pool, and for a released view; RESOURCE_EXHAUSTED (LIMIT_EXCEEDED)
+  // when this session has limits.max_offers_per_session untaken.
+  absl::StatusOr<uint64_t> Offer() const;
+
   // CUDA objects: declares that the bytes are (also) used on `stream`, so
   // the lease's release waits for the work queued there too (see client.h).
   // No-op for host objects or a released view.
