@@ -8,13 +8,11 @@
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -71,26 +69,15 @@ class AccessTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (geteuid() != 0) GTEST_SKIP() << "needs root to become other users";
-    // A socket directory other users may enter (the daemon refuses one they
-    // may write).
-    dir_ = absl::StrCat("/tmp/shmtensor-access-", getpid(), "-", counter_++);
-    mkdir(dir_.c_str(), 0755);
-    chmod(dir_.c_str(), 0755);
-    address_ = "unix:" + dir_ + "/d.sock";
-    const std::string config = dir_ + ".toml";
-    std::ofstream(config) << "socket_mode = \"0666\"\n"
-                          << "[[pool]]\nname = \"default\"\nsize = \""
-                          << PoolSize() << "\"\n"
-                          << "users = [" << kWriter << "]\n"
-                          << "groups = [4242]\n"
-                          << "read_only_users = [" << kReader << "]\n"
-                          << "read_only_groups = [4343]\n"
-                          << "[[pool]]\nname = \"private\"\nsize = \"8MiB\"\n";
     absl::StatusOr<std::unique_ptr<DaemonProcess>> d =
-        DaemonProcess::Start({"--config", config}, address_);
+        DaemonProcess::StartShared(absl::StrCat(
+            "[[pool]]\nname = \"default\"\nsize = \"", PoolSize(),
+            "\"\nusers = [", kWriter, "]\ngroups = [4242]\n",
+            "read_only_users = [", kReader, "]\nread_only_groups = [4343]\n",
+            "[[pool]]\nname = \"private\"\nsize = \"8MiB\"\n"));
     ASSERT_TRUE(d.ok()) << d.status();
     daemon_ = *std::move(d);
-    unlink(config.c_str());
+    address_ = daemon_->address();
     absl::StatusOr<Client> c = Client::Connect({.address = address_});
     ASSERT_TRUE(c.ok()) << c.status();
     client_.emplace(*std::move(c));
@@ -118,8 +105,6 @@ class AccessTest : public ::testing::Test {
     return Report(*children_.back());
   }
 
-  static inline int counter_ = 0;
-  std::string dir_;
   std::string address_;
   std::unique_ptr<DaemonProcess> daemon_;
   std::optional<Client> client_;

@@ -14,7 +14,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <fstream>
 #include <map>
 #include <random>
 #include <vector>
@@ -42,18 +41,13 @@ class ChaosTest : public ::testing::Test {
  protected:
   void SetUp() override {
     two_uids_ = geteuid() == 0;
-    dir_ = absl::StrCat("/tmp/shmtensor-chaos-", getpid());
-    mkdir(dir_.c_str(), 0755);
-    chmod(dir_.c_str(), 0755);
-    address_ = "unix:" + dir_ + "/d.sock";
-    const std::string config = dir_ + "/d.toml";
-    std::ofstream(config) << "socket_mode = \"0666\"\n"
-                          << "[[pool]]\nname = \"default\"\nsize = \"128MiB\"\n"
-                          << "users = [" << kOtherUser << "]\n";
     absl::StatusOr<std::unique_ptr<DaemonProcess>> d =
-        DaemonProcess::Start({"--config", config}, address_);
+        DaemonProcess::StartShared(absl::StrCat(
+            "[[pool]]\nname = \"default\"\nsize = \"128MiB\"\nusers = [",
+            kOtherUser, "]\n"));
     ASSERT_TRUE(d.ok()) << d.status();
     daemon_ = *std::move(d);
+    address_ = daemon_->address();
     absl::StatusOr<Client> c = Client::Connect({.address = address_});
     ASSERT_TRUE(c.ok()) << c.status();
     client_.emplace(*std::move(c));
@@ -61,8 +55,6 @@ class ChaosTest : public ::testing::Test {
   void TearDown() override {
     client_.reset();
     daemon_.reset();
-    unlink((dir_ + "/d.toml").c_str());
-    rmdir(dir_.c_str());
   }
   v1::DaemonStatus Status() { return testing::MonitorStatus(address_); }
   std::vector<std::string> Names() {
@@ -75,7 +67,6 @@ class ChaosTest : public ::testing::Test {
   }
 
   bool two_uids_ = false;
-  std::string dir_;
   std::string address_;
   std::unique_ptr<DaemonProcess> daemon_;
   std::optional<Client> client_;

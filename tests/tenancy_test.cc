@@ -4,7 +4,6 @@
 // kernel's ns_last_pid, as an unprivileged user cycling pids would get it),
 // so the tests need root and skip without it.
 #include <signal.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -36,19 +35,13 @@ class TenancyTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (geteuid() != 0) GTEST_SKIP() << "needs root to become other users";
-    dir_ = absl::StrCat("/tmp/shmtensor-tenancy-", getpid(), "-", counter_++);
-    mkdir(dir_.c_str(), 0755);
-    chmod(dir_.c_str(), 0755);
-    address_ = "unix:" + dir_ + "/d.sock";
-    const std::string config = dir_ + ".toml";
-    std::ofstream(config) << "socket_mode = \"0666\"\n"
-                          << "[[pool]]\nname = \"default\"\nsize = \"16MiB\"\n"
-                          << "users = [" << kUserA << ", " << kUserB << "]\n";
     absl::StatusOr<std::unique_ptr<DaemonProcess>> d =
-        DaemonProcess::Start({"--config", config}, address_);
+        DaemonProcess::StartShared(absl::StrCat(
+            "[[pool]]\nname = \"default\"\nsize = \"16MiB\"\nusers = [", kUserA,
+            ", ", kUserB, "]\n"));
     ASSERT_TRUE(d.ok()) << d.status();
     daemon_ = *std::move(d);
-    unlink(config.c_str());
+    address_ = daemon_->address();
     absl::StatusOr<Client> c = Client::Connect({.address = address_});
     ASSERT_TRUE(c.ok()) << c.status();
     client_.emplace(*std::move(c));
@@ -56,7 +49,6 @@ class TenancyTest : public ::testing::Test {
   void TearDown() override {
     client_.reset();
     daemon_.reset();
-    if (!dir_.empty()) rmdir(dir_.c_str());
   }
 
   static std::unique_ptr<Subprocess> Spawn(std::vector<std::string> args) {
@@ -80,8 +72,6 @@ class TenancyTest : public ::testing::Test {
     return testing::MonitorStatus(address_).pools(0).used_bytes();
   }
 
-  static inline int counter_ = 0;
-  std::string dir_;
   std::string address_;
   std::unique_ptr<DaemonProcess> daemon_;
   std::optional<Client> client_;

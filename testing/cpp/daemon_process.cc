@@ -77,6 +77,22 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(
   return d;
 }
 
+absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::StartShared(
+    const std::string& pools_toml) {
+  const std::string address = FreshAddress();
+  const std::string dir = address.substr(5, address.rfind('/') - 5);
+  if (mkdir(dir.c_str(), 0755) != 0 || chmod(dir.c_str(), 0755) != 0) {
+    return absl::InternalError(absl::StrCat("mkdir ", dir));
+  }
+  const std::string config = dir + ".toml";
+  std::ofstream(config) << "socket_mode = \"0666\"\n" << pools_toml;
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> d =
+      Start({"--config", config}, address);
+  unlink(config.c_str());
+  if (!d.ok()) rmdir(dir.c_str());
+  return d;
+}
+
 DaemonProcess::~DaemonProcess() {
   process_.reset();
   unlink(log_path_.c_str());

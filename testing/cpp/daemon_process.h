@@ -28,6 +28,12 @@ class DaemonProcess {
   static absl::StatusOr<std::unique_ptr<DaemonProcess>> Start(
       std::vector<std::string> args = {"--pool-size", "64MiB"},
       std::string address = "", std::vector<std::string> wrapper = {});
+  // A daemon other users may reach, for the multi-user tests: its socket
+  // 0666 in a fresh 0755 directory (the daemon refuses a socket directory
+  // others can write), serving the pools `pools_toml` describes ([[pool]]
+  // tables with their `users` and the like).
+  static absl::StatusOr<std::unique_ptr<DaemonProcess>> StartShared(
+      const std::string& pools_toml);
   // SIGKILLs the daemon if still running and removes its leftovers (its
   // log file too).
   ~DaemonProcess();
