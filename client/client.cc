@@ -78,10 +78,12 @@ absl::StatusOr<std::shared_ptr<internal::Lease>> MakeLease(
     core->ReleaseLease(lease_id).IgnoreError();
     return data.status();
   }
-  return std::make_shared<internal::Lease>(
+  auto lease = std::make_shared<internal::Lease>(
       core, lease_id, placement,
       writable ? internal::Access::kReadWrite : internal::Access::kRead, *data,
       *device);
+  lease->Register();  // A read-only host lease: lease_registry.h.
+  return lease;
 }
 
 absl::StatusOr<View> ViewFromResponse(

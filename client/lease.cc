@@ -24,7 +24,8 @@ bool Lease::ClosesAtOnce(WriteRevocation revocation,
 void* LeaseAddress(const Lease& lease) { return lease.data(); }
 
 void Lease::Register() {
-  if (device_.is_cuda() || placement_.size_bytes() == 0 ||
+  if (access_ != Access::kRead || device_.is_cuda() ||
+      placement_.size_bytes() == 0 ||
       registered_.load(std::memory_order_acquire) != nullptr) {
     return;
   }

@@ -38,7 +38,6 @@ class Lease : public std::enable_shared_from_this<Lease> {
         opened_rw_range_(access == Access::kReadWrite && !device.is_cuda()),
         revocation_(core_->write_revocation()) {
     core_->LeaseMade();
-    if (access == Access::kRead) Register();
   }
   // Closes a writable range (as revocation() says), then releases the lease
   // without waiting (one ReleaseLeases message; errors are dropped: a daemon
@@ -83,6 +82,10 @@ class Lease : public std::enable_shared_from_this<Lease> {
   // After a shared seal: the lease now is the ref's read lease (and is
   // registered as one: lease_registry.h).
   void BecomeReadLease();
+  // Enters a read-only host lease's bytes into the LeaseRegistry (once; the
+  // destructor removes them). For its maker, once a shared_ptr owns it
+  // (MakeLease); no-op for a writable or CUDA lease.
+  void Register();
   // A write lease of a shared-writable object: other leases of this process
   // may write through the same range, so its release leaves the range open
   // (as WriteRevocation::kDeferred does). A pointer kept past the lease is a
@@ -98,9 +101,6 @@ class Lease : public std::enable_shared_from_this<Lease> {
   absl::Status ReleaseNow();
 
  private:
-  // Enters a host lease's read-only bytes into the LeaseRegistry (once; the
-  // destructor removes them).
-  void Register();
   // Closes the range this lease opened for writing, if still open, as
   // revocation_ says. Called under mu_ or in the destructor.
   void CloseWritableRange();

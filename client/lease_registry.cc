@@ -1,9 +1,11 @@
 #include "client/lease_registry.h"
 
+#include <iterator>
 #include <limits>
 #include <map>
 #include <mutex>
 #include <utility>
+#include <vector>
 
 #include "client/lease.h"
 
@@ -37,30 +39,41 @@ void LeaseRegistry::Remove(const Lease* lease, const uint8_t* data) {
   All().erase(std::make_pair(reinterpret_cast<uintptr_t>(data), lease));
 }
 
-std::shared_ptr<Lease> LeaseRegistry::Find(const void* p) {
+std::shared_ptr<Lease> LeaseRegistry::Find(const void* p, uint64_t size) {
   const auto address = reinterpret_cast<uintptr_t>(p);
-  std::lock_guard<std::mutex> lock(Mu());
-  Ranges& all = All();
-  auto it = all.upper_bound(std::make_pair(
-      address,
-      reinterpret_cast<const Lease*>(std::numeric_limits<uintptr_t>::max())));
-  // The entries just below `p` that start where the nearest one does: the
-  // leases of the one object that can contain it.
-  uintptr_t start = 0;
-  bool first = true;
-  while (it != all.begin()) {
-    --it;
-    if (!first && it->first.first != start) break;
-    first = false;
-    start = it->first.first;
-    if (address - start >= it->second) break;  // Past its end.
-    // Null while the lease is being destroyed (its destructor waits on
-    // the lock to Remove it, so the pointer is valid here).
-    std::shared_ptr<Lease> lease =
-        const_cast<Lease*>(it->first.second)->weak_from_this().lock();
+  // Taken under the lock, dropped after it: the last reference to a lease
+  // may go here, and its destructor takes the lock to Remove it.
+  std::vector<std::shared_ptr<Lease>> candidates;
+  {
+    std::lock_guard<std::mutex> lock(Mu());
+    Ranges& all = All();
+    auto it = all.upper_bound(std::make_pair(
+        address,
+        reinterpret_cast<const Lease*>(std::numeric_limits<uintptr_t>::max())));
+    // The entries just below `p` that start where the nearest one does: the
+    // leases of the one object that can contain it.
+    const uintptr_t nearest =
+        it == all.begin() ? 0 : std::prev(it)->first.first;
+    while (it != all.begin()) {
+      --it;
+      const uintptr_t start = it->first.first;
+      if (start != nearest) break;
+      if (address - start >= it->second ||
+          size > it->second - (address - start)) {
+        break;  // [p, p + size) is not within its bytes.
+      }
+      // Null while the lease is being destroyed (its destructor waits on
+      // the lock to Remove it, so the pointer is valid here).
+      if (std::shared_ptr<Lease> lease =
+              const_cast<Lease*>(it->first.second)->weak_from_this().lock()) {
+        candidates.push_back(std::move(lease));
+      }
+    }
+  }
+  for (std::shared_ptr<Lease>& lease : candidates) {
     // A lease inherited across fork is the parent's session's: this
     // process cannot act for it (its own lease of the object may follow).
-    if (lease != nullptr && !lease->core().inherited()) return lease;
+    if (!lease->core().inherited()) return std::move(lease);
   }
   return nullptr;
 }

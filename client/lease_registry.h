@@ -2,8 +2,8 @@
 // handed to torch's sharing (python/shmtensor/_torch_sharing.py) finds the
 // lease of the object its memory lies in, to send it by reference.
 //
-// Every read-only lease on a host pool is registered by its Lease for its
-// life (constructed read-only, or turned read-only by a shared seal), under
+// Every read-only lease on a host pool is registered for its life (once
+// made read-only: MakeLease, or a shared seal's BecomeReadLease), under
 // its address in the pool's read-only mapping. Writable leases (an unsealed
 // buffer, a shared-writable object, a batch ring) are not: their memory
 // travels by copy.
@@ -22,14 +22,15 @@ class Lease;
 
 class LeaseRegistry {
  public:
-  // `lease`'s `size` bytes at `data` (size > 0). Called by the Lease; the
-  // pointer stays registered until Remove, which its destructor calls.
+  // `lease`'s `size` bytes at `data` (size > 0), once the lease is owned by
+  // a shared_ptr (Find reads its weak_from_this under the lock). The pointer
+  // stays registered until Remove, which its destructor calls.
   static void Add(const Lease* lease, const uint8_t* data, uint64_t size);
   static void Remove(const Lease* lease, const uint8_t* data);
   // A live registered lease of this process's own sessions whose bytes
-  // contain `p`, or null (none, or only ones being destroyed or inherited
-  // across fork).
-  static std::shared_ptr<Lease> Find(const void* p);
+  // contain the `size` bytes at `p`, or null (none, or only ones being
+  // destroyed or inherited across fork).
+  static std::shared_ptr<Lease> Find(const void* p, uint64_t size);
   // For fork handlers: the lock, taken before fork() and released after it
   // in the parent and the child, so that no child inherits it held.
   static void LockForFork();

@@ -30,11 +30,11 @@ absl::StatusOr<LeaseOffer> OfferLease(Lease& lease) {
                     lease.placement().size_bytes(), core.address()};
 }
 
-absl::StatusOr<LeaseOffer> OfferReadLeaseAt(const void* p) {
-  std::shared_ptr<Lease> lease = LeaseRegistry::Find(p);
+absl::StatusOr<LeaseOffer> OfferReadLeaseAt(const void* p, uint64_t size) {
+  std::shared_ptr<Lease> lease = LeaseRegistry::Find(p, size);
   if (lease == nullptr) {
-    return absl::NotFoundError(
-        absl::StrFormat("no read lease of this process holds address %p", p));
+    return absl::NotFoundError(absl::StrFormat(
+        "no read lease of this process holds the %d bytes at %p", size, p));
   }
   return OfferLease(*lease);
 }

@@ -40,10 +40,11 @@ struct LeaseOffer {
 absl::StatusOr<LeaseOffer> OfferLease(Lease& lease);
 
 // OfferLease of the live read lease of this process whose bytes contain
-// `p` (LeaseRegistry); NOT_FOUND when there is none: memory that is not a
-// pool's, that only a writable lease holds, or that this process inherited
-// across fork (its lease is the parent's session's).
-absl::StatusOr<LeaseOffer> OfferReadLeaseAt(const void* p);
+// the `size` bytes at `p` (LeaseRegistry); NOT_FOUND, asking the daemon
+// nothing, when there is none: memory that is not a pool's, that only a
+// writable lease holds, that this process inherited across fork (its lease
+// is the parent's session's), or that runs past the object.
+absl::StatusOr<LeaseOffer> OfferReadLeaseAt(const void* p, uint64_t size);
 
 }  // namespace shmtensor::internal
 

@@ -598,7 +598,8 @@ absl::StatusOr<Handout> ObjectStore::Get(uint64_t session_id,
   if (!session.ok()) return session.status();
   absl::StatusOr<uint32_t> slot = objects_.ResolveRef(ref);
   if (!slot.ok()) {
-    if (offer_token == 0 || !IsStaleReference(slot.status())) {
+    if (offer_token == 0 || !IsStaleReference(slot.status()) ||
+        ref.daemon_epoch() != epoch_) {
       return slot.status();
     }
     // A live offer would have kept the object: it was taken by another
@@ -649,18 +650,29 @@ absl::StatusOr<Handout> ObjectStore::Get(uint64_t session_id,
     }
     case State::kSealed:
     case State::kSharedWritable: {
+      // An offer this Get takes over: its charge moves to the new lease,
+      // so that the limits do not count the object twice.
+      const OfferTable::Offer* offered =
+          offer_token == 0 ? nullptr
+                           : offers_.Find(offer_token, *slot, ref.generation());
+      if (offered != nullptr) {
+        sessions_.ChargeUid(offered->uid,
+                            -static_cast<int64_t>(offered->bytes));
+      }
       if (absl::Status s = sessions_.CheckHold(**session, *slot, obj.capacity,
                                                leases_.size());
           !s.ok()) {
+        if (offered != nullptr) {
+          sessions_.ChargeUid(offered->uid,
+                              static_cast<int64_t>(offered->bytes));
+        }
         return s;
       }
       const bool write = obj.state == State::kSharedWritable;
       const uint64_t lease = AddLease(session_id, **session, *slot, write);
-      if (offer_token != 0) {
-        if (std::optional<OfferTable::Offer> taken =
-                offers_.Take(offer_token, *slot, ref.generation())) {
-          EndOffer(*taken);  // The new lease holds the object now.
-        }
+      if (offered != nullptr) {
+        offers_.Take(offer_token, *slot, ref.generation());
+        --objects_.object(*slot).holds;  // The new lease holds it now.
       }
       return MakeHandout(*slot, lease, write);
     }

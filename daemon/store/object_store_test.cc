@@ -911,6 +911,32 @@ TEST(ObjectStoreOfferTest, OffersPerSessionAreBounded) {
   EXPECT_TRUE(s.store->Offer(s.a, sealed.lease_id).ok());
 }
 
+TEST(ObjectStoreOfferTest, ATakeMovesTheOffersChargeToTheNewLease) {
+  StoreLimits limits;
+  limits.max_bytes_per_uid = 4 * kPage;
+  limits.max_leases_per_client = 1;
+  OfferStore s(limits);
+  SealResult sealed = s.Sealed(3 * kPage);
+  OfferGrant offer = *s.store->Offer(s.a, sealed.lease_id);
+  ASSERT_TRUE(s.store->Release(s.a, sealed.lease_id).ok());
+  // uid kUser holds 3 pages, the offer's. The taker (same uid) is charged
+  // them instead, not on top.
+  absl::StatusOr<Handout> taken = s.store->Get(s.b, offer.ref, offer.token);
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  // A refused take (b is at its one lease) leaves the offer in place.
+  OfferGrant again = *s.store->Offer(s.b, taken->lease_id);
+  EXPECT_EQ(s.store->Get(s.b, again.ref, again.token).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.store->Stats().offers(), 1u);
+  ASSERT_TRUE(s.store->Release(s.b, taken->lease_id).ok());
+  EXPECT_EQ(s.Used(), 3 * kPage);  // The offer keeps it.
+  absl::StatusOr<Handout> later = s.store->Get(s.b, again.ref, again.token);
+  ASSERT_TRUE(later.ok()) << later.status();
+  EXPECT_EQ(s.store->Stats().offers(), 0u);
+  EXPECT_TRUE(*s.store->Release(s.b, later->lease_id));
+  EXPECT_EQ(s.Used(), 0u);
+}
+
 TEST(ObjectStoreOfferTest, WhatAnOfferPinsCountsAgainstTheSendersUid) {
   StoreLimits limits;
   limits.max_bytes_per_uid = 4 * kPage;

@@ -16,6 +16,16 @@ void OfferTable::Add(uint64_t token, const Offer& offer) {
   by_session_[offer.session_id].insert(token);
 }
 
+const OfferTable::Offer* OfferTable::Find(uint64_t token, uint32_t slot,
+                                          uint32_t generation) const {
+  auto it = offers_.find(token);
+  if (it == offers_.end() || it->second.slot != slot ||
+      it->second.generation != generation) {
+    return nullptr;
+  }
+  return &it->second;
+}
+
 std::optional<OfferTable::Offer> OfferTable::Take(uint64_t token, uint32_t slot,
                                                   uint32_t generation) {
   auto it = offers_.find(token);

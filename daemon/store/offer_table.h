@@ -49,6 +49,9 @@ class OfferTable {
   // Records `offer` under `token` (nonzero, not in use: Contains).
   void Add(uint64_t token, const Offer& offer);
   bool Contains(uint64_t token) const { return offers_.contains(token); }
+  // The offer `token` when it pins `slot` at `generation`, else null; valid
+  // until the table changes.
+  const Offer* Find(uint64_t token, uint32_t slot, uint32_t generation) const;
   // Removes and returns the offer `token` when it pins `slot` at
   // `generation`; nullopt (nothing removed) otherwise: a token of another
   // object takes nothing.

@@ -84,15 +84,18 @@ def _offer(storage, itemsize):
     if ptr % itemsize:
         return None  # The receiver could not view it as that dtype.
     try:
-        offer = _core._offer_at(ptr)
+        offer = _core._offer_at(ptr, storage.nbytes())
+    except errors.PreconditionError:
+        # The daemon's word that this read-only view's object may not go
+        # by reference (a shared-writable object taken read-only, an
+        # exclusive take): a copy, as for a writable one.
+        return None
     except errors.Error as e:
         _warn_once(e)
         return None
     if offer is None:
         return None
-    ref_bytes, token, base, nbytes, address = offer
-    if ptr - base + storage.nbytes() > nbytes:
-        return None  # Not within the object: never made by shmtensor.
+    ref_bytes, token, base, _, address = offer
     return ref_bytes, token, ptr - base, address
 
 
@@ -198,6 +201,10 @@ def _wrap_reductions():
         with torch._C.DisableTorchFunction():
             if not _tensor_in_pool(t) or (t.requires_grad and not t.is_leaf):
                 return torch_tensor(t)  # Torch's way (and its errors).
+            if t.is_conj() or t.is_neg():
+                # A lazy conjugate or negation: its values are not its
+                # bytes. Resolved into new memory, it goes torch's way.
+                return torch_tensor(t.resolve_conj().resolve_neg())
             storage = _untyped(t)
             offer = _offer(storage, t.element_size())
             if offer is not None:

@@ -131,12 +131,12 @@ PYBIND11_MODULE(_core, m) {
       "pool (host pools; for torch's sharing, shmtensor/_torch_sharing.py).");
   m.def(
       "_offer_at",
-      [](uintptr_t address) -> py::object {
+      [](uintptr_t address, uint64_t nbytes) -> py::object {
         absl::StatusOr<internal::LeaseOffer> offer;
         {
           py::gil_scoped_release release;
           offer = internal::OfferReadLeaseAt(
-              reinterpret_cast<const void*>(address));
+              reinterpret_cast<const void*>(address), nbytes);
         }
         if (absl::IsNotFound(offer.status())) return py::none();
         Check(offer.status());
@@ -144,11 +144,11 @@ PYBIND11_MODULE(_core, m) {
                               reinterpret_cast<uintptr_t>(offer->data),
                               offer->size_bytes, offer->daemon_address);
       },
-      py::arg("address"),
-      "[P19] Offers the object whose bytes hold `address` (a live read-only "
-      "view's, in this process) to another process: (ref_bytes, token, "
-      "object_address, object_nbytes, daemon_address), or None when no "
-      "read-only view holds it (see client/offer.h).");
+      py::arg("address"), py::arg("nbytes"),
+      "[P19] Offers the object whose bytes hold the `nbytes` at `address` (a "
+      "live read-only view's, in this process) to another process: "
+      "(ref_bytes, token, object_address, object_nbytes, daemon_address), or "
+      "None when no read-only view holds them (see client/offer.h).");
   m.def(
       "_take",
       [](py::handle client, py::handle ref, uint64_t token) {

@@ -400,6 +400,20 @@ def test_what_cannot_go_by_reference_goes_as_a_copy(daemon):  # P19
                            requires_grad=False)
     got = ForkingPickler.loads(ForkingPickler.dumps(p))
     assert type(got) is torch.nn.Parameter and not in_pool(got.data_ptr())
+    # A lazy conjugate: its values are not its bytes.
+    z = client.get(client.put(torch.tensor([1 + 2j, 3 - 4j]))).tensor()
+    got = ForkingPickler.loads(ForkingPickler.dumps(z.conj()))
+    assert torch.equal(got, torch.tensor([1 - 2j, 3 + 4j]))
+    # A shared-writable object taken read-only: the daemon refuses its
+    # offer, and it goes as a copy without a word.
+    sw = client.create((8,), "float32", shared_writable=True)
+    np.asarray(sw)[:] = 6.0
+    ro = client.get(shmtensor.ObjectRef(sw.ref_bytes), writable=False)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = ForkingPickler.loads(ForkingPickler.dumps(ro.tensor()))
+    assert not in_pool(got.data_ptr()) and float(got.sum()) == 48.0
     assert client.stats()["offers"] == 0
 
 
