@@ -4,7 +4,9 @@
 #include <grp.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <poll.h>
 #include <sys/file.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -16,12 +18,14 @@
 #include <random>
 #include <set>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "daemon/memory/cuda_segment.h"
 #include "daemon/memory/host_segment.h"
 #include "daemon/server/unix_listener.h"
@@ -85,13 +89,78 @@ absl::StatusOr<int> OpenLockFile(const std::string& path) {
   return fd;
 }
 
+// The host pools of `config`, adopted from `passed` (a predecessor's
+// descriptors) as `state` describes them. FAILED_PRECONDITION naming the
+// first pool that cannot be.
+absl::StatusOr<std::vector<std::unique_ptr<Pool>>> AdoptPools(
+    const DaemonConfig& config, std::vector<PoolAccessRules>& access,
+    absl::flat_hash_map<std::string, UniqueFd>& passed,
+    const LedgerState& state) {
+  if (state.pools.size() != config.pools.size()) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("the previous daemon had %d pools, the config has %d",
+                        state.pools.size(), config.pools.size()));
+  }
+  std::vector<std::unique_ptr<Pool>> pools;
+  for (size_t i = 0; i < config.pools.size(); ++i) {
+    const PoolConfig& pc = config.pools[i];
+    const LedgerPool& was = state.pools[i];
+    if (pc.kind != "host" || was.kind != v1::MEMORY_KIND_HOST) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "pool '%s' is not host memory: CUDA pools do not outlive their "
+          "daemon",
+          pc.name));
+    }
+    if (was.name != pc.name || was.size_bytes != pc.size_bytes) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "pool %d was '%s' of %d bytes and the config makes it '%s' of %d "
+          "bytes",
+          i, was.name, was.size_bytes, pc.name, pc.size_bytes));
+    }
+    auto fd = passed.find(absl::StrCat(kPoolFdPrefix, pc.name));
+    if (fd == passed.end()) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "no descriptor of pool '%s' was handed over", pc.name));
+    }
+    absl::StatusOr<std::unique_ptr<HostSegment>> seg =
+        HostSegment::Adopt(std::move(fd->second), pc.name, was.size_bytes,
+                           was.page_size, was.huge_page_size);
+    passed.erase(fd);
+    if (!seg.ok()) return seg.status();
+    pools.push_back(
+        std::make_unique<Pool>(pc.name, *std::move(seg), access[i]));
+  }
+  return pools;
+}
+
+std::vector<LedgerPool> LedgerPoolsOf(const ObjectStore& store) {
+  std::vector<LedgerPool> out;
+  for (const v1::PoolInfo& info : store.pool_infos()) {
+    out.push_back({info.name(), static_cast<uint32_t>(info.kind()),
+                   info.size_bytes(), info.page_size(), info.huge_page_size()});
+  }
+  return out;
+}
+
+absl::StatusOr<UniqueFd> Dup(int fd) {
+  UniqueFd out(fcntl(fd, F_DUPFD_CLOEXEC, 3));
+  if (!out.valid()) {
+    return absl::InternalError(
+        absl::StrFormat("dup: %s", std::strerror(errno)));
+  }
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
-    const DaemonConfig& config) {
+    const DaemonConfig& config, StartOptions options) {
+  absl::flat_hash_map<std::string, UniqueFd> passed;
+  for (NamedFd& f : options.inherited) passed[f.name] = std::move(f.fd);
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
   std::unique_ptr<Daemon> d(new Daemon());
   d->address_ = config.listen;
+  for (const PoolConfig& pc : config.pools) d->pool_names_.push_back(pc.name);
   if (!absl::StartsWith(config.listen, "unix:")) {
     return absl::InvalidArgumentError(absl::StrCat(
         "listen address '", config.listen.substr(0, 128),
@@ -123,6 +192,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
     absl::StatusOr<int> fd = OpenLockFile(d->lock_path_);
     if (!fd.ok()) return fd.status();
     d->lock_fd_ = *fd;
+    // A predecessor handing over releases the lock as it exits.
+    const absl::Time lock_deadline = absl::Now() + options.lock_wait;
+    while (flock(d->lock_fd_, LOCK_EX | LOCK_NB) != 0 &&
+           absl::Now() < lock_deadline) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
     if (flock(d->lock_fd_, LOCK_EX | LOCK_NB) != 0) {
       char pid[32] = {0};
       pread(d->lock_fd_, pid, sizeof(pid) - 1, 0);
@@ -176,9 +251,30 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
     access.push_back(*std::move(rules));
   }
 
+  // A predecessor's state, when it was handed over and checks out.
+  std::unique_ptr<Ledger> ledger;
+  LedgerState state;
   std::vector<std::unique_ptr<Pool>> pools;
+  if (auto it = passed.find(kLedgerFdName); it != passed.end()) {
+    absl::StatusOr<std::unique_ptr<Ledger>> adopted =
+        Ledger::Adopt(std::move(it->second), &state);
+    passed.erase(it);
+    absl::StatusOr<std::vector<std::unique_ptr<Pool>>> kept =
+        adopted.ok() ? AdoptPools(config, access, passed, state)
+                     : adopted.status();
+    if (kept.ok()) {
+      ledger = *std::move(adopted);
+      pools = *std::move(kept);
+    } else {
+      spdlog::warn(
+          "not adopting the previous daemon's objects and sessions ({}); "
+          "starting fresh: its clients' sessions end",
+          std::string(kept.status().message()));
+    }
+  }
   std::vector<v1::UnavailablePool> unavailable;
-  for (size_t i = 0; i < config.pools.size(); ++i) {
+  for (size_t i = ledger != nullptr ? config.pools.size() : 0;
+       i < config.pools.size(); ++i) {
     const PoolConfig& pc = config.pools[i];
     PoolAccessRules& rules = access[i];
     if (pc.kind == "cuda") {
@@ -236,10 +332,41 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
     return absl::FailedPreconditionError(absl::StrCat(
         "no pool could be created: ", unavailable.front().reason()));
   }
-  std::random_device rd;
-  const uint64_t epoch = (uint64_t{rd()} << 32) | rd();
-  d->store_ =
-      std::make_unique<ObjectStore>(std::move(pools), epoch, config.limits);
+  const bool adopting = ledger != nullptr;
+  if (adopting) {
+    // The access rules and limits are the config's (a take-over applies
+    // them); objects, leases and sessions are the predecessor's.
+    absl::StatusOr<std::unique_ptr<ObjectStore>> adopted = ObjectStore::Adopt(
+        std::move(pools), config.limits, std::move(ledger), std::move(state));
+    if (adopted.ok()) {
+      d->store_ = *std::move(adopted);
+    } else {
+      spdlog::warn(
+          "not adopting the previous daemon's objects and sessions ({}); "
+          "starting fresh: its clients' sessions end",
+          std::string(adopted.status().message()));
+      DaemonConfig fresh = config;
+      StartOptions none;
+      d.reset();  // Releases the address lock for the fresh start.
+      return Start(fresh, std::move(none));
+    }
+  } else {
+    std::random_device rd;
+    const uint64_t epoch = (uint64_t{rd()} << 32) | rd();
+    std::vector<LedgerPool> described;
+    for (const auto& pool : pools) {
+      const Segment& seg = pool->segment();
+      described.push_back({pool->name(), static_cast<uint32_t>(seg.kind()),
+                           seg.size_bytes(), seg.page_size(),
+                           seg.huge_page_size()});
+    }
+    absl::StatusOr<std::unique_ptr<Ledger>> fresh = Ledger::Create(
+        epoch, std::move(described), LedgerCapacityFor(config.limits));
+    if (!fresh.ok()) return fresh.status();
+    d->store_ = std::make_unique<ObjectStore>(std::move(pools), epoch,
+                                              config.limits, *std::move(fresh));
+  }
+  const uint64_t epoch = d->store_->epoch();
   d->connections_ =
       std::make_unique<ConnectionTable>(config.limits.max_connections_per_uid);
   d->service_ =
@@ -253,16 +380,29 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  absl::StatusOr<std::unique_ptr<UnixListener>> listener =
-      UnixListener::Bind(d->socket_path_, config.socket_mode, gid);
+  // The predecessor's listening sockets, when handed over: connections made
+  // while it handed over wait in their backlog, none is refused.
+  auto take = [&](const char* name) {
+    auto it = passed.find(name);
+    if (it == passed.end()) return UniqueFd();
+    UniqueFd fd = std::move(it->second);
+    passed.erase(it);
+    return fd;
+  };
+  absl::StatusOr<std::unique_ptr<UnixListener>> listener = UnixListener::Bind(
+      d->socket_path_, config.socket_mode, gid, take(kListenFdName));
   if (!listener.ok()) return listener.status();
   d->listener_ = *std::move(listener);
   d->descriptor_path_ = d->socket_path_ + kDescriptorSocketSuffix;
   absl::StatusOr<std::unique_ptr<DescriptorServer>> descriptors =
       DescriptorServer::Bind(d->descriptor_path_, config.socket_mode, gid,
-                             *d->store_);
+                             *d->store_, {}, take(kDescriptorListenFdName));
   if (!descriptors.ok()) return descriptors.status();
   d->descriptors_ = *std::move(descriptors);
+  d->descriptors_->SetTakeOverHandler(
+      [daemon = d.get()](const v1::TakeOver& successor) {
+        return daemon->HandOverTo(successor);
+      });
   grpc::ServerBuilder builder;
   int monitor_port = 0;
   if (!monitor_address.empty()) {
@@ -299,14 +439,248 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   d->listener_->Start(d->server_.get(), d->connections_.get());
   d->descriptors_->Start();
   d->reaper_ = std::thread([daemon = d.get()] { daemon->ReapLoop(); });
-  spdlog::info("shmtensord {} serving on {} ({} pools, epoch {:016x})",
+  std::vector<std::string> stale_names;
+  for (const auto& [name, fd] : passed) stale_names.push_back(name);
+  d->StoreFds(adopting, stale_names);
+  spdlog::info("shmtensord {} serving on {} ({} pools, epoch {:016x}{})",
                SHMTENSOR_VERSION, config.listen, d->store_->pool_infos().size(),
-               epoch);
+               epoch, adopting ? ", adopted" : "");
   if (!monitor_address.empty()) {
     spdlog::info("monitoring (Monitor, health, reflection) also on {}",
                  addresses.back());
   }
   return d;
+}
+
+absl::StatusOr<std::vector<NamedFd>> Daemon::HandOverFds() const {
+  std::vector<NamedFd> out;
+  absl::StatusOr<UniqueFd> ledger = Dup(store_->ledger_fd());
+  if (!ledger.ok()) return ledger.status();
+  out.push_back({kLedgerFdName, *std::move(ledger)});
+  for (size_t i = 0; i < store_->pool_infos().size(); ++i) {
+    if (store_->pool_infos()[i].kind() != v1::MEMORY_KIND_HOST) continue;
+    absl::StatusOr<UniqueFd> fd =
+        store_->segment(static_cast<uint32_t>(i)).OpenDescriptor(true);
+    if (!fd.ok()) return fd.status();
+    out.push_back(
+        {absl::StrCat(kPoolFdPrefix, pool_names_[i]), *std::move(fd)});
+  }
+  absl::StatusOr<UniqueFd> listen = Dup(listener_->listen_fd());
+  if (!listen.ok()) return listen.status();
+  out.push_back({kListenFdName, *std::move(listen)});
+  absl::StatusOr<UniqueFd> fd_listen = Dup(descriptors_->listen_fd());
+  if (!fd_listen.ok()) return fd_listen.status();
+  out.push_back({kDescriptorListenFdName, *std::move(fd_listen)});
+  return out;
+}
+
+void Daemon::StoreFds(bool adopted, const std::vector<std::string>& stale) {
+  absl::StatusOr<std::vector<NamedFd>> fds = HandOverFds();
+  if (!fds.ok()) {
+    spdlog::warn("cannot give systemd's descriptor store the pools: {}",
+                 std::string(fds.status().message()));
+    return;
+  }
+  bool told = false;
+  for (const std::string& name : stale) {
+    if (ValidFdName(name)) {
+      (void)Notify(absl::StrCat("FDSTOREREMOVE=1\nFDNAME=", name));
+    }
+  }
+  for (const NamedFd& f : *fds) {
+    if (!ValidFdName(f.name)) {
+      spdlog::warn(
+          "pool descriptor name '{}' is no systemd FDNAME; it is "
+          "not stored, and a restart cannot adopt",
+          f.name.substr(0, 64));
+      continue;
+    }
+    // A fresh start replaces whatever an earlier instance stored under the
+    // name; an adopted one stores the very descriptors systemd passed
+    // (which it keeps once).
+    if (!adopted) {
+      (void)Notify(absl::StrCat("FDSTOREREMOVE=1\nFDNAME=", f.name));
+    }
+    absl::StatusOr<bool> sent =
+        Notify(absl::StrCat("FDSTORE=1\nFDNAME=", f.name), {f.fd.get()});
+    if (!sent.ok()) {
+      spdlog::warn("systemd's descriptor store: {}",
+                   std::string(sent.status().message()));
+      return;
+    }
+    told = *sent;
+  }
+  if (told) {
+    (void)Notify("READY=1\nSTATUS=serving");
+    spdlog::info("descriptors stored with systemd ({}); a restart adopts them",
+                 fds->size());
+  }
+}
+
+absl::StatusOr<HandOver> Daemon::HandOverTo(const v1::TakeOver& successor) {
+  const std::vector<v1::PoolInfo>& mine = store_->pool_infos();
+  if (successor.pools_size() != static_cast<int>(mine.size())) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "take-over refused: this daemon serves %d pools, the successor's "
+        "config has %d (pools cannot be added or removed while the daemon "
+        "runs; stop it to change them)",
+        mine.size(), successor.pools_size()));
+  }
+  for (size_t i = 0; i < mine.size(); ++i) {
+    const v1::TakeOver::Pool& theirs = successor.pools(static_cast<int>(i));
+    if (theirs.name() != mine[i].name() ||
+        theirs.size_bytes() != mine[i].size_bytes() ||
+        theirs.kind() != mine[i].kind()) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "take-over refused: pool '%s' (%d bytes) would be '%s' (%d bytes) "
+          "in the successor; a pool cannot change while objects may live in "
+          "it",
+          mine[i].name(), mine[i].size_bytes(), theirs.name().substr(0, 64),
+          theirs.size_bytes()));
+    }
+    if (mine[i].kind() != v1::MEMORY_KIND_HOST) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "take-over refused: pool '%s' is CUDA memory, which dies with this "
+          "daemon",
+          mine[i].name()));
+    }
+  }
+  // From here on nothing changes: calls that reach the store wait, and end
+  // with this process.
+  listener_->Stop();
+  store_->FreezeForHandover();
+  absl::StatusOr<std::vector<NamedFd>> fds = HandOverFds();
+  if (!fds.ok()) {
+    store_->Thaw();
+    listener_->Start(server_.get(), connections_.get());
+    return fds.status();
+  }
+  HandOver h;
+  h.fds = *std::move(fds);
+  h.finish = [this](bool sent) {
+    if (!sent) {
+      spdlog::error(
+          "take-over: the successor did not take the descriptors; "
+          "serving on");
+      store_->Thaw();
+      listener_->Start(server_.get(), connections_.get());
+      return;
+    }
+    spdlog::info(
+        "taken over: the successor serves every object, lease and "
+        "session now; exiting");
+    spdlog::default_logger()->flush();
+    _exit(0);
+  };
+  return h;
+}
+
+absl::Status Daemon::ReExec(const std::string& exe, char* const* argv) {
+  if (access(exe.c_str(), X_OK) != 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "reload: cannot execute %s: %s", exe, std::strerror(errno)));
+  }
+  listener_->Stop();
+  descriptors_->Stop();
+  store_->FreezeForHandover();
+  absl::StatusOr<std::vector<NamedFd>> fds = HandOverFds();
+  absl::Status ready = fds.ok() ? PrepareListenFdsForExec(*fds) : fds.status();
+  if (ready.ok()) {
+    spdlog::info("reload: executing {} in place", exe);
+    spdlog::default_logger()->flush();
+    execv(exe.c_str(), argv);
+    ready = absl::InternalError(
+        absl::StrFormat("execv %s: %s", exe, std::strerror(errno)));
+  }
+  // The store is frozen and the descriptors rearranged: nothing to serve
+  // on. Under systemd, Restart= and the descriptor store bring it back.
+  spdlog::critical("reload failed: {}", ready.ToString());
+  spdlog::default_logger()->flush();
+  _exit(1);
+}
+
+absl::StatusOr<std::vector<NamedFd>> RequestTakeOver(
+    const DaemonConfig& config) {
+  if (!absl::StartsWith(config.listen, "unix:")) {
+    return absl::InvalidArgumentError("take-over needs a unix: address");
+  }
+  std::string path = config.listen.substr(5);
+  if (absl::StartsWith(path, "//")) path = path.substr(2);
+  path += kDescriptorSocketSuffix;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError("socket path too long");
+  }
+  memcpy(addr.sun_path, path.data(), path.size());
+  UniqueFd sock(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (!sock.valid() || connect(sock.get(), reinterpret_cast<sockaddr*>(&addr),
+                               sizeof(addr)) != 0) {
+    return absl::UnavailableError(absl::StrFormat(
+        "take-over: no daemon answers at %s: %s", path, std::strerror(errno)));
+  }
+  v1::DescriptorRequest request;
+  for (const PoolConfig& pc : config.pools) {
+    v1::TakeOver::Pool* p = request.mutable_take_over()->add_pools();
+    p->set_name(pc.name);
+    p->set_size_bytes(pc.size_bytes);
+    p->set_kind(pc.kind == "cuda" ? v1::MEMORY_KIND_CUDA_DEVICE
+                                  : v1::MEMORY_KIND_HOST);
+  }
+  const std::string bytes = request.SerializeAsString();
+  if (send(sock.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(bytes.size())) {
+    return absl::UnavailableError(
+        absl::StrFormat("take-over: send: %s", std::strerror(errno)));
+  }
+  // The predecessor answers once its in-flight changes are done.
+  pollfd pfd{sock.get(), POLLIN, 0};
+  if (poll(&pfd, 1, 30000) <= 0) {
+    return absl::UnavailableError("take-over: no answer within 30 s");
+  }
+  char buf[4096];
+  constexpr size_t kMaxFds = kMaxPools + 3;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFds)];
+  iovec iov{buf, sizeof(buf)};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  const ssize_t n = recvmsg(sock.get(), &msg, MSG_CMSG_CLOEXEC);
+  if (n <= 0) {
+    return absl::UnavailableError("take-over: the daemon hung up");
+  }
+  std::vector<UniqueFd> fds;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr;
+       c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; ++i) {
+      int fd;
+      memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      fds.emplace_back(fd);
+    }
+  }
+  v1::DescriptorReply reply;
+  if (!reply.ParseFromArray(buf, static_cast<int>(n))) {
+    return absl::InternalError("take-over: the reply does not parse");
+  }
+  if (reply.code() != 0 || !reply.granted()) {
+    return absl::Status(static_cast<absl::StatusCode>(reply.code()),
+                        reply.message());
+  }
+  if ((msg.msg_flags & MSG_CTRUNC) != 0 ||
+      fds.size() != static_cast<size_t>(reply.fd_names_size())) {
+    return absl::InternalError(
+        absl::StrFormat("take-over: %d descriptors for %d names", fds.size(),
+                        reply.fd_names_size()));
+  }
+  std::vector<NamedFd> out;
+  for (size_t i = 0; i < fds.size(); ++i) {
+    out.push_back({reply.fd_names(static_cast<int>(i)), std::move(fds[i])});
+  }
+  return out;
 }
 
 void Daemon::ReapLoop() {
@@ -326,6 +700,18 @@ void Daemon::ReapLoop() {
 void Daemon::Shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
+  // A clean stop ends every session: nothing is left for a successor.
+  for (const char* name :
+       {kLedgerFdName, kListenFdName, kDescriptorListenFdName}) {
+    (void)Notify(absl::StrCat("FDSTOREREMOVE=1\nFDNAME=", name));
+  }
+  for (const std::string& pool : pool_names_) {
+    if (ValidFdName(absl::StrCat(kPoolFdPrefix, pool))) {
+      (void)Notify(
+          absl::StrCat("FDSTOREREMOVE=1\nFDNAME=", kPoolFdPrefix, pool));
+    }
+  }
+  (void)Notify("STOPPING=1");
   spdlog::info("shutting down: ending {} sessions", store_->Stats().sessions());
   // Health first, so probes and load balancers see NOT_SERVING while the
   // rest winds down (health Watch streams get the change before they end).

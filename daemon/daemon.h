@@ -10,6 +10,15 @@
 // reflection on the socket (accepted by the daemon itself, unix_listener.h;
 // and, when configured, monitoring on a TCP address) and the pools'
 // descriptors on "<socket>.fd" (descriptor_server.h).
+// A daemon may be succeeded without its clients noticing (docs/operations.md,
+// "Restarts"): it keeps what a successor needs in a ledger (ledger.h), and
+// hands it, its pools and its listening sockets over as named descriptors
+// (kLedgerFdName ...): to systemd's file descriptor store as it starts
+// (FDSTORE=1, when $NOTIFY_SOCKET is set), so that a restart after a crash
+// gets them back as $LISTEN_FDS; to a new image of itself on SIGHUP
+// (ReExec); or to a successor that asks over the descriptor socket
+// (shmtensord --take-over, RequestTakeOver). Start adopts what it is given
+// when the ledger checks out, else starts fresh and says why in one line.
 // Shutdown() turns health to NOT_SERVING, stops accepting, ends every session
 // and watch, and (in the destructor) closes every pool, unlinks both sockets
 // and, last, the lock file (<socket>.lock, holding the pid). A daemon that
@@ -30,6 +39,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/config.h"
+#include "daemon/os/sd_daemon.h"
 #include "daemon/server/connections.h"
 #include "daemon/server/descriptor_server.h"
 #include "daemon/server/monitor_service.h"
@@ -39,13 +49,44 @@
 
 namespace shmtensor::daemon {
 
+// Names of the descriptors a daemon hands over (FDNAME=).
+inline constexpr char kLedgerFdName[] = "shmtensor.ledger";
+inline constexpr char kPoolFdPrefix[] = "shmtensor.pool.";
+inline constexpr char kListenFdName[] = "shmtensor.listen";
+inline constexpr char kDescriptorListenFdName[] = "shmtensor.listen.fd";
+
+struct StartOptions {
+  // What a predecessor left: adopted when its ledger checks out (an unused
+  // or refused descriptor is closed).
+  std::vector<NamedFd> inherited;
+  // How long to wait for the address lock: a predecessor that was taken
+  // over releases it when it exits.
+  absl::Duration lock_wait = absl::ZeroDuration();
+};
+
+// Asks the daemon serving `config.listen` to hand itself over to this
+// process (only root or that daemon's uid may; the daemon checks the
+// pools of `config` against its own). Returns its descriptors, to start
+// with; the predecessor exits. FAILED_PRECONDITION naming the pool that
+// differs, PERMISSION_DENIED, or UNAVAILABLE when no daemon answers.
+absl::StatusOr<std::vector<NamedFd>> RequestTakeOver(
+    const DaemonConfig& config);
+
 class Daemon {
  public:
   // Validates `config` and starts serving. FAILED_PRECONDITION when another
   // daemon holds the address, RESOURCE_EXHAUSTED when memory cannot hold
   // the pools, UNAVAILABLE when the address cannot be bound.
   static absl::StatusOr<std::unique_ptr<Daemon>> Start(
-      const DaemonConfig& config);
+      const DaemonConfig& config, StartOptions options = {});
+
+  // Replaces this process's image with `exe` (`argv`), in place (same pid,
+  // as systemd wants of a reload): stops every change, then passes the
+  // ledger, pools and listening sockets to the new image as $LISTEN_FDS.
+  // Returns only when it could not (FAILED_PRECONDITION for an `exe` that
+  // cannot be executed: nothing was stopped then, and the daemon serves
+  // on); after a failed execve(2) the process exits.
+  absl::Status ReExec(const std::string& exe, char* const* argv);
 
   // Shuts down if not done yet, then closes the pools and unlinks the
   // sockets and the lock file.
@@ -64,12 +105,19 @@ class Daemon {
 
  private:
   Daemon() = default;
+  // A take-over over the descriptor socket (TakeOverHandler).
+  absl::StatusOr<HandOver> HandOverTo(const v1::TakeOver& successor);
+  // Copies of the descriptors a successor needs, named.
+  absl::StatusOr<std::vector<NamedFd>> HandOverFds() const;
+  // Tells systemd's store (when $NOTIFY_SOCKET is set) what to keep.
+  void StoreFds(bool adopted, const std::vector<std::string>& stale_names);
   // Every 200 ms until Shutdown: ends the detached sessions of processes
   // that exited, forgets connections gRPC closed.
   void ReapLoop();
 
   std::string address_;
-  std::string socket_path_;  // Empty unless address is "unix:".
+  std::vector<std::string> pool_names_;  // By pool id.
+  std::string socket_path_;              // Empty unless address is "unix:".
   std::string descriptor_path_;
   std::string lock_path_;
   int lock_fd_ = -1;

@@ -2,6 +2,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
@@ -10,7 +11,9 @@
 #include <optional>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "daemon/config.h"
 #include "daemon/daemon.h"
 #include "daemon/stop_waiter.h"
@@ -56,6 +59,12 @@ int main(int argc, char** argv) {
                  "on SIGTERM) when process PID, which must be this daemon's "
                  "parent, ends, however it ends; the socket's directory, "
                  "which the job made for it, goes with it");
+  bool take_over = false;
+  app.add_flag("--take-over", take_over,
+               "take over the daemon serving the same address: it hands this "
+               "one its pools, objects, leases, sessions and sockets and "
+               "exits, and its clients go on with this one (only root or the "
+               "daemon's own user; the pools must be the same)");
   std::optional<int> ready_fd;
   app.add_option("--ready-fd", ready_fd,
                  "once serving, write \"ready\\n\" to this inherited "
@@ -141,8 +150,36 @@ int main(int argc, char** argv) {
   }
   signal(SIGPIPE, SIG_IGN);
 
+  // What a predecessor left: systemd's descriptor store after a restart, or
+  // this process's own image before a reload (SIGHUP re-executes it).
+  shmtensor::daemon::StartOptions options;
+  absl::StatusOr<std::vector<shmtensor::daemon::NamedFd>> inherited =
+      shmtensor::daemon::TakeListenFds();
+  if (!inherited.ok()) {
+    spdlog::warn("ignoring the descriptors passed: {}",
+                 inherited.status().ToString());
+  } else {
+    options.inherited = *std::move(inherited);
+  }
+  if (take_over && options.inherited.empty()) {
+    absl::StatusOr<std::vector<shmtensor::daemon::NamedFd>> handed =
+        shmtensor::daemon::RequestTakeOver(config);
+    if (!handed.ok()) {
+      spdlog::error("cannot take over: {}", handed.status().ToString());
+      return 1;
+    }
+    options.inherited = *std::move(handed);
+    options.lock_wait = absl::Seconds(10);
+  }
+  // The binary to run on a reload: the path it was started from, which an
+  // upgrade replaces (not /proc/self/exe, the old image).
+  std::string exe(4096, '\0');
+  const ssize_t exe_len = readlink("/proc/self/exe", exe.data(), exe.size());
+  exe.resize(exe_len > 0 ? static_cast<size_t>(exe_len) : 0);
+  if (absl::EndsWith(exe, " (deleted)")) exe.resize(exe.size() - 10);
+
   absl::StatusOr<std::unique_ptr<shmtensor::daemon::Daemon>> daemon =
-      shmtensor::daemon::Daemon::Start(config);
+      shmtensor::daemon::Daemon::Start(config, std::move(options));
   if (!daemon.ok()) {
     spdlog::error("cannot start: {}", daemon.status().ToString());
     return 1;
@@ -151,7 +188,14 @@ int main(int argc, char** argv) {
     (void)!write(*ready_fd, "ready\n", 6);
     close(*ready_fd);
   }
-  const std::string why = waiter->Wait();
+  std::string why = waiter->Wait();
+  while (why == "SIGHUP") {
+    // A reload: the same pid, a new image, every client's state kept.
+    spdlog::info("SIGHUP: reloading {}", exe);
+    absl::Status s = (*daemon)->ReExec(exe, argv);
+    spdlog::error("{}; serving on", s.ToString());
+    why = waiter->Wait();
+  }
   spdlog::info("stopping on {}", why);
   (*daemon)->Shutdown();
   daemon->reset();

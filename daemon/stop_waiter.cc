@@ -19,6 +19,7 @@ absl::StatusOr<StopWaiter> StopWaiter::Create(std::optional<pid_t> owner) {
   sigemptyset(&stop);
   sigaddset(&stop, SIGTERM);
   sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   UniqueFd signals(signalfd(-1, &stop, SFD_CLOEXEC));
   if (!signals.valid()) {
@@ -68,7 +69,9 @@ std::string StopWaiter::Wait() {
     if (fds[0].revents != 0) {
       signalfd_siginfo info;
       if (read(signals_.get(), &info, sizeof(info)) == sizeof(info)) {
-        return info.ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT";
+        return info.ssi_signo == SIGTERM  ? "SIGTERM"
+               : info.ssi_signo == SIGHUP ? "SIGHUP"
+                                          : "SIGINT";
       }
     }
   }

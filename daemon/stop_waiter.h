@@ -1,4 +1,5 @@
-// What ends a daemon's main thread: SIGTERM or SIGINT, or, for a private
+// What ends a daemon's main thread: SIGTERM or SIGINT (SIGHUP: a reload,
+// which re-executes the daemon in place, daemon.h), or, for a private
 // daemon (shmtensord --owner-pid, the one a job starts for itself), the end
 // of the process that owns it, however that process ends (SIGKILL
 // included): its pidfd polls readable then (where the kernel has no

@@ -8,6 +8,7 @@ PACKAGES=(
   cmake g++ make pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libcli11-dev libtomlplusplus-dev
+  libboost-dev libssl-dev
   libtorch-dev
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   pybind11-dev python3-dev python3-numpy python3-torch python3-pytest

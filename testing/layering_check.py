@@ -14,7 +14,7 @@ import pathlib
 import re
 import sys
 
-DAEMON_LAYERS = ["os", "memory", "store", "server"]
+DAEMON_LAYERS = ["os", "memory", "ledger", "store", "server"]
 
 
 def daemon_layer(include):

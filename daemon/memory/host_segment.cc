@@ -377,6 +377,30 @@ absl::StatusOr<std::unique_ptr<HostSegment>> HostSegment::Create(
       new HostSegment(std::move(rw), where, size_bytes, page, huge));
 }
 
+absl::StatusOr<std::unique_ptr<HostSegment>> HostSegment::Adopt(
+    UniqueFd fd, const std::string& label, uint64_t size_bytes,
+    uint64_t page_size, uint64_t huge_page_size) {
+  struct stat st;
+  struct statfs fs;
+  const int flags = fcntl(fd.get(), F_GETFL);
+  if (fstat(fd.get(), &st) != 0 || fstatfs(fd.get(), &fs) != 0 || flags < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("pool '%s': the descriptor handed over: %s", label,
+                        std::strerror(errno)));
+  }
+  if (!S_ISREG(st.st_mode) || fs.f_type != TMPFS_MAGIC ||
+      st.st_uid != geteuid() || (flags & O_ACCMODE) != O_RDWR ||
+      static_cast<uint64_t>(st.st_size) != size_bytes || page_size == 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "pool '%s': the descriptor handed over is not a read-write tmpfs file "
+        "of uid %d and %d bytes (uid %d, %d bytes)",
+        label, geteuid(), size_bytes, st.st_uid, st.st_size));
+  }
+  return std::unique_ptr<HostSegment>(
+      new HostSegment(std::move(fd), absl::StrCat("adopted ", label),
+                      size_bytes, page_size, huge_page_size));
+}
+
 absl::Status HostSegment::Clear(uint64_t offset, uint64_t length) const {
   if (offset > size_bytes_ || length > size_bytes_ - offset) {
     return absl::InternalError(

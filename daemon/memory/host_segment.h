@@ -63,6 +63,20 @@ class HostSegment final : public Segment {
   static absl::StatusOr<std::unique_ptr<HostSegment>> Create(
       const HostSegmentOptions& options);
 
+  // A predecessor's segment, handed over as `fd` (take-over, or systemd's
+  // file descriptor store): the same memory, with every byte as it was.
+  // FAILED_PRECONDITION naming the pool when it is not a read-write tmpfs
+  // file of this daemon's uid of exactly `size_bytes`; `page_size` and
+  // `huge_page_size` are what the predecessor found (the file's pages do
+  // not change).
+  static absl::StatusOr<std::unique_ptr<HostSegment>> Adopt(
+      UniqueFd fd, const std::string& label, uint64_t size_bytes,
+      uint64_t page_size, uint64_t huge_page_size);
+
+  // The daemon's own read-write descriptor, for handing the segment to a
+  // successor (never to a client). Valid while the segment lives.
+  int descriptor() const { return rw_.get(); }
+
   // Closes the daemon's descriptor. Clients that still map the memory keep
   // it; it goes back to the system when the last mapping goes.
   ~HostSegment() override = default;

@@ -60,6 +60,25 @@ bool RangeAllocator::AllocateAt(uint64_t offset, uint64_t capacity) {
   return true;
 }
 
+bool RangeAllocator::Reserve(uint64_t offset, uint64_t capacity) {
+  if (capacity == 0 || offset % granule_ != 0 || capacity % granule_ != 0 ||
+      offset > size_ || capacity > size_ - offset) {
+    return false;
+  }
+  auto it = by_offset_.upper_bound(offset);
+  if (it == by_offset_.begin()) return false;
+  --it;
+  const uint64_t start = it->first;
+  const uint64_t length = it->second;
+  if (offset + capacity > start + length) return false;
+  Erase(it);
+  if (offset > start) Insert(start, offset - start);
+  if (offset + capacity < start + length) {
+    Insert(offset + capacity, start + length - offset - capacity);
+  }
+  return true;
+}
+
 void RangeAllocator::Free(uint64_t offset, uint64_t capacity) {
   assert(capacity > 0 && offset % granule_ == 0 && capacity % granule_ == 0);
   assert(offset + capacity <= size_);

@@ -58,6 +58,12 @@ class RangeAllocator {
   // size lay before (see ObjectStore::Create).
   bool AllocateAt(uint64_t offset, uint64_t capacity);
 
+  // Reserves exactly [offset, offset + capacity) wherever it lies inside a
+  // free range, splitting that range as needed (a successor rebuilding the
+  // pool from its predecessor's ledger). Returns false, changing nothing,
+  // when any of it is not free or it is not granule-aligned.
+  bool Reserve(uint64_t offset, uint64_t capacity);
+
   // Returns a range from Allocate. Invariant: [offset, offset+capacity) is
   // allocated; freeing anything else is a bug and asserts.
   void Free(uint64_t offset, uint64_t capacity);

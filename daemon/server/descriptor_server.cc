@@ -94,8 +94,11 @@ void LogRefusal(const PeerCredentials& peer, const std::string& why) {
 
 absl::StatusOr<std::unique_ptr<DescriptorServer>> DescriptorServer::Bind(
     const std::string& path, mode_t mode, int gid, ObjectStore& store,
-    DescriptorServerOptions options) {
-  absl::StatusOr<UniqueFd> fd = BindUnixSocket(path, SOCK_SEQPACKET, mode, gid);
+    DescriptorServerOptions options, UniqueFd adopted) {
+  absl::StatusOr<UniqueFd> fd =
+      adopted.valid()
+          ? AdoptUnixSocket(std::move(adopted), path, SOCK_SEQPACKET)
+          : BindUnixSocket(path, SOCK_SEQPACKET, mode, gid);
   if (!fd.ok()) return fd.status();
   UniqueFd wake(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake.valid()) {
@@ -145,6 +148,34 @@ DescriptorServer::Served DescriptorServer::Serve(const Pending& p,
   if (!request.ParseFromArray(buf, static_cast<int>(n))) {
     return refuse(absl::StatusCode::kInvalidArgument,
                   absl::StrFormat("%d bytes that are no DescriptorRequest", n));
+  }
+  if (request.has_take_over()) {
+    // A successor daemon: the daemon's own user or root, by SO_PEERCRED.
+    if (p.peer.uid != 0 && p.peer.uid != geteuid()) {
+      return refuse(absl::StatusCode::kPermissionDenied,
+                    absl::StrFormat("take-over refused: uid %d is neither "
+                                    "root nor this daemon's uid %d",
+                                    p.peer.uid, geteuid()));
+    }
+    if (!take_over_) {
+      return refuse(absl::StatusCode::kUnimplemented,
+                    "take-over refused: this daemon cannot be taken over");
+    }
+    absl::StatusOr<HandOver> handover = take_over_(request.take_over());
+    if (!handover.ok()) {
+      return refuse(handover.status().code(),
+                    std::string(handover.status().message()));
+    }
+    v1::DescriptorReply reply;
+    reply.set_granted(true);
+    std::vector<int> raw;
+    for (const NamedFd& f : handover->fds) {
+      reply.add_fd_names(f.name);
+      raw.push_back(f.fd.get());
+    }
+    const bool sent = SendReply(p.fd, reply, raw);
+    handover->finish(sent);
+    return Served::kDone;
   }
   // The process behind the connection, by the kernel's word (peer.h): a
   // process that got a dead client's pid is another owner.

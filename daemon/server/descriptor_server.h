@@ -33,6 +33,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -40,12 +41,14 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "daemon/os/peer.h"
+#include "daemon/os/sd_daemon.h"
 #include "daemon/store/object_store.h"
 
 namespace shmtensor::daemon {
 
 // Longest DescriptorRequest accepted, bytes.
-inline constexpr size_t kMaxDescriptorRequestBytes = 256;
+// (A take-over names up to kMaxPools pools.)
+inline constexpr size_t kMaxDescriptorRequestBytes = 8192;
 
 struct DescriptorServerOptions {
   absl::Duration request_timeout = absl::Seconds(2);
@@ -53,14 +56,29 @@ struct DescriptorServerOptions {
   size_t max_pending_per_uid = 32;  // Of those, from one user.
 };
 
+// What a daemon hands a successor that takes it over (TakeOverHandler).
+struct HandOver {
+  std::vector<NamedFd> fds;
+  // Called once the reply was sent (true) or could not be (false).
+  std::function<void(bool sent)> finish;
+};
+// Checks a take-over request against the daemon (FAILED_PRECONDITION naming
+// the first pool that differs) and, when it can go ahead, stops every
+// change and returns what to send.
+using TakeOverHandler =
+    std::function<absl::StatusOr<HandOver>(const v1::TakeOver&)>;
+
 class DescriptorServer {
  public:
   // Binds `path` (replacing what is there: the caller holds the address
   // lock) with `mode` and, for gid >= 0, that group. `store` must outlive
   // the server. Errors as BindUnixSocket (unix_listener.h).
+  // With a valid `adopted`, serves that socket instead (a predecessor's
+  // listening SOCK_SEQPACKET socket at `path`; INVALID_ARGUMENT when it is
+  // not one).
   static absl::StatusOr<std::unique_ptr<DescriptorServer>> Bind(
       const std::string& path, mode_t mode, int gid, ObjectStore& store,
-      DescriptorServerOptions options = {});
+      DescriptorServerOptions options = {}, UniqueFd adopted = UniqueFd());
   // Stops serving (if started) and closes the socket; the caller unlinks.
   ~DescriptorServer();
 
@@ -69,6 +87,13 @@ class DescriptorServer {
 
   void Start();
   void Stop();
+  // Who answers take-over requests (from root or the daemon's uid only);
+  // without one they are refused. Set before Start.
+  void SetTakeOverHandler(TakeOverHandler handler) {
+    take_over_ = std::move(handler);
+  }
+  // The listening socket, for a successor.
+  int listen_fd() const { return listen_fd_.get(); }
 
   // Requests answered with descriptors, and connections refused or closed
   // without any (bad request, refused, timed out, over a bound). Logged at
@@ -98,6 +123,7 @@ class DescriptorServer {
   const DescriptorServerOptions options_;
   std::atomic<uint64_t> granted_{0};
   std::atomic<uint64_t> refused_{0};
+  TakeOverHandler take_over_;
   std::thread thread_;
 };
 

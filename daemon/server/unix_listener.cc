@@ -1,5 +1,6 @@
 #include "daemon/server/unix_listener.h"
 
+#include <fcntl.h>
 #include <grpcpp/server_posix.h>
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -57,9 +58,43 @@ absl::StatusOr<UniqueFd> BindUnixSocket(const std::string& path, int type,
   return fd;
 }
 
+absl::StatusOr<UniqueFd> AdoptUnixSocket(UniqueFd fd, const std::string& path,
+                                         int type) {
+  int got_type = 0;
+  int listening = 0;
+  socklen_t len = sizeof(int);
+  sockaddr_un addr{};
+  socklen_t addr_len = sizeof(addr);
+  if (getsockopt(fd.get(), SOL_SOCKET, SO_TYPE, &got_type, &len) != 0 ||
+      getsockopt(fd.get(), SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 ||
+      getsockname(fd.get(), reinterpret_cast<sockaddr*>(&addr), &addr_len) !=
+          0 ||
+      addr.sun_family != AF_UNIX) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the socket handed over for %s is not a Unix socket", path));
+  }
+  const std::string bound(addr.sun_path,
+                          strnlen(addr.sun_path, sizeof(addr.sun_path)));
+  if (got_type != type || listening == 0 || bound != path) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("the socket handed over for %s is %s (type %d, %s)",
+                        path, bound.substr(0, 128), got_type,
+                        listening ? "listening" : "not listening"));
+  }
+  const int flags = fcntl(fd.get(), F_GETFL);
+  if (flags < 0 || fcntl(fd.get(), F_SETFL, flags | O_NONBLOCK) != 0 ||
+      fcntl(fd.get(), F_SETFD, FD_CLOEXEC) != 0) {
+    return absl::InternalError(
+        absl::StrFormat("fcntl: %s", std::strerror(errno)));
+  }
+  return fd;
+}
+
 absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Bind(
-    const std::string& path, mode_t mode, int gid) {
-  absl::StatusOr<UniqueFd> fd = BindUnixSocket(path, SOCK_STREAM, mode, gid);
+    const std::string& path, mode_t mode, int gid, UniqueFd adopted) {
+  absl::StatusOr<UniqueFd> fd =
+      adopted.valid() ? AdoptUnixSocket(std::move(adopted), path, SOCK_STREAM)
+                      : BindUnixSocket(path, SOCK_STREAM, mode, gid);
   if (!fd.ok()) return fd.status();
   UniqueFd wake(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake.valid()) {

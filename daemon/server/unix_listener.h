@@ -37,11 +37,21 @@ namespace shmtensor::daemon {
 absl::StatusOr<UniqueFd> BindUnixSocket(const std::string& path, int type,
                                         mode_t mode, int gid);
 
+// `fd`, a predecessor's listening socket, checked: a listening Unix socket
+// of `type` bound to `path` (made non-blocking and close-on-exec).
+// INVALID_ARGUMENT naming what differs.
+absl::StatusOr<UniqueFd> AdoptUnixSocket(UniqueFd fd, const std::string& path,
+                                         int type);
+
 class UnixListener {
  public:
-  // Binds and listens on `path` (BindUnixSocket, SOCK_STREAM).
+  // Binds and listens on `path` (BindUnixSocket, SOCK_STREAM); with a valid
+  // `adopted`, serves that socket instead (AdoptUnixSocket).
   static absl::StatusOr<std::unique_ptr<UnixListener>> Bind(
-      const std::string& path, mode_t mode, int gid);
+      const std::string& path, mode_t mode, int gid,
+      UniqueFd adopted = UniqueFd());
+  // The listening socket, for a successor.
+  int listen_fd() const { return listen_fd_.get(); }
   // Stops accepting (if started) and closes the socket; the caller unlinks.
   ~UnixListener();
 

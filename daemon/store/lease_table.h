@@ -32,6 +32,17 @@ class LeaseTable {
   // Removes lease `lease_id` (held now) and returns it.
   Lease Remove(uint64_t lease_id);
 
+  // A successor's table: lease `id` as its predecessor issued it; ids from
+  // `next` on are issued later.
+  void Restore(uint64_t id, const Lease& lease) { leases_[id] = lease; }
+  void SetNextId(uint64_t next) { next_id_ = next; }
+  // Lease `id` (held) now belongs to session `session_id` (a resumed
+  // session's id replacing the one it was adopted under).
+  void SetSession(uint64_t id, uint64_t session_id) {
+    leases_.at(id).session = session_id;
+  }
+  uint64_t next_id() const { return next_id_; }
+
   size_t size() const { return leases_.size(); }
   // Every lease held, by id.
   const absl::flat_hash_map<uint64_t, Lease>& all() const { return leases_; }

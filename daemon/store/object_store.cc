@@ -26,18 +26,52 @@ absl::Status ShuttingDownError() {
 
 }  // namespace
 
+namespace {
+
+// With a ledger, the limits of 0 ("none") are its tables' sizes.
+StoreLimits Bounded(StoreLimits limits, const Ledger* ledger) {
+  if (ledger == nullptr) return limits;
+  const LedgerCapacity& cap = ledger->capacity();
+  if (limits.max_objects == 0 || limits.max_objects > cap.objects) {
+    limits.max_objects = cap.objects;
+  }
+  if (limits.max_leases == 0 || limits.max_leases > cap.leases) {
+    limits.max_leases = cap.leases;
+  }
+  return limits;
+}
+
+}  // namespace
+
+LedgerCapacity LedgerCapacityFor(const StoreLimits& limits) {
+  LedgerCapacity cap;
+  // Sparse: a record's pages are allocated when it is first written.
+  cap.objects = static_cast<uint32_t>(
+      limits.max_objects > 0
+          ? std::min<uint64_t>(limits.max_objects, kMaxObjects)
+          : uint64_t{1} << 22);
+  cap.leases = static_cast<uint32_t>(
+      limits.max_leases > 0 ? std::min<uint64_t>(limits.max_leases, 1u << 28)
+                            : uint64_t{1} << 23);
+  cap.sessions = 1u << 16;
+  cap.pins = 1u << 20;
+  return cap;
+}
+
 ObjectStore::ObjectStore(std::vector<std::unique_ptr<Pool>> pools,
-                         uint64_t epoch, StoreLimits limits)
+                         uint64_t epoch, StoreLimits limits,
+                         std::unique_ptr<Ledger> ledger)
     : epoch_(epoch),
       start_time_(absl::Now()),
-      limits_(limits),
+      limits_(Bounded(limits, ledger.get())),
       pools_(std::move(pools)),
       // The tables draw randomness only from calls the store makes under
       // mu_.
       sessions_(limits,
                 [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return Random64(); }),
       objects_(epoch,
-               [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return Random64(); }) {
+               [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return Random64(); }),
+      ledger_(std::move(ledger)) {
   assert(!pools_.empty());
   for (size_t i = 0; i < pools_.size(); ++i) {
     const Segment& seg = pools_[i]->segment();
@@ -96,11 +130,32 @@ absl::StatusOr<OpenedSession> ObjectStore::OpenSession(
   }
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return ShuttingDownError();
+  if (ledger_ != nullptr && !ledger_->has_session_room()) {
+    return LimitExceededError(
+        absl::StrFormat("%d sessions open, the most the daemon's ledger holds",
+                        ledger_->capacity().sessions));
+  }
   absl::StatusOr<uint64_t> id = sessions_.Open(
       client_name, std::move(peer), std::move(access), read_only, next_serial_);
   if (!id.ok()) return id.status();
   ++next_serial_;
   const Session& s = *sessions_.FindOrNull(*id);
+  if (ledger_ != nullptr) {
+    ledger_->NoteSerial(s.serial);
+    LedgerSession rec;
+    rec.client_id = s.client_id;
+    rec.id_hash = HashSessionId(*id);
+    rec.uid = s.peer.process.uid;
+    rec.gid = s.peer.process.gid;
+    rec.pid = s.peer.owner.pid;
+    rec.instance = s.peer.owner.instance;
+    rec.serial = s.serial;
+    rec.opened_ns = absl::ToUnixNanos(s.opened);
+    rec.read_only = s.read_only;
+    rec.access.assign(s.access.begin(), s.access.end());
+    rec.client_name = s.client_name;
+    ledger_->AddSession(rec);
+  }
   spdlog::info("client {} opened a session: '{}' pid {} uid {}{} ({} open)",
                s.client_id, client_name, s.pid, s.peer.process.uid,
                read_only ? " read-only" : "", sessions_.size());
@@ -213,6 +268,9 @@ absl::StatusOr<ForkHoldGrant> ObjectStore::HoldForFork(uint64_t session_id,
         "forked children must exit before it forks again while holding views",
         uid, of_uid, limits_.max_fork_holds_per_uid));
   }
+  if (absl::Status room = CheckPinRoom(s->held_slots.size()); !room.ok()) {
+    return room;
+  }
   ++of_uid;
   ForkHold hold{uid, session_id, {}, 0};
   hold.slots.reserve(s->held_slots.size());
@@ -226,6 +284,20 @@ absl::StatusOr<ForkHoldGrant> ObjectStore::HoldForFork(uint64_t session_id,
   // as long as they keep it: a hold is no way around the limit.
   sessions_.ChargeUid(uid, static_cast<int64_t>(hold.bytes));
   const uint64_t id = next_fork_hold_++;
+  if (ledger_ != nullptr) {
+    ledger_->NoteForkHold(id);
+    for (uint32_t slot : hold.slots) {
+      LedgerPin pin;
+      pin.kind = LedgerPin::kForkHold;
+      pin.key = id;
+      pin.slot = slot;
+      pin.generation = objects_.generation(slot);
+      pin.client_id = s->client_id;
+      pin.uid = uid;
+      pin.bytes = objects_.object(slot).capacity;
+      ledger_->AddPin(pin);
+    }
+  }
   const auto objects = static_cast<uint32_t>(hold.slots.size());
   fork_holds_.emplace(id, std::move(hold));
   return ForkHoldGrant{id, objects};
@@ -237,6 +309,7 @@ void ObjectStore::EndForkHold(uint64_t hold_id) {
   if (it == fork_holds_.end()) return;
   ForkHold hold = std::move(it->second);
   fork_holds_.erase(it);
+  if (ledger_ != nullptr) ledger_->DropForkHold(hold_id);
   if (auto u = fork_holds_per_uid_.find(hold.uid);
       u != fork_holds_per_uid_.end() && --u->second == 0) {
     fork_holds_per_uid_.erase(u);
@@ -254,6 +327,47 @@ absl::StatusOr<OpenedSession> ObjectStore::ResumeSession(uint64_t session_id,
                                                          OwnerKey owner) {
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return ShuttingDownError();
+  if (!adopted_.empty() && sessions_.FindOrNull(session_id) == nullptr) {
+    // A session of the predecessor's, known here by its id's hash.
+    const SessionHash hash = HashSessionId(session_id);
+    auto it = adopted_.find(std::string(hash.begin(), hash.end()));
+    if (it != adopted_.end()) {
+      const uint64_t adopted_id = it->second;
+      Session& s = *sessions_.FindOrNull(adopted_id);
+      // A process the daemon could not see resumes by its uid and the
+      // secret; its new connection is its instance from now on.
+      const bool invisible = s.peer.owner.pid == 0 && owner.pid == 0 &&
+                             s.peer.owner.uid == owner.uid;
+      if (invisible || s.peer.owner == owner) {
+        if (invisible) {
+          s.peer.owner = owner;
+          if (ledger_ != nullptr) {
+            ledger_->SetSessionInstance(s.client_id, owner.instance);
+          }
+        }
+        adopted_.erase(it);
+        sessions_.Rekey(adopted_id, session_id);
+        Session& now = *sessions_.FindOrNull(session_id);
+        for (uint64_t lease : now.leases) leases_.SetSession(lease, session_id);
+        for (uint32_t slot : adopted_created_[adopted_id]) {
+          if (objects_.live(slot) &&
+              objects_.object(slot).creator == adopted_id) {
+            objects_.object(slot).creator = session_id;
+          }
+        }
+        adopted_created_.erase(adopted_id);
+        offers_.Rekey(adopted_id, session_id);
+        for (auto& [id, hold] : fork_holds_) {
+          if (hold.session_id == adopted_id) hold.session_id = session_id;
+        }
+        spdlog::info(
+            "client {} ('{}' pid {}) resumed its session from the previous "
+            "daemon with {} leases ({} sessions still to resume)",
+            now.client_id, now.client_name, now.pid, now.leases.size(),
+            adopted_.size());
+      }
+    }
+  }
   absl::StatusOr<Session*> found = sessions_.FindOwned(session_id, owner);
   if (!found.ok()) return found.status();
   Session& s = **found;
@@ -264,6 +378,227 @@ absl::StatusOr<OpenedSession> ObjectStore::ResumeSession(uint64_t session_id,
                was_detached ? "" : " (replacing a stream still open)");
   return OpenedSession{session_id,           s.client_id, s.stream,
                        s.releases.applied(), PoolsOf(s),  s.descriptor_secret};
+}
+
+absl::StatusOr<std::unique_ptr<ObjectStore>> ObjectStore::Adopt(
+    std::vector<std::unique_ptr<Pool>> pools, StoreLimits limits,
+    std::unique_ptr<Ledger> ledger, LedgerState state) {
+  if (state.pools.size() != pools.size()) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("the previous daemon had %d pools, the config has %d",
+                        state.pools.size(), pools.size()));
+  }
+  for (size_t i = 0; i < pools.size(); ++i) {
+    const LedgerPool& was = state.pools[i];
+    const Segment& seg = pools[i]->segment();
+    if (was.name != pools[i]->name() || was.size_bytes != seg.size_bytes() ||
+        was.kind != static_cast<uint32_t>(seg.kind())) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "pool %d was '%s' of %d bytes in the previous daemon and is '%s' "
+          "of %d bytes in the config",
+          i, was.name, was.size_bytes, pools[i]->name(), seg.size_bytes()));
+    }
+  }
+  const uint64_t epoch = state.epoch;
+  std::unique_ptr<ObjectStore> store(
+      new ObjectStore(std::move(pools), epoch, limits, std::move(ledger)));
+  if (absl::Status s = store->Restore(std::move(state)); !s.ok()) return s;
+  return store;
+}
+
+absl::Status ObjectStore::Restore(LedgerState state) {
+  std::vector<uint64_t> gone;
+  size_t dropped_leases = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = absl::Now();
+    absl::flat_hash_map<uint64_t, uint64_t> by_client;  // -> session id
+    for (const LedgerSession& ls : state.sessions) {
+      Session s;
+      s.client_name = ls.client_name;
+      s.pid = ls.pid;
+      s.client_id = ls.client_id;
+      s.serial = ls.serial;
+      s.opened = absl::FromUnixNanos(ls.opened_ns);
+      s.read_only = ls.read_only;
+      s.access.assign(pools_.size(), v1::POOL_ACCESS_UNSPECIFIED);
+      for (size_t i = 0; i < ls.access.size() && i < pools_.size(); ++i) {
+        if (ls.access[i] <= v1::POOL_ACCESS_READ_WRITE) {
+          s.access[i] = static_cast<v1::PoolAccess>(ls.access[i]);
+        }
+      }
+      s.peer.process.pid = ls.pid;
+      s.peer.process.uid = ls.uid;
+      s.peer.process.gid = ls.gid;
+      s.peer.owner = OwnerKey{ls.uid, ls.pid, ls.instance};
+      s.releases.Restore(ls.releases_applied);
+      s.descriptors_granted = true;  // It has its pools' descriptors.
+      // Alive: the same process (its start time) behind a pidfd taken
+      // before the check. One the daemon could not see (pid 0) is kept
+      // until it resumes.
+      bool alive = ls.pid == 0;
+      if (ls.pid > 0) {
+        absl::StatusOr<UniqueFd> pidfd = OpenPidfd(ls.pid);
+        absl::StatusOr<uint64_t> start = ProcessStartTime(ls.pid);
+        if (pidfd.ok() && start.ok() && *start == ls.instance &&
+            !ProcessExited(pidfd->get())) {
+          alive = true;
+          s.peer.pidfd = std::make_shared<const UniqueFd>(*std::move(pidfd));
+          s.peer.command_line = CommandLineOf(ls.pid);
+        }
+      }
+      const uint64_t id = sessions_.Restore(std::move(s));
+      by_client[ls.client_id] = id;
+      adopted_[std::string(ls.id_hash.begin(), ls.id_hash.end())] = id;
+      adopted_created_[id];
+      if (!alive) gone.push_back(id);
+    }
+    auto session_of = [&](uint64_t client_id) -> uint64_t {
+      auto it = by_client.find(client_id);
+      return it == by_client.end() ? 0 : it->second;
+    };
+    for (const LedgerObject& lo : state.objects) {
+      Pool& pool = *pools_[lo.pool];
+      if (lo.capacity > 0 &&
+          !pool.allocator().Reserve(lo.offset, lo.capacity)) {
+        return absl::FailedPreconditionError(absl::StrFormat(
+            "ledger refused: the object in slot %d at %d+%d of pool '%s' "
+            "overlaps another",
+            lo.slot, lo.offset, lo.capacity, pool.name()));
+      }
+      Object obj;
+      obj.pool = lo.pool;
+      obj.offset = lo.offset;
+      obj.size = lo.size;
+      obj.capacity = lo.capacity;
+      if (!obj.layout.ParseFromString(lo.layout)) {
+        return absl::FailedPreconditionError(absl::StrFormat(
+            "ledger refused: the layout of the object in slot %d does not "
+            "parse",
+            lo.slot));
+      }
+      obj.state = static_cast<State>(lo.state);
+      if (lo.named) {
+        if (ValidateName(lo.name).ok() && !objects_.Named(lo.name)) {
+          obj.name = lo.name;
+        } else {
+          return absl::FailedPreconditionError(absl::StrFormat(
+              "ledger refused: the name of the object in slot %d is bad or "
+              "bound twice",
+              lo.slot));
+        }
+      }
+      obj.creator = session_of(lo.creator);
+      obj.created = absl::FromUnixNanos(lo.created_ns);
+      obj.serial = lo.serial;
+      obj.nonce = lo.nonce;
+      objects_.Restore(lo.slot, lo.generation, std::move(obj));
+      if (const uint64_t c = session_of(lo.creator); c != 0) {
+        adopted_created_[c].push_back(lo.slot);
+      }
+      ++pool.objects;
+      pool.high_water_bytes =
+          std::max(pool.high_water_bytes, pool.allocator().used_bytes());
+    }
+    for (const auto& [slot, generation] : state.free_generations) {
+      objects_.RestoreFree(slot, generation);
+    }
+    objects_.FinishRestore();
+    for (const LedgerLease& ll : state.leases) {
+      const uint64_t session_id = session_of(ll.client_id);
+      if (session_id == 0 || !objects_.live(ll.slot)) {
+        ledger_->DropLease(ll.id);  // Of no session: none can use it.
+        ++dropped_leases;
+        continue;
+      }
+      Object& obj = objects_.object(ll.slot);
+      // Sealing turns the creator's write lease into a read lease.
+      const bool write = ll.write && (obj.state == State::kWriting ||
+                                      obj.state == State::kTaken ||
+                                      obj.state == State::kSharedWritable);
+      leases_.Restore(ll.id, {session_id, ll.slot, write});
+      ++obj.leases;
+      ++pools_[obj.pool]->leases;
+      sessions_.Hold(*sessions_.FindOrNull(session_id), ll.id, ll.slot,
+                     obj.capacity);
+    }
+    leases_.SetNextId(std::max(state.next_lease_id, leases_.next_id()));
+    for (const auto& [serial, slot] : objects_.by_serial()) {
+      const Object& obj = objects_.object(slot);
+      if (obj.state != State::kPendingTransfer) continue;
+      if (Session* creator = sessions_.FindOrNull(obj.creator)) {
+        creator->pending_transfers.insert(slot);
+        HoldTransfer(slot, true);
+      } else {
+        objects_.SetState(slot, State::kSealed);
+        JournalObject(slot);
+      }
+    }
+    for (const LedgerPin& p : state.pins) {
+      if (!objects_.live(p.slot) ||
+          objects_.generation(p.slot) != p.generation) {
+        if (p.kind == LedgerPin::kOffer) {
+          ledger_->DropOffer(p.key);
+        } else {
+          ledger_->DropForkHold(p.key);
+        }
+        continue;
+      }
+      ++objects_.object(p.slot).holds;
+      sessions_.ChargeUid(p.uid, static_cast<int64_t>(p.bytes));
+      if (p.kind == LedgerPin::kOffer) {
+        OfferTable::Offer o;
+        o.slot = p.slot;
+        o.generation = p.generation;
+        o.session_id = session_of(p.client_id);
+        o.uid = p.uid;
+        o.bytes = p.bytes;
+        if (p.expires_ns != INT64_MAX) {
+          o.expires = absl::FromUnixNanos(p.expires_ns);
+        } else if (o.session_id == 0) {
+          o.expires = now + absl::Milliseconds(limits_.offer_grace_ms);
+          ledger_->SetOfferExpiry(p.key, absl::ToUnixNanos(o.expires));
+        }
+        offers_.Restore(p.key, o);
+      } else {
+        auto [it, fresh] = fork_holds_.try_emplace(p.key);
+        ForkHold& hold = it->second;
+        if (fresh) {
+          hold.uid = p.uid;
+          hold.session_id = session_of(p.client_id);
+          ++fork_holds_per_uid_[p.uid];
+        }
+        hold.slots.push_back(p.slot);
+        hold.bytes += p.bytes;
+        stranded_hold_bytes_ += p.bytes;
+      }
+    }
+    next_fork_hold_ = std::max(next_fork_hold_, state.next_fork_hold);
+    next_serial_ = std::max(next_serial_, state.next_serial);
+    for (const auto& pool : pools_) {
+      // [P21] Who wrote what is not in the ledger: every range counts as
+      // written by several uids, so the next creator of any uid gets it
+      // cleared.
+      if (pool->segment().kind() == v1::MEMORY_KIND_HOST) {
+        pool->writers().Share(0, pool->allocator().size(), WriterMap::kMixed);
+      }
+    }
+    // What nothing holds any more (the predecessor died before freeing it,
+    // or before its creator heard of it) goes now.
+    std::vector<uint32_t> slots;
+    for (const auto& [serial, slot] : objects_.by_serial()) {
+      slots.push_back(slot);
+    }
+    for (uint32_t slot : slots) MaybeFree(slot);
+    spdlog::info(
+        "adopted the previous daemon's ledger (epoch {:016x}): {} objects, "
+        "{} leases ({} of no session dropped), {} sessions ({} of processes "
+        "gone), {} offers, {} fork holds",
+        epoch_, objects_.live(), leases_.size(), dropped_leases,
+        sessions_.size(), gone.size(), offers_.size(), fork_holds_.size());
+  }
+  for (uint64_t id : gone) EndSession(id);
+  return absl::OkStatus();
 }
 
 void ObjectStore::StreamEnded(uint64_t session_id, uint64_t stream) {
@@ -324,6 +659,7 @@ void ObjectStore::EndSession(uint64_t session_id) {
     // Invariant: a slot in pending_transfers is a live, untaken transfer.
     assert(objects_.object(slot).state == State::kPendingTransfer);
     objects_.SetState(slot, State::kSealed);
+    JournalObject(slot);
     HoldTransfer(slot, false);
     MaybeFree(slot);
   }
@@ -337,9 +673,24 @@ void ObjectStore::EndSession(uint64_t session_id) {
   for (const auto& p : pools_) p->ForgetClient(session_id);
   // Its untaken offers outlive it by the grace; with none, they end now.
   const absl::Time now = absl::Now();
-  offers_.SessionEnded(session_id, now,
-                       absl::Milliseconds(limits_.offer_grace_ms));
+  const std::vector<uint64_t> tokens = offers_.SessionEnded(
+      session_id, now, absl::Milliseconds(limits_.offer_grace_ms));
+  if (ledger_ != nullptr) {
+    const int64_t expires =
+        absl::ToUnixNanos(now + absl::Milliseconds(limits_.offer_grace_ms));
+    for (uint64_t token : tokens) ledger_->SetOfferExpiry(token, expires);
+    ledger_->DropSession(s.client_id);
+  }
   for (const OfferTable::Offer& offer : offers_.Expire(now)) EndOffer(offer);
+  if (auto a = adopted_created_.find(session_id); a != adopted_created_.end()) {
+    adopted_created_.erase(a);
+    for (auto it = adopted_.begin(); it != adopted_.end(); ++it) {
+      if (it->second == session_id) {
+        adopted_.erase(it);
+        break;
+      }
+    }
+  }
   sessions_.Close(session_id);
   // Waiters of this session (a Create for memory, a Get for a name) give up
   // now instead of holding on until their timeout.
@@ -504,6 +855,7 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::TryCreate(
   if (args.shared_writable) obj.state = State::kSharedWritable;
   obj.serial = next_serial_++;
   const uint32_t slot = objects_.Add(std::move(obj));
+  JournalNewObject(slot);
   pool.high_water_bytes =
       std::max(pool.high_water_bytes, pool.allocator().used_bytes());
   ++pool.objects;
@@ -576,11 +928,13 @@ absl::StatusOr<SealResult> ObjectStore::Seal(uint64_t session_id,
   SealResult result;
   if (!exclusive) {
     objects_.SetState(slot, State::kSealed);
+    JournalObject(slot);
     (*lease)->write = false;
     result.lease_id = lease_id;
     if (!obj.name.empty()) Changed();
   } else {
     objects_.SetState(slot, State::kPendingTransfer);
+    JournalObject(slot);
     sessions_.FindOrNull(session_id)->pending_transfers.insert(slot);
     HoldTransfer(slot, true);
     DropLease(lease_id);  // Cannot free: the transfer now holds the object.
@@ -639,6 +993,7 @@ absl::StatusOr<Handout> ObjectStore::Get(uint64_t session_id,
         return s;
       }
       objects_.SetState(*slot, State::kTaken);
+      JournalObject(*slot);
       if (Session* creator = sessions_.FindOrNull(obj.creator);
           creator != nullptr) {
         creator->pending_transfers.erase(*slot);
@@ -672,6 +1027,7 @@ absl::StatusOr<Handout> ObjectStore::Get(uint64_t session_id,
       const uint64_t lease = AddLease(session_id, **session, *slot, write);
       if (offered != nullptr) {
         offers_.Take(offer_token, *slot, ref.generation());
+        if (ledger_ != nullptr) ledger_->DropOffer(offer_token);
         --objects_.object(*slot).holds;  // The new lease holds it now.
       }
       return MakeHandout(*slot, lease, write);
@@ -702,6 +1058,7 @@ absl::StatusOr<OfferGrant> ObjectStore::Offer(uint64_t session_id,
                         "(limits.max_offers_per_session = %d)",
                         open, limits_.max_offers_per_session));
   }
+  if (absl::Status room = CheckPinRoom(1); !room.ok()) return room;
   Session& s = *sessions_.FindOrNull(session_id);  // FindLease checked it.
   uint64_t token = Random64();
   while (token == 0 || offers_.Contains(token)) token = Random64();
@@ -716,6 +1073,17 @@ absl::StatusOr<OfferGrant> ObjectStore::Offer(uint64_t session_id,
   // (max_bytes_per_uid) until it is taken: no way around the limit.
   sessions_.ChargeUid(offer.uid, static_cast<int64_t>(offer.bytes));
   offers_.Add(token, offer);
+  if (ledger_ != nullptr) {
+    LedgerPin pin;
+    pin.kind = LedgerPin::kOffer;
+    pin.key = token;
+    pin.slot = slot;
+    pin.generation = offer.generation;
+    pin.client_id = s.client_id;
+    pin.uid = offer.uid;
+    pin.bytes = offer.bytes;
+    ledger_->AddPin(pin);
+  }
   return OfferGrant{objects_.MakeRef(slot), token};
 }
 
@@ -727,6 +1095,7 @@ int ObjectStore::ExpireOffers(absl::Time now) {
 }
 
 void ObjectStore::EndOffer(const OfferTable::Offer& offer) {
+  if (ledger_ != nullptr) ledger_->DropOffer(offer.token);
   sessions_.ChargeUid(offer.uid, -static_cast<int64_t>(offer.bytes));
   Object& obj = objects_.object(offer.slot);
   assert(obj.holds > 0);
@@ -807,6 +1176,9 @@ absl::Status ObjectStore::ReleaseBatch(uint64_t session_id, uint64_t seq,
       unknown.push_back(id);
     }
   }
+  if (ledger_ != nullptr) {
+    ledger_->SetReleasesApplied((*session)->client_id, seq);
+  }
   if (unknown.empty()) return absl::OkStatus();
   // At most 8 ids named: the message is logged, and a client can send
   // millions.
@@ -864,6 +1236,7 @@ absl::StatusOr<bool> ObjectStore::Delete(uint64_t session_id,
                        absl::StrCat("delete of ", Quoted(name)));
   }
   objects_.Unbind(*slot);
+  JournalObject(*slot);
   return MaybeFree(*slot);
 }
 
@@ -960,6 +1333,10 @@ absl::StatusOr<ObjectStore::Lease*> ObjectStore::LookupLease(
 uint64_t ObjectStore::AddLease(uint64_t session_id, Session& session,
                                uint32_t slot, bool write) {
   const uint64_t id = leases_.Add(session_id, slot, write);
+  if (ledger_ != nullptr) {
+    ledger_->NoteLeaseId(id);
+    ledger_->AddLease({id, session.client_id, slot, write});
+  }
   Object& obj = objects_.object(slot);
   ++obj.leases;
   Pool& pool = *pools_[obj.pool];
@@ -974,6 +1351,7 @@ uint64_t ObjectStore::AddLease(uint64_t session_id, Session& session,
 
 bool ObjectStore::DropLease(uint64_t lease_id) {
   const Lease lease = leases_.Remove(lease_id);
+  if (ledger_ != nullptr) ledger_->DropLease(lease_id);
   Object& obj = objects_.object(lease.slot);
   if (Session* s = sessions_.FindOrNull(lease.session); s != nullptr) {
     sessions_.Unhold(*s, lease_id, lease.slot, obj.capacity);
@@ -985,6 +1363,7 @@ bool ObjectStore::DropLease(uint64_t lease_id) {
   if (lease.write && obj.state == State::kWriting) {
     // An unsealed object is discarded: its name was never visible.
     objects_.Unbind(lease.slot);
+    JournalObject(lease.slot);
   }
   return MaybeFree(lease.slot);
 }
@@ -999,8 +1378,67 @@ bool ObjectStore::MaybeFree(uint32_t slot) {
   if (obj.capacity > 0) pool.allocator().Free(obj.offset, obj.capacity);
   --pool.objects;
   objects_.Free(slot);
+  if (ledger_ != nullptr) ledger_->FreeObject(slot, objects_.generation(slot));
   Changed();
   return true;
+}
+
+void ObjectStore::JournalObject(uint32_t slot) {
+  if (ledger_ == nullptr) return;
+  const Object& obj = objects_.object(slot);
+  ledger_->SetObjectState(slot, static_cast<uint32_t>(obj.state),
+                          !obj.name.empty());
+}
+
+void ObjectStore::JournalNewObject(uint32_t slot) {
+  if (ledger_ == nullptr) return;
+  const Object& obj = objects_.object(slot);
+  ledger_->NoteSerial(obj.serial);
+  LedgerObject rec;
+  rec.slot = slot;
+  rec.generation = objects_.generation(slot);
+  rec.pool = obj.pool;
+  rec.offset = obj.offset;
+  rec.size = obj.size;
+  rec.capacity = obj.capacity;
+  rec.nonce = obj.nonce;
+  rec.creator = ClientIdOf(obj.creator);
+  rec.serial = obj.serial;
+  rec.created_ns = absl::ToUnixNanos(obj.created);
+  rec.state = static_cast<uint32_t>(obj.state);
+  rec.named = !obj.name.empty();
+  rec.name = obj.name;
+  obj.layout.SerializeToString(&rec.layout);
+  ledger_->PutObject(rec);
+}
+
+uint64_t ObjectStore::ClientIdOf(uint64_t session_id) const {
+  const Session* s = sessions_.FindOrNull(session_id);
+  return s == nullptr ? 0 : s->client_id;
+}
+
+absl::Status ObjectStore::CheckPinRoom(size_t n) const {
+  if (ledger_ == nullptr || ledger_->has_pin_room(n)) return absl::OkStatus();
+  return LimitExceededError(absl::StrFormat(
+      "the daemon's ledger holds at most %d offers and fork-held objects",
+      ledger_->capacity().pins));
+}
+
+void ObjectStore::FreezeForHandover() { mu_.Lock(); }
+
+void ObjectStore::Thaw() { mu_.Unlock(); }
+
+AdoptedState ObjectStore::adopted() const {
+  absl::MutexLock lock(&mu_);
+  AdoptedState out;
+  out.sessions = adopted_.size();
+  out.quarantined_bytes = stranded_hold_bytes_;
+  for (const auto& [hash, id] : adopted_) {
+    if (const Session* s = sessions_.FindOrNull(id); s != nullptr) {
+      out.quarantined_bytes += s->bytes_held;
+    }
+  }
+  return out;
 }
 
 void ObjectStore::HoldTransfer(uint32_t slot, bool hold) {

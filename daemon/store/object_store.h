@@ -54,6 +54,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "daemon/ledger/ledger.h"
 #include "daemon/memory/pool.h"
 #include "daemon/memory/writer_map.h"
 #include "daemon/os/peer.h"
@@ -145,11 +146,54 @@ struct SealResult {
   uint64_t lease_id = 0;  // 0 for an exclusive seal.
 };
 
+// The ledger's table sizes for `limits` (its limits of 0 get the ledger's
+// own bounds, which then become the limits).
+LedgerCapacity LedgerCapacityFor(const StoreLimits& limits);
+
+// What an adopted ledger left for the operator to see (Stats, status).
+struct AdoptedState {
+  uint64_t sessions = 0;           // Adopted sessions not yet resumed or ended.
+  uint64_t quarantined_bytes = 0;  // Capacity of what they and stranded
+                                   // fork holds keep.
+};
+
 class ObjectStore {
  public:
   // Takes the pools (at least one); `epoch` is this daemon instance's id.
+  // With a `ledger` (Ledger::Create for this epoch and these pools), every
+  // change is recorded there before the call that made it returns, for a
+  // successor (ObjectStore::Adopt).
   ObjectStore(std::vector<std::unique_ptr<Pool>> pools, uint64_t epoch,
-              StoreLimits limits = {});
+              StoreLimits limits = {},
+              std::unique_ptr<Ledger> ledger = nullptr);
+
+  // A successor's store: the predecessor's objects, leases, sessions,
+  // offers and fork holds as `state` (read from `ledger`, Ledger::Adopt)
+  // holds them, under the same epoch, in `pools` (the same memory, by
+  // descriptor; checked against the ledger's: FAILED_PRECONDITION naming a
+  // pool resized, renamed or missing). Adopted sessions are detached until
+  // their process resumes them (ResumeSession, by the session id it knows:
+  // the ledger holds only its hash); those whose process is gone end at
+  // once, the others hold what they held meanwhile. Fork holds, whose
+  // children the daemon can no longer watch, keep their objects for the
+  // life of this daemon. FAILED_PRECONDITION for a ledger whose records
+  // contradict one another (two objects on one range, say).
+  static absl::StatusOr<std::unique_ptr<ObjectStore>> Adopt(
+      std::vector<std::unique_ptr<Pool>> pools, StoreLimits limits,
+      std::unique_ptr<Ledger> ledger, LedgerState state);
+
+  // The ledger's descriptor (-1 without one): what goes to a successor.
+  int ledger_fd() const { return ledger_ == nullptr ? -1 : ledger_->fd(); }
+  AdoptedState adopted() const;
+
+  // Stops every change for good and returns: the caller hands the pools
+  // and the ledger to a successor, which goes on from exactly here. Calls
+  // that reach the store from now on wait (their connections end with this
+  // process). Only for a take-over: the process must exit after it.
+  void FreezeForHandover() ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  // Undoes FreezeForHandover, from the thread that froze it, when the
+  // hand-over did not happen.
+  void Thaw() ABSL_NO_THREAD_SAFETY_ANALYSIS;
 
   // Not copyable or movable: sessions and waiters refer to it.
   ObjectStore(const ObjectStore&) = delete;
@@ -343,6 +387,18 @@ class ObjectStore {
   void Shutdown();
 
  private:
+  // A successor's restore from `state` (Adopt).
+  absl::Status Restore(LedgerState state);
+  // Records the object in `slot` as it is now in the ledger (state, name
+  // bound); PutObject for a new one.
+  void JournalObject(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void JournalNewObject(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The client id of session `session_id` (0: not open).
+  uint64_t ClientIdOf(uint64_t session_id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RESOURCE_EXHAUSTED naming the ledger's table when it cannot take `n`
+  // more pins.
+  absl::Status CheckPinRoom(size_t n) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   using Session = SessionTable::Session;
   using Object = ObjectTable::Object;
   using State = ObjectTable::State;
@@ -436,6 +492,16 @@ class ObjectStore {
   absl::flat_hash_map<uid_t, uint64_t> fork_holds_per_uid_ ABSL_GUARDED_BY(mu_);
   uint64_t next_fork_hold_ ABSL_GUARDED_BY(mu_) = 1;
   OfferTable offers_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<Ledger> ledger_ ABSL_GUARDED_BY(mu_);
+  // Adopted sessions not yet resumed: by the hash of their id (what the
+  // ledger keeps), the id they are open under meanwhile; and the slots
+  // each created (whose creator a resume renames).
+  absl::flat_hash_map<std::string, uint64_t> adopted_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, std::vector<uint32_t>> adopted_created_
+      ABSL_GUARDED_BY(mu_);
+  // Fork holds adopted from a predecessor: nothing tells when their
+  // children exit, so they keep their objects for this daemon's life.
+  uint64_t stranded_hold_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::array<uint64_t, 64> random_ ABSL_GUARDED_BY(mu_);
   size_t random_next_ ABSL_GUARDED_BY(mu_) = 64;
 };

@@ -62,6 +62,30 @@ uint32_t ObjectTable::Add(Object object) {
   return slot;
 }
 
+void ObjectTable::Restore(uint32_t slot, uint32_t generation, Object object) {
+  if (slot >= slots_.size()) slots_.resize(slot + 1);
+  Slot& s = slots_[slot];
+  s.live = true;
+  s.generation = generation == 0 ? 1 : generation;
+  s.object = std::move(object);
+  by_serial_.emplace(s.object.serial, slot);
+  if (!s.object.name.empty()) names_.emplace(s.object.name, slot);
+  if (s.object.state == State::kPendingTransfer) ++pending_transfers_;
+  ++live_;
+}
+
+void ObjectTable::RestoreFree(uint32_t slot, uint32_t generation) {
+  if (slot >= slots_.size()) slots_.resize(slot + 1);
+  slots_[slot].generation = generation == 0 ? 1 : generation;
+}
+
+void ObjectTable::FinishRestore() {
+  free_slots_.clear();
+  for (size_t i = slots_.size(); i-- > 0;) {
+    if (!slots_[i].live) free_slots_.push_back(static_cast<uint32_t>(i));
+  }
+}
+
 void ObjectTable::SetState(uint32_t slot, State state) {
   Object& obj = slots_[slot].object;
   pending_transfers_ -= obj.state == State::kPendingTransfer;

@@ -99,6 +99,14 @@ class ObjectTable {
   // Unbinds the name of the object in `slot`, if it has one.
   void Unbind(uint32_t slot);
 
+  // A successor's table, rebuilt from its predecessor's ledger: the object
+  // in `slot` with its generation and nonce as they were (bound to its name
+  // when `object.name` is set), and a free slot's next generation. Then
+  // FinishRestore, once, before any Add.
+  void Restore(uint32_t slot, uint32_t generation, Object object);
+  void RestoreFree(uint32_t slot, uint32_t generation);
+  void FinishRestore();
+
   // Frees `slot`, whose object has no name left: it leaves by_serial(), its
   // generation moves on, and a later Add may reuse it.
   void Free(uint32_t slot);
@@ -111,6 +119,12 @@ class ObjectTable {
   // generation or slot never reached, generation 0).
   absl::StatusOr<uint32_t> ResolveRef(const v1::ObjectRef& ref) const;
 
+  // Whether `slot` holds a live object.
+  bool live(uint32_t slot) const {
+    return slot < slots_.size() && slots_[slot].live;
+  }
+  // The generation of `slot` (the live object's, or the next one's).
+  uint32_t generation(uint32_t slot) const { return slots_[slot].generation; }
   uint64_t live() const { return live_; }
   size_t named() const { return names_.size(); }
   // Objects in State::kPendingTransfer.

@@ -12,7 +12,7 @@ size_t OfferTable::CountOf(uint64_t session_id) const {
 void OfferTable::Add(uint64_t token, const Offer& offer) {
   assert(token != 0 && !offers_.contains(token));
   assert(offer.expires == absl::InfiniteFuture());
-  offers_.emplace(token, offer);
+  offers_.emplace(token, offer).first->second.token = token;
   by_session_[offer.session_id].insert(token);
 }
 
@@ -46,16 +46,38 @@ std::optional<OfferTable::Offer> OfferTable::Take(uint64_t token, uint32_t slot,
   return offer;
 }
 
-void OfferTable::SessionEnded(uint64_t session_id, absl::Time now,
-                              absl::Duration grace) {
+std::vector<uint64_t> OfferTable::SessionEnded(uint64_t session_id,
+                                               absl::Time now,
+                                               absl::Duration grace) {
   auto s = by_session_.find(session_id);
-  if (s == by_session_.end()) return;
+  if (s == by_session_.end()) return {};
   const absl::Time expires = now + grace;
-  for (uint64_t token : s->second) {
+  std::vector<uint64_t> tokens(s->second.begin(), s->second.end());
+  for (uint64_t token : tokens) {
     offers_[token].expires = expires;
     expiring_.emplace(expires, token);
   }
   by_session_.erase(s);
+  return tokens;
+}
+
+void OfferTable::Rekey(uint64_t old_id, uint64_t new_id) {
+  auto s = by_session_.find(old_id);
+  if (s == by_session_.end()) return;
+  absl::flat_hash_set<uint64_t> tokens = std::move(s->second);
+  by_session_.erase(s);
+  for (uint64_t token : tokens) offers_[token].session_id = new_id;
+  by_session_[new_id] = std::move(tokens);
+}
+
+void OfferTable::Restore(uint64_t token, const Offer& offer) {
+  offers_[token] = offer;
+  offers_[token].token = token;
+  if (offer.expires == absl::InfiniteFuture()) {
+    by_session_[offer.session_id].insert(token);
+  } else {
+    expiring_.emplace(offer.expires, token);
+  }
 }
 
 std::vector<OfferTable::Offer> OfferTable::Expire(absl::Time now) {

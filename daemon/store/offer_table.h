@@ -42,6 +42,7 @@ class OfferTable {
     uint64_t bytes = 0;
     // InfiniteFuture while the offering session is open.
     absl::Time expires = absl::InfiniteFuture();
+    uint64_t token = 0;  // Set by Add.
   };
 
   // Offers of session `session_id` still open (not taken, session open).
@@ -57,7 +58,15 @@ class OfferTable {
   // object takes nothing.
   std::optional<Offer> Take(uint64_t token, uint32_t slot, uint32_t generation);
   // Session `session_id` ended at `now`: its offers expire at `now + grace`.
-  void SessionEnded(uint64_t session_id, absl::Time now, absl::Duration grace);
+  // Returns their tokens.
+  std::vector<uint64_t> SessionEnded(uint64_t session_id, absl::Time now,
+                                     absl::Duration grace);
+  // The offers of session `old_id` are session `new_id`'s (a resumed
+  // session's id replacing the one it was adopted under).
+  void Rekey(uint64_t old_id, uint64_t new_id);
+  // Records `offer` as a predecessor left it: open (expires infinite) or
+  // expiring.
+  void Restore(uint64_t token, const Offer& offer);
   // Removes and returns the offers expired at `now`.
   std::vector<Offer> Expire(absl::Time now);
 

@@ -21,6 +21,9 @@ class ReleaseLog {
   // seqs when `seq` is past the next one due.
   absl::StatusOr<bool> Apply(uint64_t seq);
 
+  // A successor's log of a session whose predecessor applied through
+  // `applied` (the ledger's record of it).
+  void Restore(uint64_t applied) { applied_ = applied; }
   // The last seq applied (0: none yet).
   uint64_t applied() const { return applied_; }
   // Whether every message through `seq` was applied (always, for seq 0).

@@ -45,12 +45,37 @@ absl::StatusOr<uint64_t> SessionTable::Open(std::string client_name,
   s.stream = next_stream_++;
   s.access = std::move(access);
   s.read_only = read_only;
+  NewDescriptorSecret(s);
+  return id;
+}
+
+void SessionTable::NewDescriptorSecret(Session& s) {
   s.descriptor_secret.resize(kDescriptorSecretBytes);
   for (size_t i = 0; i < kDescriptorSecretBytes; i += sizeof(uint64_t)) {
     const uint64_t r = random_();
     memcpy(&s.descriptor_secret[i], &r, sizeof(r));
   }
+}
+
+uint64_t SessionTable::Restore(Session s) {
+  uint64_t id;
+  do {
+    id = random_();
+  } while (id == 0 || sessions_.contains(id));
+  ++uids_[s.peer.process.uid].sessions;
+  s.stream = 0;
+  NewDescriptorSecret(s);
+  sessions_[id] = std::move(s);
   return id;
+}
+
+void SessionTable::Rekey(uint64_t old_id, uint64_t new_id) {
+  auto it = sessions_.find(old_id);
+  // Invariant: the caller checked `old_id` is open and `new_id` is not.
+  assert(it != sessions_.end() && !sessions_.contains(new_id));
+  Session s = std::move(it->second);
+  sessions_.erase(it);
+  sessions_[new_id] = std::move(s);
 }
 
 absl::StatusOr<SessionTable::Session*> SessionTable::Find(uint64_t id) {

@@ -96,6 +96,15 @@ class SessionTable {
   absl::StatusOr<uint64_t> Open(std::string client_name, PeerInfo peer,
                                 std::vector<v1::PoolAccess> access,
                                 bool read_only, uint64_t serial);
+  // A successor's session, adopted from its predecessor's ledger: `s`
+  // (detached) under a new random id that nobody knows, counted against its
+  // uid without the limits. Returns the id. Rekey moves it to the id its
+  // process presents when it resumes (which must not be open).
+  uint64_t Restore(Session s);
+  void Rekey(uint64_t old_id, uint64_t new_id);
+  // A new random descriptor secret for `s`.
+  void NewDescriptorSecret(Session& s);
+
   // Session `id`, or SessionNotOpenError. Every Session pointer or
   // reference the table hands out lives until the next Open or Close.
   absl::StatusOr<Session*> Find(uint64_t id);

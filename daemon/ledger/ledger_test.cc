@@ -1,0 +1,220 @@
+#include "daemon/ledger/ledger.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/sendfile.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "gtest/gtest.h"
+
+namespace shmtensor::daemon {
+namespace {
+
+constexpr uint64_t kPoolBytes = 1 << 30;
+
+std::unique_ptr<Ledger> NewLedger(uint64_t epoch = 42) {
+  absl::StatusOr<std::unique_ptr<Ledger>> l = Ledger::Create(
+      epoch, {{"default", 1, kPoolBytes, 4096, 0}}, {64, 128, 16, 32});
+  EXPECT_TRUE(l.ok()) << l.status();
+  return *std::move(l);
+}
+
+absl::StatusOr<std::unique_ptr<Ledger>> AdoptCopy(const Ledger& l,
+                                                  LedgerState* state) {
+  return Ledger::Adopt(UniqueFd(fcntl(l.fd(), F_DUPFD_CLOEXEC, 3)), state);
+}
+
+LedgerObject Obj(uint32_t slot, uint64_t offset, std::string name = "",
+                 size_t layout_bytes = 8) {
+  LedgerObject o;
+  o.slot = slot;
+  o.generation = 3;
+  o.pool = 0;
+  o.offset = offset;
+  o.size = 4000;
+  o.capacity = 4096;
+  o.nonce = 0xabcdef;
+  o.creator = 7;
+  o.serial = 11;
+  o.created_ns = 123;
+  o.state = 1;
+  o.named = !name.empty();
+  o.name = name;
+  o.layout.assign(layout_bytes, 'L');
+  return o;
+}
+
+TEST(LedgerTest, ASuccessorReadsWhatWasWritten) {
+  std::unique_ptr<Ledger> l = NewLedger();
+  l->NoteSerial(11);
+  l->PutObject(Obj(0, 0, "batch"));
+  // Name and layout past the record's inline room go to its extension.
+  l->PutObject(Obj(5, 8192, std::string(255, 'n'), 1500));
+  l->SetObjectState(5, 2, false);
+  l->NoteLeaseId(9);
+  l->AddLease({9, 7, 0, false});
+  LedgerSession s;
+  s.client_id = 7;
+  s.id_hash = HashSessionId(0x1234);
+  s.uid = 1000;
+  s.gid = 100;
+  s.pid = 4321;
+  s.instance = 99;
+  s.access = {2};
+  s.client_name = "loader";
+  l->AddSession(s);
+  l->SetReleasesApplied(7, 5);
+  l->AddPin({LedgerPin::kOffer, 77, 0, 3, 7, 1000, 4096, INT64_MAX});
+  l->NoteForkHold(4);
+  l->AddPin({LedgerPin::kForkHold, 4, 5, 3, 7, 1000, 4096, INT64_MAX});
+
+  LedgerState st;
+  absl::StatusOr<std::unique_ptr<Ledger>> got = AdoptCopy(*l, &st);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(st.epoch, 42u);
+  ASSERT_EQ(st.pools.size(), 1u);
+  EXPECT_EQ(st.pools[0].name, "default");
+  ASSERT_EQ(st.objects.size(), 2u);
+  EXPECT_EQ(st.objects[0].name, "batch");
+  EXPECT_TRUE(st.objects[0].named);
+  EXPECT_EQ(st.objects[0].nonce, 0xabcdefu);
+  EXPECT_EQ(st.objects[1].slot, 5u);
+  EXPECT_EQ(st.objects[1].state, 2u);
+  EXPECT_FALSE(st.objects[1].named);
+  EXPECT_EQ(st.objects[1].name, std::string(255, 'n'));
+  EXPECT_EQ(st.objects[1].layout, std::string(1500, 'L'));
+  ASSERT_EQ(st.leases.size(), 1u);
+  EXPECT_EQ(st.leases[0].id, 9u);
+  ASSERT_EQ(st.sessions.size(), 1u);
+  EXPECT_EQ(st.sessions[0].client_name, "loader");
+  EXPECT_EQ(st.sessions[0].id_hash, HashSessionId(0x1234));
+  EXPECT_NE(st.sessions[0].id_hash, HashSessionId(0x1235));
+  EXPECT_EQ(st.sessions[0].releases_applied, 5u);
+  EXPECT_EQ(st.sessions[0].pid, 4321);
+  EXPECT_EQ(st.pins.size(), 2u);
+  // Every id issued stays below what a successor issues.
+  EXPECT_GT(st.next_lease_id, 9u);
+  EXPECT_GT(st.next_serial, 11u);
+  EXPECT_GT(st.next_fork_hold, 4u);
+}
+
+TEST(LedgerTest, FreedRecordsLeaveStaleGenerationsAndRoomBehind) {
+  std::unique_ptr<Ledger> l = NewLedger();
+  l->PutObject(Obj(2, 0));
+  l->NoteLeaseId(1);
+  l->AddLease({1, 7, 2, true});
+  l->DropLease(1);
+  l->FreeObject(2, 4);
+  LedgerState st;
+  absl::StatusOr<std::unique_ptr<Ledger>> got = AdoptCopy(*l, &st);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(st.objects.empty());
+  EXPECT_TRUE(st.leases.empty());
+  // Whether or not the generation's store landed, a successor moves past
+  // it: every ref to the object freed is stale there.
+  ASSERT_EQ(st.free_generations.size(), 1u);
+  EXPECT_EQ(st.free_generations[0].first, 2u);
+  EXPECT_EQ(st.free_generations[0].second, 5u);
+  // The successor goes on writing the same ledger.
+  (*got)->NoteLeaseId(st.next_lease_id);
+  (*got)->AddLease({st.next_lease_id, 7, 2, false});
+  LedgerState again;
+  ASSERT_TRUE(AdoptCopy(**got, &again).ok());
+  EXPECT_EQ(again.leases.size(), 1u);
+}
+
+TEST(LedgerTest, FullTablesSayNoRoom) {
+  std::unique_ptr<Ledger> l = NewLedger();
+  EXPECT_TRUE(l->has_lease_room(128));
+  EXPECT_FALSE(l->has_lease_room(129));
+  for (uint64_t i = 1; i <= 16; ++i) {
+    ASSERT_TRUE(l->has_session_room());
+    LedgerSession s;
+    s.client_id = i;
+    l->AddSession(s);
+  }
+  EXPECT_FALSE(l->has_session_room());
+}
+
+// A copy of `l`'s bytes in a new memfd of `size` bytes, with `patch`
+// applied to the copy's mapping.
+UniqueFd CopyWith(const Ledger& l, uint64_t size,
+                  const std::function<void(char*)>& patch) {
+  UniqueFd fd(memfd_create("bad-ledger", MFD_CLOEXEC));
+  EXPECT_EQ(ftruncate(fd.get(), static_cast<off_t>(size)), 0);
+  off_t off = 0;
+  const uint64_t n = std::min<uint64_t>(size, l.bytes());
+  EXPECT_EQ(sendfile(fd.get(), l.fd(), &off, n), static_cast<ssize_t>(n));
+  void* p =
+      mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  patch(static_cast<char*>(p));
+  munmap(p, size);
+  return fd;
+}
+
+void ExpectRefused(UniqueFd fd, const std::string& why) {
+  LedgerState st;
+  absl::StatusOr<std::unique_ptr<Ledger>> got =
+      Ledger::Adopt(std::move(fd), &st);
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(got.status().message().find(why), std::string::npos)
+      << got.status();
+}
+
+TEST(LedgerTest, ABadLedgerIsRefusedNeverBelieved) {
+  std::unique_ptr<Ledger> l = NewLedger();
+  l->PutObject(Obj(0, 0));
+  const uint64_t size = l->bytes();
+  // Intact, the copy is accepted (the patches below are what is refused).
+  {
+    LedgerState st;
+    EXPECT_TRUE(Ledger::Adopt(CopyWith(*l, size, [](char*) {}), &st).ok());
+  }
+  ExpectRefused(CopyWith(*l, size, [](char* p) { std::memset(p, 0, 8); }),
+                "magic");
+  ExpectRefused(CopyWith(*l, size, [](char* p) { p[8] = 9; }), "version");
+  ExpectRefused(CopyWith(*l, size, [](char* p) { p[12] ^= 1; }), "Boost");
+  ExpectRefused(CopyWith(*l, size, [](char* p) { p[4096 + 300] ^= 0x5a; }),
+                "checksum");
+  ExpectRefused(CopyWith(*l, size + 4096, [](char*) {}), "bytes");
+  ExpectRefused(CopyWith(*l, 8192, [](char*) {}), "bytes");
+  // Not a file at all.
+  int p[2];
+  ASSERT_EQ(pipe2(p, O_CLOEXEC), 0);
+  close(p[1]);
+  ExpectRefused(UniqueFd(p[0]), "regular");
+  // Another uid's.
+  if (geteuid() == 0) {
+    UniqueFd other = CopyWith(*l, size, [](char*) {});
+    ASSERT_EQ(fchown(other.get(), 12345, 12345), 0);
+    ExpectRefused(std::move(other), "uid 12345");
+  }
+}
+
+TEST(LedgerTest, ARecordOutOfBoundsRefusesTheLedger) {
+  {
+    std::unique_ptr<Ledger> l = NewLedger();
+    LedgerObject o = Obj(0, 0);
+    o.offset = kPoolBytes - 4096 + 1;  // Past the pool's end.
+    l->PutObject(o);
+    LedgerState st;
+    absl::StatusOr<std::unique_ptr<Ledger>> got = AdoptCopy(*l, &st);
+    ASSERT_FALSE(got.ok());
+    EXPECT_NE(got.status().message().find("object record 0"),
+              std::string::npos);
+  }
+  {
+    // A lease id that was never reserved: not written by a daemon.
+    std::unique_ptr<Ledger> l = NewLedger();
+    l->AddLease({5, 7, 0, false});
+    LedgerState st;
+    EXPECT_FALSE(AdoptCopy(*l, &st).ok());
+  }
+}
+
+}  // namespace
+}  // namespace shmtensor::daemon
