@@ -129,9 +129,9 @@ absl::StatusOr<Client> Client::Connect(const ClientOptions& options) {
                                ? absl::StrCat("pid ", getpid())
                                : options.client_name;
   absl::StatusOr<std::shared_ptr<internal::ClientCore>> core =
-      internal::ClientCore::Connect(address, name, options.connect_timeout,
-                                    options.write_revocation,
-                                    options.daemon_uid, options.read_only);
+      internal::ClientCore::Connect(
+          address, name, options.connect_timeout, options.write_revocation,
+          options.daemon_uid, options.read_only, options.resume_timeout);
   if (!core.ok()) return core.status();
   return Client(*std::move(core));
 }

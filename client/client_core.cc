@@ -3,15 +3,20 @@
 #include <grpcpp/create_channel_posix.h>
 #include <pthread.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <climits>
+#include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -138,6 +143,7 @@ ClientCore::Connection::~Connection() {
   if (session != nullptr) {
     session->WritesDone();
     session_ctx->TryCancel();
+    if (watcher.joinable()) watcher.join();  // Its Read ends with the cancel.
     session->Finish();
   }
 }
@@ -145,8 +151,12 @@ ClientCore::Connection::~Connection() {
 absl::StatusOr<std::shared_ptr<ClientCore::Connection>>
 ClientCore::OpenConnection(uint64_t resume_id, absl::Duration timeout,
                            v1::SessionOpened* opened) {
+  // A resume connects briefly, so its caller can look whether the address
+  // still has a socket between tries.
+  const absl::Duration connect_for =
+      resume_id != 0 ? std::min(timeout, absl::Milliseconds(250)) : timeout;
   absl::StatusOr<int> fd = ConnectDaemonSocket(
-      socket_path_, absl::Now() + timeout, daemon_uid_, SOCK_STREAM);
+      socket_path_, absl::Now() + connect_for, daemon_uid_, SOCK_STREAM);
   if (!fd.ok()) return fd.status();
   grpc::ChannelArguments args;
   // No keepalive: the daemon is on this host, its death closes the socket at
@@ -164,8 +174,28 @@ ClientCore::OpenConnection(uint64_t resume_id, absl::Duration timeout,
   open.mutable_open()->set_resume_session_id(resume_id);
   open.mutable_open()->set_read_only(read_only_);
   v1::SessionEvent event;
-  if (!conn->session->Write(open) || !conn->session->Read(&event) ||
-      !event.has_opened()) {
+  // A socket whose daemon never answers (its listening socket kept by
+  // systemd while no daemon runs, a frozen predecessor): the open ends with
+  // `timeout` too.
+  std::mutex watch_mu;
+  std::condition_variable watch_cv;
+  bool answered = false;
+  std::thread watchdog([&] {
+    std::unique_lock<std::mutex> lock(watch_mu);
+    if (!watch_cv.wait_for(lock, absl::ToChronoMilliseconds(timeout),
+                           [&] { return answered; })) {
+      conn->session_ctx->TryCancel();
+    }
+  });
+  const bool opened_ok = conn->session->Write(open) &&
+                         conn->session->Read(&event) && event.has_opened();
+  {
+    std::lock_guard<std::mutex> lock(watch_mu);
+    answered = true;
+  }
+  watch_cv.notify_one();
+  watchdog.join();
+  if (!opened_ok) {
     grpc::Status st = conn->session->Finish();
     conn->session.reset();
     const absl::StatusCode code =
@@ -185,13 +215,21 @@ ClientCore::OpenConnection(uint64_t resume_id, absl::Duration timeout,
     return refused;
   }
   *opened = event.opened();
+  Connection* watched = conn.get();
+  conn->watcher = std::thread([watched] {
+    v1::SessionEvent ignored;
+    while (watched->session->Read(&ignored)) {
+    }
+    watched->broken.store(true, std::memory_order_release);
+  });
   return conn;
 }
 
 absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::Connect(
     const std::string& address, const std::string& client_name,
     absl::Duration connect_timeout, WriteRevocation write_revocation,
-    std::optional<uid_t> daemon_uid, bool read_only) {
+    std::optional<uid_t> daemon_uid, bool read_only,
+    std::optional<absl::Duration> resume_timeout) {
   absl::StatusOr<std::string> path = SocketPathOf(address);
   if (!path.ok()) return path.status();
   static std::once_flag fork_handlers;
@@ -213,6 +251,18 @@ absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::Connect(
   core->daemon_uid_ = daemon_uid;
   core->read_only_ = read_only;
   core->write_revocation_ = write_revocation;
+  if (resume_timeout.has_value()) {
+    core->resume_timeout_ = *resume_timeout;
+  } else if (const char* env = getenv("SHMTENSOR_RESUME_TIMEOUT");
+             env != nullptr && *env != '\0') {
+    double seconds = 0;
+    if (!absl::SimpleAtod(env, &seconds) || seconds < 0 || seconds > 86400) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "SHMTENSOR_RESUME_TIMEOUT '", absl::string_view(env).substr(0, 32),
+          "' is not a number of seconds from 0 to 86400"));
+    }
+    core->resume_timeout_ = absl::Seconds(seconds);
+  }
   const absl::Time deadline = absl::Now() + connect_timeout;
   v1::SessionOpened opened;
   absl::StatusOr<std::shared_ptr<Connection>> conn =
@@ -309,6 +359,12 @@ ClientCore::~ClientCore() {
   }
 }
 
+absl::Status ClientCore::ResumeBroken(
+    const std::shared_ptr<Connection>& broken) {
+  std::lock_guard<std::mutex> lock(write_mu_);
+  return ResumeLocked(broken);
+}
+
 std::shared_ptr<ClientCore::Connection> ClientCore::CurrentConnection() const {
   std::lock_guard<std::mutex> lock(conn_mu_);
   return conn_;
@@ -346,8 +402,32 @@ absl::Status ClientCore::ResumeLocked(
     return now != nullptr ? absl::OkStatus() : Ended();
   }
   v1::SessionOpened opened;
+  // The daemon may be being replaced: try again with back-off until the
+  // resume timeout, or until the address has had no socket for a while (a
+  // daemon that stopped cleanly removed it).
+  const absl::Time deadline = absl::Now() + resume_timeout_;
+  absl::Duration backoff = absl::Milliseconds(5);
+  absl::Time missing_since = absl::InfiniteFuture();
   absl::StatusOr<std::shared_ptr<Connection>> conn =
-      OpenConnection(session_id_, absl::Seconds(2), &opened);
+      absl::UnavailableError("not tried");
+  while (true) {
+    const absl::Duration left =
+        std::max(deadline - absl::Now(), absl::Milliseconds(250));
+    conn =
+        OpenConnection(session_id_, std::min(left, absl::Seconds(30)), &opened);
+    if (conn.ok() || !absl::IsUnavailable(conn.status())) break;
+    const absl::Time now = absl::Now();
+    if (now >= deadline) break;
+    struct stat st;
+    if (lstat(socket_path_.c_str(), &st) != 0) {
+      if (missing_since == absl::InfiniteFuture()) missing_since = now;
+      if (now - missing_since > absl::Milliseconds(300)) break;
+    } else {
+      missing_since = absl::InfiniteFuture();
+    }
+    absl::SleepFor(std::min(backoff, deadline - now));
+    backoff = std::min(backoff * 2, absl::Milliseconds(200));
+  }
   absl::Status failed;
   if (!conn.ok()) {
     failed = conn.status();
@@ -389,6 +469,13 @@ absl::Status ClientCore::ResumeLocked(
         kReasonSessionEnded);
   }
   conn_ = *std::move(conn);
+  if (!opened.descriptor_secret().empty() &&
+      opened.descriptor_secret() != descriptor_secret_) {
+    // A successor daemon gave the session a new one (fork holds need it).
+    // PrepareFork reads it under the registry's lock.
+    std::lock_guard<std::mutex> registry(RegistryMu());
+    descriptor_secret_ = opened.descriptor_secret();
+  }
   return absl::OkStatus();
 }
 

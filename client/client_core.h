@@ -8,8 +8,13 @@
 // connection broken, the core connects again and resumes its session
 // (OpenSession.resume_session_id; the daemon kept every lease, since this
 // process lives and may map its views) and sends again the releases the
-// daemon had not applied. The call that found it broken fails UNAVAILABLE
-// (it may or may not have taken effect); later calls work. When the session
+// daemon had not applied. The daemon may be another instance of the same
+// daemon by then (a take-over, a reload, a restart through systemd's
+// descriptor store: same epoch, same pools, docs/operations.md): the core
+// tries again with back-off for the resume timeout while the address has
+// a socket, and takes the new descriptor secret it is given. The call
+// that found it broken fails UNAVAILABLE (it may or may not have taken
+// effect); later calls work. When the session
 // cannot be resumed (the daemon restarted, or is gone) the core is ended:
 // every call fails with reason SESSION_ENDED (UNAVAILABLE while no daemon
 // answers, FAILED_PRECONDITION when another instance does), and views keep
@@ -41,6 +46,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -71,7 +77,8 @@ class ClientCore {
       const std::string& address, const std::string& client_name,
       absl::Duration connect_timeout,
       WriteRevocation write_revocation = WriteRevocation::kWhenExposed,
-      std::optional<uid_t> daemon_uid = std::nullopt, bool read_only = false);
+      std::optional<uid_t> daemon_uid = std::nullopt, bool read_only = false,
+      std::optional<absl::Duration> resume_timeout = std::nullopt);
   // Ends the session (EndSession): the daemon drops whatever leases remain.
   ~ClientCore();
 
@@ -137,6 +144,14 @@ class ClientCore {
     if (absl::Status s = CheckOwner(); !s.ok()) return s;
     std::shared_ptr<Connection> conn = CurrentConnection();
     if (conn == nullptr) return Ended();
+    // A connection that broke while no call was on it (the daemon was
+    // replaced meanwhile) is resumed before the call, which then goes to
+    // the daemon serving now: only a call in flight at the break fails.
+    if (Broken(*conn)) {
+      if (absl::Status s = ResumeBroken(conn); !s.ok()) return s;
+      conn = CurrentConnection();
+      if (conn == nullptr) return Ended();
+    }
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
     grpc::Status st = (conn->stub.get()->*method)(&ctx, req, resp);
@@ -182,6 +197,11 @@ class ClientCore {
     std::unique_ptr<
         grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionEvent>>
         session;
+    // Reads the session stream until it ends (the daemon sends nothing
+    // after SessionOpened), then sets `broken`: how a client learns that
+    // its daemon went while it made no call.
+    std::thread watcher;
+    std::atomic<bool> broken{false};
     // Ends the stream and lets go of the channel.
     ~Connection();
   };
@@ -195,6 +215,12 @@ class ClientCore {
       uint64_t resume_id, absl::Duration timeout, v1::SessionOpened* opened);
   // The connection in use; null once the session has ended.
   std::shared_ptr<Connection> CurrentConnection() const;
+  // Whether `conn`'s stream is known to have ended (its watcher saw it).
+  static bool Broken(const Connection& conn) {
+    return conn.broken.load(std::memory_order_acquire);
+  }
+  // Resumes the session for a call not yet sent (write_mu_ is taken).
+  absl::Status ResumeBroken(const std::shared_ptr<Connection>& broken);
   // Replaces `broken` (if it is still the current connection) by a new one
   // with the session resumed, and returns UNAVAILABLE saying so (or
   // FAILED_PRECONDITION when the session could not be resumed, after which
@@ -244,6 +270,7 @@ class ClientCore {
   std::string client_name_;
   std::optional<uid_t> daemon_uid_;
   bool read_only_ = false;
+  absl::Duration resume_timeout_ = absl::Seconds(10);
   WriteRevocation write_revocation_ = WriteRevocation::kWhenExposed;
   // The connection in use (null once ended). Swapped under conn_mu_ by
   // ResumeLocked, which holds write_mu_ too.

@@ -495,12 +495,15 @@ void Daemon::StoreFds(bool adopted, const std::vector<std::string>& stale) {
           f.name.substr(0, 64));
       continue;
     }
-    // A fresh start replaces whatever an earlier instance stored under the
-    // name; an adopted one stores the very descriptors systemd passed
-    // (which it keeps once).
-    if (!adopted) {
-      (void)Notify(absl::StrCat("FDSTOREREMOVE=1\nFDNAME=", f.name));
+    // An adopted start's descriptors are in the store already (systemd
+    // keeps what it passes; a reload's and a take-over's are the same
+    // memory): storing reopens of them would only add copies. A fresh
+    // start replaces whatever an earlier instance stored under the name.
+    if (adopted) {
+      told = getenv("NOTIFY_SOCKET") != nullptr;
+      continue;
     }
+    (void)Notify(absl::StrCat("FDSTOREREMOVE=1\nFDNAME=", f.name));
     absl::StatusOr<bool> sent =
         Notify(absl::StrCat("FDSTORE=1\nFDNAME=", f.name), {f.fd.get()});
     if (!sent.ok()) {

@@ -123,7 +123,8 @@ struct Ledger::Layout {
     uint32_t pad;
     uint8_t access[kMaxPools];
     char name[256];
-    char tail[96];
+    uint8_t secret_hash[kSessionHashBytes];
+    char tail[64];
   };
   struct PinRecord {
     std::atomic<uint64_t> word;  // The key (token or hold id); 0: free.
@@ -166,6 +167,13 @@ absl::Status Refused(absl::string_view why) {
 }
 
 }  // namespace
+
+SessionHash HashSecret(absl::string_view secret) {
+  SessionHash out;
+  SHA256(reinterpret_cast<const unsigned char*>(secret.data()), secret.size(),
+         out.data());
+  return out;
+}
 
 SessionHash HashSessionId(uint64_t session_id) {
   SessionHash out;
@@ -467,6 +475,7 @@ absl::StatusOr<std::unique_ptr<Ledger>> Ledger::Adopt(UniqueFd fd,
     LedgerSession s;
     s.client_id = client_id;
     std::memcpy(s.id_hash.data(), r->id_hash, kSessionHashBytes);
+    std::memcpy(s.secret_hash.data(), r->secret_hash, kSessionHashBytes);
     s.uid = r->uid;
     s.gid = r->gid;
     s.pid = r->pid;
@@ -624,6 +633,7 @@ void Ledger::AddSession(const LedgerSession& s) {
   r->releases_applied.store(s.releases_applied, std::memory_order_relaxed);
   r->instance.store(s.instance, std::memory_order_relaxed);
   std::memcpy(r->id_hash, s.id_hash.data(), kSessionHashBytes);
+  std::memcpy(r->secret_hash, s.secret_hash.data(), kSessionHashBytes);
   r->uid = s.uid;
   r->gid = s.gid;
   r->pid = s.pid;

@@ -37,6 +37,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "daemon/os/mapped_fd.h"
 #include "daemon/os/peer.h"
 
@@ -47,6 +48,8 @@ namespace shmtensor::daemon {
 inline constexpr size_t kSessionHashBytes = 32;
 using SessionHash = std::array<uint8_t, kSessionHashBytes>;
 SessionHash HashSessionId(uint64_t session_id);
+// SHA-256 of a descriptor secret.
+SessionHash HashSecret(absl::string_view secret);
 
 struct LedgerPool {
   std::string name;   // At most 63 bytes.
@@ -86,6 +89,7 @@ struct LedgerLease {
 struct LedgerSession {
   uint64_t client_id = 0;
   SessionHash id_hash{};
+  SessionHash secret_hash{};  // Of its descriptor secret.
   uint32_t uid = 0;
   uint32_t gid = 0;
   int32_t pid = 0;        // 0: a process the daemon could not see.

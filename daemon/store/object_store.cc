@@ -145,6 +145,7 @@ absl::StatusOr<OpenedSession> ObjectStore::OpenSession(
     LedgerSession rec;
     rec.client_id = s.client_id;
     rec.id_hash = HashSessionId(*id);
+    rec.secret_hash = HashSecret(s.descriptor_secret);
     rec.uid = s.peer.process.uid;
     rec.gid = s.peer.process.gid;
     rec.pid = s.peer.owner.pid;
@@ -253,6 +254,7 @@ absl::StatusOr<ForkHoldGrant> ObjectStore::HoldForFork(uint64_t session_id,
       "secret");
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return ShuttingDownError();
+  TakeAdopted(session_id, peer, /*exact=*/false);
   Session* s = sessions_.FindOrNull(session_id);
   if (s == nullptr) return refused;
   if (!SessionTable::SecretMatches(*s, secret) ||
@@ -327,47 +329,7 @@ absl::StatusOr<OpenedSession> ObjectStore::ResumeSession(uint64_t session_id,
                                                          OwnerKey owner) {
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return ShuttingDownError();
-  if (!adopted_.empty() && sessions_.FindOrNull(session_id) == nullptr) {
-    // A session of the predecessor's, known here by its id's hash.
-    const SessionHash hash = HashSessionId(session_id);
-    auto it = adopted_.find(std::string(hash.begin(), hash.end()));
-    if (it != adopted_.end()) {
-      const uint64_t adopted_id = it->second;
-      Session& s = *sessions_.FindOrNull(adopted_id);
-      // A process the daemon could not see resumes by its uid and the
-      // secret; its new connection is its instance from now on.
-      const bool invisible = s.peer.owner.pid == 0 && owner.pid == 0 &&
-                             s.peer.owner.uid == owner.uid;
-      if (invisible || s.peer.owner == owner) {
-        if (invisible) {
-          s.peer.owner = owner;
-          if (ledger_ != nullptr) {
-            ledger_->SetSessionInstance(s.client_id, owner.instance);
-          }
-        }
-        adopted_.erase(it);
-        sessions_.Rekey(adopted_id, session_id);
-        Session& now = *sessions_.FindOrNull(session_id);
-        for (uint64_t lease : now.leases) leases_.SetSession(lease, session_id);
-        for (uint32_t slot : adopted_created_[adopted_id]) {
-          if (objects_.live(slot) &&
-              objects_.object(slot).creator == adopted_id) {
-            objects_.object(slot).creator = session_id;
-          }
-        }
-        adopted_created_.erase(adopted_id);
-        offers_.Rekey(adopted_id, session_id);
-        for (auto& [id, hold] : fork_holds_) {
-          if (hold.session_id == adopted_id) hold.session_id = session_id;
-        }
-        spdlog::info(
-            "client {} ('{}' pid {}) resumed its session from the previous "
-            "daemon with {} leases ({} sessions still to resume)",
-            now.client_id, now.client_name, now.pid, now.leases.size(),
-            adopted_.size());
-      }
-    }
-  }
+  TakeAdopted(session_id, owner, /*exact=*/true);
   absl::StatusOr<Session*> found = sessions_.FindOwned(session_id, owner);
   if (!found.ok()) return found.status();
   Session& s = **found;
@@ -378,6 +340,50 @@ absl::StatusOr<OpenedSession> ObjectStore::ResumeSession(uint64_t session_id,
                was_detached ? "" : " (replacing a stream still open)");
   return OpenedSession{session_id,           s.client_id, s.stream,
                        s.releases.applied(), PoolsOf(s),  s.descriptor_secret};
+}
+
+void ObjectStore::TakeAdopted(uint64_t session_id, const OwnerKey& owner,
+                              bool exact) {
+  if (adopted_.empty() || sessions_.FindOrNull(session_id) != nullptr) return;
+  // A session of the predecessor's, known here by its id's hash.
+  const SessionHash hash = HashSessionId(session_id);
+  auto it = adopted_.find(std::string(hash.begin(), hash.end()));
+  if (it == adopted_.end()) return;
+  const uint64_t adopted_id = it->second;
+  Session& s = *sessions_.FindOrNull(adopted_id);
+  // A process the daemon could not see resumes by its uid and the
+  // secret; its new connection is its instance from now on.
+  const bool invisible =
+      s.peer.owner.pid == 0 && owner.pid == 0 && s.peer.owner.uid == owner.uid;
+  const bool same =
+      exact ? s.peer.owner == owner : SameProcess(s.peer.owner, owner);
+  if ((exact && invisible) || same) {
+    if (exact && invisible) {
+      s.peer.owner = owner;
+      if (ledger_ != nullptr) {
+        ledger_->SetSessionInstance(s.client_id, owner.instance);
+      }
+    }
+    adopted_.erase(it);
+    sessions_.Rekey(adopted_id, session_id);
+    Session& now = *sessions_.FindOrNull(session_id);
+    for (uint64_t lease : now.leases) leases_.SetSession(lease, session_id);
+    for (uint32_t slot : adopted_created_[adopted_id]) {
+      if (objects_.live(slot) && objects_.object(slot).creator == adopted_id) {
+        objects_.object(slot).creator = session_id;
+      }
+    }
+    adopted_created_.erase(adopted_id);
+    offers_.Rekey(adopted_id, session_id);
+    for (auto& [id, hold] : fork_holds_) {
+      if (hold.session_id == adopted_id) hold.session_id = session_id;
+    }
+    spdlog::info(
+        "client {} ('{}' pid {}) resumed its session from the previous "
+        "daemon with {} leases ({} sessions still to resume)",
+        now.client_id, now.client_name, now.pid, now.leases.size(),
+        adopted_.size());
+  }
 }
 
 absl::StatusOr<std::unique_ptr<ObjectStore>> ObjectStore::Adopt(
@@ -433,6 +439,8 @@ absl::Status ObjectStore::Restore(LedgerState state) {
       s.peer.owner = OwnerKey{ls.uid, ls.pid, ls.instance};
       s.releases.Restore(ls.releases_applied);
       s.descriptors_granted = true;  // It has its pools' descriptors.
+      s.descriptor_secret_hash.assign(ls.secret_hash.begin(),
+                                      ls.secret_hash.end());
       // Alive: the same process (its start time) behind a pidfd taken
       // before the check. One the daemon could not see (pid 0) is kept
       // until it resumes.

@@ -387,6 +387,12 @@ class ObjectStore {
   void Shutdown();
 
  private:
+  // When `session_id` is a session adopted from a predecessor (its id's
+  // hash) and `owner` its process (exactly, for a gRPC connection; by
+  // SameProcess for the descriptor socket's), makes it open under that id
+  // from now on. No-op otherwise.
+  void TakeAdopted(uint64_t session_id, const OwnerKey& owner, bool exact)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A successor's restore from `state` (Adopt).
   absl::Status Restore(LedgerState state);
   // Records the object in `slot` as it is now in the ledger (state, name

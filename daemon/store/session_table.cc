@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "daemon/ledger/ledger.h"
 #include "shmtensor/errors.h"
 
 namespace shmtensor::daemon {
@@ -64,7 +65,6 @@ uint64_t SessionTable::Restore(Session s) {
   } while (id == 0 || sessions_.contains(id));
   ++uids_[s.peer.process.uid].sessions;
   s.stream = 0;
-  NewDescriptorSecret(s);
   sessions_[id] = std::move(s);
   return id;
 }
@@ -123,10 +123,19 @@ void SessionTable::Close(uint64_t id) {
 }
 
 bool SessionTable::SecretMatches(const Session& s, absl::string_view secret) {
-  uint8_t diff = secret.size() == s.descriptor_secret.size() ? 0 : 1;
-  for (size_t i = 0; i < s.descriptor_secret.size(); ++i) {
-    diff |= static_cast<uint8_t>(s.descriptor_secret[i] ^
-                                 (i < secret.size() ? secret[i] : 0));
+  // An adopted session compares hashes (ledger.h): the same constant time.
+  std::string hashed;
+  absl::string_view want = s.descriptor_secret;
+  if (want.empty()) {
+    if (s.descriptor_secret_hash.empty()) return false;
+    const SessionHash h = HashSecret(secret);
+    hashed.assign(h.begin(), h.end());
+    secret = hashed;
+    want = s.descriptor_secret_hash;
+  }
+  uint8_t diff = secret.size() == want.size() ? 0 : 1;
+  for (size_t i = 0; i < want.size(); ++i) {
+    diff |= static_cast<uint8_t>(want[i] ^ (i < secret.size() ? secret[i] : 0));
   }
   return diff == 0;
 }

@@ -78,6 +78,9 @@ class SessionTable {
     std::vector<v1::PoolAccess> access;
     bool read_only = false;  // OpenSession.read_only.
     std::string descriptor_secret;
+    // A session adopted from a predecessor knows only its secret's SHA-256
+    // (the ledger's); descriptor_secret is empty then.
+    std::string descriptor_secret_hash;
     bool descriptors_granted = false;  // GrantDescriptors answered it.
   };
 

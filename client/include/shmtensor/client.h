@@ -74,6 +74,14 @@ struct ClientOptions {
   // lets only read a pool (read_only_users, read_only_groups) are read-only
   // there whatever this says.
   bool read_only = false;
+  // When the connection breaks (the daemon was taken over, reloaded, or
+  // restarted by systemd after a crash), how long the client keeps trying
+  // to resume its session with the daemon at the address (bounded
+  // back-off) before the session ends. The call that found it broken fails
+  // UNAVAILABLE either way. Unset: $SHMTENSOR_RESUME_TIMEOUT (seconds),
+  // else 10 s. A daemon that stopped cleanly (its socket is gone) ends the
+  // session within about half a second.
+  std::optional<absl::Duration> resume_timeout;
 };
 
 struct CreateOptions {
