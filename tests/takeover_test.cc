@@ -328,7 +328,9 @@ TEST(TakeOverTest, TenTakeOversUnderLoadEndNoSessionAndLoseNoByte) {
   std::vector<uint8_t> bytes(kObject, 0x5a);
   ASSERT_TRUE(holder.Put(bytes.data(), named).ok());
   View view = *holder.Get("survivor");
+  std::vector<absl::Duration> gaps;
   for (int i = 0; i < 10; ++i) {
+    const absl::Time t0 = absl::Now();
     absl::StatusOr<std::unique_ptr<DaemonProcess>> next =
         DaemonProcess::Start({"--pool-size", "64MiB", "--take-over"}, address);
     ASSERT_TRUE(next.ok()) << next.status();
