@@ -1,6 +1,8 @@
 #include "client/client_core.h"
 
+#include <fcntl.h>
 #include <grpcpp/create_channel_posix.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -140,10 +142,10 @@ void ClientCore::KeepAliveUntilExit() {
 }
 
 ClientCore::Connection::~Connection() {
+  if (probe >= 0) close(probe);
   if (session != nullptr) {
     session->WritesDone();
     session_ctx->TryCancel();
-    if (watcher.joinable()) watcher.join();  // Its Read ends with the cancel.
     session->Finish();
   }
 }
@@ -163,6 +165,7 @@ ClientCore::OpenConnection(uint64_t resume_id, absl::Duration timeout,
   // once, and a late ping answer must never cost the session.
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, INT_MAX);
   auto conn = std::make_shared<Connection>();
+  conn->probe = fcntl(*fd, F_DUPFD_CLOEXEC, 3);
   // The channel owns the socket from here on (closed with the channel).
   conn->channel =
       grpc::CreateCustomInsecureChannelFromFd("shmtensord", *fd, args);
@@ -215,13 +218,6 @@ ClientCore::OpenConnection(uint64_t resume_id, absl::Duration timeout,
     return refused;
   }
   *opened = event.opened();
-  Connection* watched = conn.get();
-  conn->watcher = std::thread([watched] {
-    v1::SessionEvent ignored;
-    while (watched->session->Read(&ignored)) {
-    }
-    watched->broken.store(true, std::memory_order_release);
-  });
   return conn;
 }
 
@@ -357,6 +353,12 @@ ClientCore::~ClientCore() {
     std::lock_guard<std::mutex> lock(conn_mu_);
     last = std::move(conn_);
   }
+}
+
+bool ClientCore::Broken(const Connection& conn) {
+  if (conn.probe < 0) return false;
+  pollfd p{conn.probe, POLLRDHUP, 0};
+  return poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
 }
 
 absl::Status ClientCore::ResumeBroken(

@@ -46,7 +46,6 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -197,11 +196,12 @@ class ClientCore {
     std::unique_ptr<
         grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionEvent>>
         session;
-    // Reads the session stream until it ends (the daemon sends nothing
-    // after SessionOpened), then sets `broken`: how a client learns that
-    // its daemon went while it made no call.
-    std::thread watcher;
-    std::atomic<bool> broken{false};
+    // A second descriptor of the connection's socket (close-on-exec; a
+    // forked child's is replaced like gRPC's, fork_guard.h): polled for a
+    // hang-up, how a client learns that its daemon went while it made no
+    // call. No thread waits in gRPC for it: a fork while a thread is inside
+    // a gRPC call is unsafe (fork_guard.h).
+    int probe = -1;
     // Ends the stream and lets go of the channel.
     ~Connection();
   };
@@ -215,10 +215,9 @@ class ClientCore {
       uint64_t resume_id, absl::Duration timeout, v1::SessionOpened* opened);
   // The connection in use; null once the session has ended.
   std::shared_ptr<Connection> CurrentConnection() const;
-  // Whether `conn`'s stream is known to have ended (its watcher saw it).
-  static bool Broken(const Connection& conn) {
-    return conn.broken.load(std::memory_order_acquire);
-  }
+  // Whether `conn`'s socket was hung up by the daemon (one poll(2) with no
+  // wait).
+  static bool Broken(const Connection& conn);
   // Resumes the session for a call not yet sent (write_mu_ is taken).
   absl::Status ResumeBroken(const std::shared_ptr<Connection>& broken);
   // Replaces `broken` (if it is still the current connection) by a new one

@@ -124,7 +124,15 @@ std::string RenderStatus(const v1::DaemonStatus& s) {
                   limit(l.max_waiters(), false), "\n");
   absl::StrAppend(&out, "waiting calls ", s.waiters(), "  detached sessions ",
                   s.detached_sessions(), "  fork holds ", s.fork_holds(),
-                  "  offers ", s.offers(), "\n\n");
+                  "  offers ", s.offers(), "\n");
+  if (s.awaited_sessions() > 0 || s.quarantined_bytes() > 0) {
+    absl::StrAppend(&out, "after a restart: ", s.awaited_sessions(),
+                    " sessions not yet resumed; ",
+                    HumanBytes(s.quarantined_bytes()),
+                    " quarantined (kept until their processes resume or "
+                    "exit)\n");
+  }
+  absl::StrAppend(&out, "\n");
   std::vector<std::vector<std::string>> rows;
   for (const v1::PoolStatus& p : s.pools()) {
     rows.push_back(
@@ -287,6 +295,12 @@ std::string RenderMetrics(const v1::DaemonStatus& s,
       {"shmtensor_offers",
        "Objects sent by reference that no receiver took yet: offers.",
        s.offers()},
+      {"shmtensor_awaited_sessions",
+       "Sessions adopted from the previous daemon, not yet resumed.",
+       s.awaited_sessions()},
+      {"shmtensor_quarantined_bytes",
+       "Bytes kept for sessions not yet resumed and stranded fork holds.",
+       s.quarantined_bytes()},
   };
   for (const Global& g : globals) {
     e.Family(g.name, "gauge", g.help);

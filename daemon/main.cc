@@ -64,7 +64,8 @@ int main(int argc, char** argv) {
                "take over the daemon serving the same address: it hands this "
                "one its pools, objects, leases, sessions and sockets and "
                "exits, and its clients go on with this one (only root or the "
-               "daemon's own user; the pools must be the same)");
+               "daemon's own user; the pools must be the same). With no "
+               "daemon there, starts as usual");
   std::optional<int> ready_fd;
   app.add_option("--ready-fd", ready_fd,
                  "once serving, write \"ready\\n\" to this inherited "
@@ -164,12 +165,17 @@ int main(int argc, char** argv) {
   if (take_over && options.inherited.empty()) {
     absl::StatusOr<std::vector<shmtensor::daemon::NamedFd>> handed =
         shmtensor::daemon::RequestTakeOver(config);
-    if (!handed.ok()) {
+    if (absl::IsUnavailable(handed.status())) {
+      // Nothing to take over (a first start): start as usual.
+      spdlog::info("{}; starting fresh",
+                   std::string(handed.status().message()));
+    } else if (!handed.ok()) {
       spdlog::error("cannot take over: {}", handed.status().ToString());
       return 1;
+    } else {
+      options.inherited = *std::move(handed);
+      options.lock_wait = absl::Seconds(10);
     }
-    options.inherited = *std::move(handed);
-    options.lock_wait = absl::Seconds(10);
   }
   // The binary to run on a reload: the path it was started from, which an
   // upgrade replaces (not /proc/self/exe, the old image).

@@ -1313,9 +1313,9 @@ v1::ListClientsResponse ObjectStore::ListClients(
 
 StoreView ObjectStore::View() const {
   return StoreView{
-      epoch_,          start_time_,        limits_,       pool_infos_,
-      pools_,          sessions_,          objects_,      leases_,
-      !shutting_down_, fork_holds_.size(), offers_.size()};
+      epoch_,          start_time_,        limits_,        pool_infos_,
+      pools_,          sessions_,          objects_,       leases_,
+      !shutting_down_, fork_holds_.size(), offers_.size(), AdoptedLocked()};
 }
 
 void ObjectStore::Shutdown() {
@@ -1438,6 +1438,10 @@ void ObjectStore::Thaw() { mu_.Unlock(); }
 
 AdoptedState ObjectStore::adopted() const {
   absl::MutexLock lock(&mu_);
+  return AdoptedLocked();
+}
+
+AdoptedState ObjectStore::AdoptedLocked() const {
   AdoptedState out;
   out.sessions = adopted_.size();
   out.quarantined_bytes = stranded_hold_bytes_;

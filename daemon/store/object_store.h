@@ -393,6 +393,7 @@ class ObjectStore {
   // from now on. No-op otherwise.
   void TakeAdopted(uint64_t session_id, const OwnerKey& owner, bool exact)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  AdoptedState AdoptedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A successor's restore from `state` (Adopt).
   absl::Status Restore(LedgerState state);
   // Records the object in `slot` as it is now in the ledger (state, name

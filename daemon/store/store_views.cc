@@ -76,6 +76,8 @@ v1::DaemonStatus BuildStatus(const StoreView& store,
   out.set_pending_transfers(store.objects.pending_transfers());
   out.set_fork_holds(store.fork_holds);
   out.set_offers(store.offers);
+  out.set_awaited_sessions(store.adopted.sessions);
+  out.set_quarantined_bytes(store.adopted.quarantined_bytes);
   v1::Limits* limits = out.mutable_limits();
   limits->set_max_objects(store.limits.max_objects);
   limits->set_max_leases_per_client(store.limits.max_leases_per_client);

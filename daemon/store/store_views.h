@@ -46,6 +46,7 @@ struct StoreView {
   bool serving = true;      // False once the store is shutting down.
   uint64_t fork_holds = 0;  // Live fork holds (ObjectStore::HoldForFork).
   uint64_t offers = 0;      // Offers not taken (ObjectStore::Offer).
+  AdoptedState adopted;     // ObjectStore::adopted().
 };
 
 // The store's part of DaemonStatus: pools, counts, limits, uptime, epoch.
