@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -399,6 +400,19 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
                              *d->store_, {}, take(kDescriptorListenFdName));
   if (!descriptors.ok()) return descriptors.status();
   d->descriptors_ = *std::move(descriptors);
+  // Fork holds whose connections were handed over end with their children
+  // again; the others stay stranded (ObjectStore::Adopt).
+  for (auto it = passed.begin(); it != passed.end();) {
+    uint64_t hold_id = 0;
+    if (absl::StartsWith(it->first, kHoldFdPrefix) &&
+        absl::SimpleAtoi(it->first.substr(strlen(kHoldFdPrefix)), &hold_id) &&
+        d->store_->ClaimForkHold(hold_id)) {
+      d->descriptors_->AdoptHold(std::move(it->second), hold_id);
+      passed.erase(it++);
+    } else {
+      ++it;
+    }
+  }
   d->descriptors_->SetTakeOverHandler(
       [daemon = d.get()](const v1::TakeOver& successor) {
         return daemon->HandOverTo(successor);
@@ -471,6 +485,7 @@ absl::StatusOr<std::vector<NamedFd>> Daemon::HandOverFds() const {
   absl::StatusOr<UniqueFd> fd_listen = Dup(descriptors_->listen_fd());
   if (!fd_listen.ok()) return fd_listen.status();
   out.push_back({kDescriptorListenFdName, *std::move(fd_listen)});
+  for (NamedFd& hold : descriptors_->HoldFds()) out.push_back(std::move(hold));
   return out;
 }
 
@@ -560,6 +575,15 @@ absl::StatusOr<HandOver> Daemon::HandOverTo(const v1::TakeOver& successor) {
   }
   HandOver h;
   h.fds = *std::move(fds);
+  if (h.fds.size() > kMaxTakeOverFds) {
+    // One message carries at most 253 descriptors (SCM_MAX_FD): the fork
+    // holds past that stay with the successor's ledger, stranded.
+    spdlog::warn(
+        "take-over: {} fork holds' connections do not fit the hand-"
+        "over; their objects stay until the successor stops",
+        h.fds.size() - kMaxTakeOverFds);
+    h.fds.resize(kMaxTakeOverFds);
+  }
   h.finish = [this](bool sent) {
     if (!sent) {
       spdlog::error(
@@ -641,8 +665,8 @@ absl::StatusOr<std::vector<NamedFd>> RequestTakeOver(
   if (poll(&pfd, 1, 30000) <= 0) {
     return absl::UnavailableError("take-over: no answer within 30 s");
   }
-  char buf[4096];
-  constexpr size_t kMaxFds = kMaxPools + 3;
+  char buf[16384];
+  constexpr size_t kMaxFds = kMaxTakeOverFds;
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFds)];
   iovec iov{buf, sizeof(buf)};
   msghdr msg{};

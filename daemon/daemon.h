@@ -54,6 +54,8 @@ inline constexpr char kLedgerFdName[] = "shmtensor.ledger";
 inline constexpr char kPoolFdPrefix[] = "shmtensor.pool.";
 inline constexpr char kListenFdName[] = "shmtensor.listen";
 inline constexpr char kDescriptorListenFdName[] = "shmtensor.listen.fd";
+// Most descriptors one take-over reply carries (SCM_MAX_FD).
+inline constexpr size_t kMaxTakeOverFds = 253;
 
 struct StartOptions {
   // What a predecessor left: adopted when its ledger checks out (an unused

@@ -109,7 +109,11 @@ absl::StatusOr<std::unique_ptr<DescriptorServer>> DescriptorServer::Bind(
       new DescriptorServer(*std::move(fd), std::move(wake), store, options));
 }
 
-DescriptorServer::~DescriptorServer() { Stop(); }
+DescriptorServer::~DescriptorServer() {
+  Stop();
+  absl::MutexLock lock(&held_mu_);
+  for (const Held& h : held_) close(h.fd);
+}
 
 void DescriptorServer::Start() {
   thread_ = std::thread([this] { Loop(); });
@@ -247,13 +251,6 @@ void DescriptorServer::Loop() {
     pending[i] = pending.back();
     pending.pop_back();
   };
-  // Connections that carry a fork hold: open until the client's end
-  // closes.
-  struct Held {
-    int fd;  // Owned.
-    uint64_t hold_id;
-  };
-  std::vector<Held> held;
   // Kept for EMFILE: closed to accept one waiting connection and close it.
   UniqueFd reserve(open("/dev/null", O_RDONLY | O_CLOEXEC));
   std::vector<pollfd> polled;
@@ -274,6 +271,11 @@ void DescriptorServer::Loop() {
     const size_t first_held = polled.size();
     // No POLLIN: a hold's connection is never read, only watched for its
     // peer's end (POLLHUP, POLLERR come whatever is asked).
+    std::vector<Held> held;
+    {
+      absl::MutexLock lock(&held_mu_);
+      held = held_;
+    }
     for (const Held& h : held) polled.push_back({h.fd, 0, 0});
     if (poll(polled.data(), polled.size(), timeout_ms) < 0 && errno != EINTR) {
       Warn(absl::StrFormat("poll: %s", std::strerror(errno)));
@@ -281,14 +283,21 @@ void DescriptorServer::Loop() {
       continue;
     }
     if (polled[1].revents != 0) break;  // Stop().
-    // Holds whose children are gone, from the back (as below).
-    for (size_t i = polled.size(); i-- > first_held;) {
+    // Holds whose children are gone.
+    for (size_t i = first_held; i < polled.size(); ++i) {
       if (polled[i].revents == 0) continue;
-      Held& h = held[i - first_held];
+      const Held& h = held[i - first_held];
       store_.EndForkHold(h.hold_id);
-      close(h.fd);
-      h = held.back();
-      held.pop_back();
+      (void)Notify(absl::StrFormat("FDSTOREREMOVE=1\nFDNAME=%s%d",
+                                   kHoldFdPrefix, h.hold_id));
+      absl::MutexLock lock(&held_mu_);
+      for (size_t j = 0; j < held_.size(); ++j) {
+        if (held_[j].hold_id != h.hold_id) continue;
+        close(held_[j].fd);
+        held_[j] = held_.back();
+        held_.pop_back();
+        break;
+      }
     }
     // Answer (or forget) the connections that spoke or hung up, from the
     // back so that dropping one moves none not yet looked at.
@@ -301,11 +310,18 @@ void DescriptorServer::Loop() {
         case Served::kDone:
           drop(i - 2);
           break;
-        case Served::kHeld:
-          held.push_back({pending[i - 2].fd, hold_id});
-          pending[i - 2].fd = -1;  // Now held's.
+        case Served::kHeld: {
+          // Kept by systemd's descriptor store too, when there is one, so
+          // that a restarted daemon still sees the children go.
+          (void)Notify(
+              absl::StrFormat("FDSTORE=1\nFDNAME=%s%d", kHoldFdPrefix, hold_id),
+              {pending[i - 2].fd});
+          absl::MutexLock lock(&held_mu_);
+          held_.push_back({pending[i - 2].fd, hold_id});
+          pending[i - 2].fd = -1;  // Now held_'s.
           drop(i - 2);
           break;
+        }
       }
     }
     const SteadyClock::time_point now = SteadyClock::now();
@@ -367,8 +383,26 @@ void DescriptorServer::Loop() {
                                                   options_.request_timeout)});
     }
   }
+  // Held connections stay open (a reload hands them on); the destructor
+  // closes them.
   for (const Pending& p : pending) close(p.fd);
-  for (const Held& h : held) close(h.fd);  // The daemon is stopping.
+}
+
+void DescriptorServer::AdoptHold(UniqueFd fd, uint64_t hold_id) {
+  absl::MutexLock lock(&held_mu_);
+  held_.push_back({fd.release(), hold_id});
+}
+
+std::vector<NamedFd> DescriptorServer::HoldFds() const {
+  absl::MutexLock lock(&held_mu_);
+  std::vector<NamedFd> out;
+  for (const Held& h : held_) {
+    UniqueFd fd(fcntl(h.fd, F_DUPFD_CLOEXEC, 3));
+    if (!fd.valid()) continue;
+    out.push_back(
+        {absl::StrFormat("%s%d", kHoldFdPrefix, h.hold_id), std::move(fd)});
+  }
+  return out;
 }
 
 }  // namespace shmtensor::daemon

@@ -38,13 +38,19 @@
 #include <string>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/os/peer.h"
 #include "daemon/os/sd_daemon.h"
 #include "daemon/store/object_store.h"
 
 namespace shmtensor::daemon {
+
+// FDNAME prefix of a fork hold's connection (+ its id) handed to a
+// successor or systemd's store.
+inline constexpr char kHoldFdPrefix[] = "shmtensor.hold.";
 
 // Longest DescriptorRequest accepted, bytes.
 // (A take-over names up to kMaxPools pools.)
@@ -94,6 +100,12 @@ class DescriptorServer {
   }
   // The listening socket, for a successor.
   int listen_fd() const { return listen_fd_.get(); }
+  // Fork holds' connections, for a successor: copies, named
+  // kHoldFdPrefix<hold id>. Thread-safe.
+  std::vector<NamedFd> HoldFds() const;
+  // Watches `fd`, a predecessor's connection of fork hold `hold_id`, as
+  // its own: the hold ends when the children's ends close. Before Start.
+  void AdoptHold(UniqueFd fd, uint64_t hold_id);
 
   // Requests answered with descriptors, and connections refused or closed
   // without any (bad request, refused, timed out, over a bound). Logged at
@@ -124,6 +136,14 @@ class DescriptorServer {
   std::atomic<uint64_t> granted_{0};
   std::atomic<uint64_t> refused_{0};
   TakeOverHandler take_over_;
+  // Connections that carry a fork hold: open until the client's end
+  // closes (each fd owned).
+  struct Held {
+    int fd;
+    uint64_t hold_id;
+  };
+  mutable absl::Mutex held_mu_;
+  std::vector<Held> held_ ABSL_GUARDED_BY(held_mu_);
   std::thread thread_;
 };
 

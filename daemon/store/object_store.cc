@@ -305,10 +305,20 @@ absl::StatusOr<ForkHoldGrant> ObjectStore::HoldForFork(uint64_t session_id,
   return ForkHoldGrant{id, objects};
 }
 
+bool ObjectStore::ClaimForkHold(uint64_t hold_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = fork_holds_.find(hold_id);
+  if (it == fork_holds_.end() || !it->second.stranded) return false;
+  it->second.stranded = false;
+  stranded_hold_bytes_ -= it->second.bytes;
+  return true;
+}
+
 void ObjectStore::EndForkHold(uint64_t hold_id) {
   absl::MutexLock lock(&mu_);
   auto it = fork_holds_.find(hold_id);
   if (it == fork_holds_.end()) return;
+  if (it->second.stranded) stranded_hold_bytes_ -= it->second.bytes;
   ForkHold hold = std::move(it->second);
   fork_holds_.erase(it);
   if (ledger_ != nullptr) ledger_->DropForkHold(hold_id);
@@ -578,6 +588,7 @@ absl::Status ObjectStore::Restore(LedgerState state) {
         }
         hold.slots.push_back(p.slot);
         hold.bytes += p.bytes;
+        hold.stranded = true;
         stranded_hold_bytes_ += p.bytes;
       }
     }

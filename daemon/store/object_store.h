@@ -182,6 +182,11 @@ class ObjectStore {
       std::vector<std::unique_ptr<Pool>> pools, StoreLimits limits,
       std::unique_ptr<Ledger> ledger, LedgerState state);
 
+  // Fork hold `hold_id`, adopted from a predecessor, is watched again (its
+  // connection was handed over): it ends with its children, no longer
+  // stranded. False, changing nothing, for a hold not adopted.
+  bool ClaimForkHold(uint64_t hold_id);
+
   // The ledger's descriptor (-1 without one): what goes to a successor.
   int ledger_fd() const { return ledger_ == nullptr ? -1 : ledger_->fd(); }
   AdoptedState adopted() const;
@@ -494,6 +499,8 @@ class ObjectStore {
     uint64_t session_id = 0;  // Who took it (may have ended since).
     std::vector<uint32_t> slots;
     uint64_t bytes = 0;  // Their capacity, charged to `uid`.
+    // Adopted from a predecessor without its connection: nothing ends it.
+    bool stranded = false;
   };
   absl::flat_hash_map<uint64_t, ForkHold> fork_holds_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uid_t, uint64_t> fork_holds_per_uid_ ABSL_GUARDED_BY(mu_);

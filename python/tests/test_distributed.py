@@ -72,6 +72,21 @@ def _rank_main(rank, init_file, addresses, scenario, results, go):
                          "address": os.environ.get("SHMTENSOR_ADDRESS")})
             del t
             dist.barrier()
+        elif scenario == "takeover":
+            # A broadcast, then both nodes' daemons are taken over (the test
+            # does it while the ranks wait), then another.
+            x = (torch.arange(1 << 18, dtype=torch.float32)
+                 if rank == 0 else None)
+            t = sd.broadcast(x, src=0, name="before")
+            results.put({"rank": rank, "sum": float(t.double().sum())})
+            go.wait(60)
+            y = (torch.arange(1 << 18, dtype=torch.float32) * 2
+                 if rank == 0 else None)
+            u = sd.broadcast(y, src=0, name="after")
+            results.put({"rank": rank, "before": float(t.double().sum()),
+                         "after": float(u.double().sum())})
+            del t, u
+            dist.barrier()
         elif scenario == "mismatch":
             try:
                 sd.broadcast(torch.ones(4) if rank == 0 else None, src=0,
@@ -206,3 +221,14 @@ def test_ranks_without_a_daemon_share_one_their_lowest_rank_starts(nodes, tmp_pa
     finally:
         import shutil
         shutil.rmtree(run, ignore_errors=True)
+
+
+def test_broadcast_gives_the_same_data_across_a_take_over(nodes):
+    nodes.run("takeover")
+    expected = float(np.arange(1 << 18, dtype=np.float64).sum())
+    assert [r["sum"] for r in nodes.collect(WORLD)] == [expected] * WORLD
+    for d in nodes.daemons:
+        d.take_over()
+    nodes.go.set()
+    for r in nodes.collect(WORLD):
+        assert r["before"] == expected and r["after"] == 2 * expected, r

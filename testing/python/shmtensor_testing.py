@@ -109,6 +109,20 @@ class Daemon:
         finally:
             self.kill()
 
+    def take_over(self, timeout=30):
+        """Replaces the daemon by a new one started with --take-over (same
+        arguments): the old one hands everything over and exits 0, which
+        this waits for; then the new one serves."""
+        old = self.proc
+        self.proc = subprocess.Popen(list(old.args) + ["--take-over"],
+                                     preexec_fn=_die_with_parent)
+        assert old.wait(timeout=timeout) == 0, "the old daemon did not exit 0"
+        deadline = time.monotonic() + timeout
+        while not pool_memfds(self.proc.pid):
+            assert self.proc.poll() is None, "the new daemon exited"
+            assert time.monotonic() < deadline, "the new daemon never served"
+            time.sleep(0.01)
+
     def stop(self):
         """SIGTERM, then waits (30 s); returns the exit status."""
         if self.proc.poll() is None:

@@ -1,0 +1,320 @@
+// What surviving a restart costs and how long a restart is seen, in one run:
+//  1. The ledger's cost on the store's own work: an object's life (create,
+//     seal, get in a second session, release both) in a store that writes a
+//     ledger against one that does not, alternating rounds; the ratio.
+//  2. Adopting a ledger of N objects (100,000 by default), each held by a
+//     lease: Ledger::Adopt plus ObjectStore::Adopt.
+//  3. The gap clients see: a take-over and a SIGKILL restart through a
+//     descriptor store, 20 each, under a put/get load: from the moment the
+//     replacement starts (or the kill) to the load's next completed round.
+//     p50 and max.
+//
+//   restart_bench [--quick]
+//
+// Figures in docs/performance.md ("Restarts"); state the machine with them.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "daemon/memory/fake_segment.h"
+#include "daemon/store/object_store.h"
+#include "shmtensor/client.h"
+#include "spdlog/spdlog.h"
+#include "testing/cpp/daemon_process.h"
+
+namespace shmtensor {
+namespace {
+
+using daemon::FakeSegment;
+using daemon::Ledger;
+using daemon::LedgerState;
+using daemon::ObjectStore;
+using daemon::Pool;
+using daemon::PoolAccessRules;
+
+constexpr uint64_t kPoolBytes = uint64_t{8} << 30;
+
+std::vector<std::unique_ptr<Pool>> Pools() {
+  std::vector<std::unique_ptr<Pool>> pools;
+  pools.push_back(std::make_unique<Pool>(
+      "default", std::make_unique<FakeSegment>(kPoolBytes),
+      PoolAccessRules(geteuid())));
+  return pools;
+}
+
+std::unique_ptr<Ledger> NewLedger(uint64_t epoch, daemon::StoreLimits limits) {
+  return *Ledger::Create(epoch, {{"default", 1, kPoolBytes, 4096, 0}},
+                         daemon::LedgerCapacityFor(limits));
+}
+
+daemon::PeerInfo Me() {
+  const pid_t pid = getpid();
+  return daemon::PeerInfo{
+      {pid, geteuid(), getegid()},
+      // Alive: a successor keeps the session.
+      daemon::OwnerKey{geteuid(), pid, *daemon::ProcessStartTime(pid)},
+      nullptr,
+      ""};
+}
+
+// ns per object life in `store`.
+double Lives(ObjectStore& store, int n) {
+  const uint64_t a = store.OpenSession("a", Me())->id;
+  const uint64_t b = store.OpenSession("b", Me())->id;
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < n; ++i) {
+    daemon::CreateArgs args;
+    args.session_id = a;
+    args.size_bytes = 65536;
+    daemon::Handout h = *store.Create(args);
+    (void)store.ClearStale(a, h);
+    daemon::SealResult sealed = *store.Seal(a, h.lease_id, false);
+    daemon::Handout got = *store.Get(b, sealed.ref);
+    (void)store.Release(b, got.lease_id);
+    (void)store.Release(a, h.lease_id);
+  }
+  const double ns = absl::ToDoubleNanoseconds(absl::Now() - start) / n;
+  store.EndSession(a);
+  store.EndSession(b);
+  return ns;
+}
+
+void LedgerCost(bool quick) {
+  const int n = quick ? 20000 : 200000;
+  std::vector<double> with, without;
+  for (int round = 0; round < 5; ++round) {
+    ObjectStore plain(Pools(), 1);
+    without.push_back(Lives(plain, n));
+    ObjectStore journaled(Pools(), 2, {}, NewLedger(2, {}));
+    with.push_back(Lives(journaled, n));
+  }
+  std::sort(with.begin(), with.end());
+  std::sort(without.begin(), without.end());
+  std::printf(
+      "1. An object's life in the store (create, seal, get elsewhere, release "
+      "both), median of 5 rounds of %d\n"
+      "   | without a ledger | with | ratio |\n   | --- | --- | --- |\n"
+      "   | %.0f ns | %.0f ns | %.3f |\n\n",
+      n, without[2], with[2], with[2] / without[2]);
+}
+
+void Adoption(int objects) {
+  ObjectStore old(Pools(), 3, {}, NewLedger(3, {}));
+  const int ledger_fd = old.ledger_fd();
+  const uint64_t a = old.OpenSession("a", Me())->id;
+  for (int i = 0; i < objects; ++i) {
+    daemon::CreateArgs args;
+    args.session_id = a;
+    args.size_bytes = 4096;
+    daemon::Handout h = *old.Create(args);
+    (void)old.ClearStale(a, h);
+    (void)old.Seal(a, h.lease_id, false);
+  }
+  const absl::Time start = absl::Now();
+  LedgerState state;
+  absl::StatusOr<std::unique_ptr<Ledger>> ledger = Ledger::Adopt(
+      daemon::UniqueFd(fcntl(ledger_fd, F_DUPFD_CLOEXEC, 3)), &state);
+  const absl::Duration read = absl::Now() - start;
+  absl::StatusOr<std::unique_ptr<ObjectStore>> next =
+      ObjectStore::Adopt(Pools(), {}, *std::move(ledger), std::move(state));
+  const absl::Duration all = absl::Now() - start;
+  std::printf(
+      "2. Adopting a ledger of %d objects, each with a lease: %s (reading "
+      "and checking the ledger %s); %s\n\n",
+      objects, absl::FormatDuration(all).c_str(),
+      absl::FormatDuration(read).c_str(),
+      next.ok() ? "adopted" : next.status().ToString().c_str());
+}
+
+// A put/get load from this process; `rounds` counts completed rounds.
+struct Load {
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> rounds{0};
+  std::atomic<uint64_t> failures{0};
+  std::thread thread;
+  explicit Load(const std::string& address) {
+    thread = std::thread([this, address] {
+      ClientOptions o;
+      o.address = address;
+      o.resume_timeout = absl::Seconds(30);
+      Client p = *Client::Connect(o);
+      Client c = *Client::Connect(o);
+      std::vector<uint8_t> data(65536, 1);
+      CreateOptions co;
+      co.size_bytes = data.size();
+      while (!stop) {
+        absl::StatusOr<SealedRef> ref = p.Put(data.data(), co);
+        if (!ref.ok() || !c.Get(ref->ref()).ok()) {
+          ++failures;
+          continue;
+        }
+        ++rounds;
+      }
+    });
+  }
+  ~Load() {
+    stop = true;
+    thread.join();
+  }
+  // Time until the next round completes after `since`.
+  absl::Duration NextRoundAfter(absl::Time since) {
+    const uint64_t seen = rounds.load();
+    while (rounds.load() == seen) absl::SleepFor(absl::Microseconds(100));
+    return absl::Now() - since;
+  }
+};
+
+std::string Summary(std::vector<absl::Duration> d) {
+  std::sort(d.begin(), d.end());
+  return absl::StrCat("p50 ", absl::FormatDuration(d[d.size() / 2]), ", max ",
+                      absl::FormatDuration(d.back()));
+}
+
+void TakeOverGap(int n) {
+  std::vector<std::unique_ptr<testing::DaemonProcess>> daemons;
+  daemons.push_back(*testing::DaemonProcess::Start({"--pool-size", "64MiB"}));
+  const std::string address = daemons.back()->address();
+  Load load(address);
+  load.NextRoundAfter(absl::Now());
+  std::vector<absl::Duration> gaps;
+  for (int i = 0; i < n; ++i) {
+    const absl::Time start = absl::Now();
+    absl::StatusOr<std::unique_ptr<testing::DaemonProcess>> next =
+        testing::DaemonProcess::Start({"--pool-size", "64MiB", "--take-over"},
+                                      address);
+    daemons.back()->process().Wait();
+    gaps.push_back(load.NextRoundAfter(start));
+    daemons.push_back(*std::move(next));
+  }
+  std::printf("   | take-over | %s | %llu |\n", Summary(gaps).c_str(),
+              static_cast<unsigned long long>(load.failures.load()));
+}
+
+// systemd's descriptor store, reduced to what the gap needs (the protocol
+// is tested byte for byte in tests/takeover_test.cc).
+void KillGap(int n) {
+  const std::string notify =
+      absl::StrCat("/tmp/shmtensor-bench-notify-", getpid());
+  unlink(notify.c_str());
+  const int sock = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, notify.c_str(), sizeof(addr.sun_path) - 1);
+  bind(sock, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  std::vector<std::pair<std::string, int>> stored;
+  const std::string address = testing::FreshAddress();
+  pid_t pid = 0;
+  auto start_daemon = [&] {
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    std::vector<std::string> names;
+    for (size_t i = 0; i < stored.size(); ++i) {
+      posix_spawn_file_actions_adddup2(&actions, stored[i].second,
+                                       3 + static_cast<int>(i));
+      names.push_back(stored[i].first);
+    }
+    posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+    std::vector<std::string> env = {
+        absl::StrCat("NOTIFY_SOCKET=", notify),
+        absl::StrCat("LISTEN_FDS=", stored.size()),
+        absl::StrCat("LISTEN_FDNAMES=", absl::StrJoin(names, ":"))};
+    std::vector<std::string> argv = {"/bin/sh",
+                                     "-c",
+                                     "LISTEN_PID=$$ exec \"$@\"",
+                                     "sh",
+                                     testing::DaemonPath(),
+                                     "--listen",
+                                     address,
+                                     "--pool-size",
+                                     "64MiB"};
+    std::vector<char*> args, envp;
+    for (auto& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    posix_spawn(&pid, args[0], &actions, nullptr, args.data(), envp.data());
+    posix_spawn_file_actions_destroy(&actions);
+    // Until READY=1, keeping what is stored.
+    while (true) {
+      char buf[1024];
+      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)];
+      iovec iov{buf, sizeof(buf)};
+      msghdr msg{};
+      msg.msg_iov = &iov;
+      msg.msg_iovlen = 1;
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof(control);
+      const ssize_t got = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+      if (got <= 0) continue;
+      const std::string text(buf, got);
+      for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+        int fd;
+        std::memcpy(&fd, CMSG_DATA(c), sizeof(int));
+        const size_t at = text.find("FDNAME=");
+        if (text.find("FDSTORE=1") != std::string::npos) {
+          stored.emplace_back(text.substr(at + 7), fd);
+        } else {
+          close(fd);
+        }
+      }
+      if (text.find("READY=1") != std::string::npos) break;
+    }
+  };
+  start_daemon();
+  {
+    Load load(address);
+    load.NextRoundAfter(absl::Now());
+    std::vector<absl::Duration> gaps;
+    for (int i = 0; i < n; ++i) {
+      const absl::Time start = absl::Now();
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+      start_daemon();
+      gaps.push_back(load.NextRoundAfter(start));
+    }
+    std::printf("   | SIGKILL restart (descriptor store) | %s | %llu |\n",
+                Summary(gaps).c_str(),
+                static_cast<unsigned long long>(load.failures.load()));
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  for (auto& [name, fd] : stored) close(fd);
+  close(sock);
+  unlink(notify.c_str());
+}
+
+}  // namespace
+}  // namespace shmtensor
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  spdlog::set_level(spdlog::level::warn);
+  std::printf("restart_bench%s\n\n", quick ? " --quick" : "");
+  shmtensor::LedgerCost(quick);
+  shmtensor::Adoption(quick ? 20000 : 100000);
+  std::printf(
+      "3. Gap a client sees (replacement started or daemon killed, to the "
+      "load's next completed put+get), %d each\n"
+      "   | how | gap | calls failed (UNAVAILABLE) |\n   | --- | --- | --- |\n",
+      quick ? 5 : 20);
+  shmtensor::TakeOverGap(quick ? 5 : 20);
+  shmtensor::KillGap(quick ? 5 : 20);
+  return 0;
+}
