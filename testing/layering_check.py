@@ -2,7 +2,7 @@
 """Checks that the tree keeps its layers: every quoted #include of the C++
 sources is allowed by the rules below, which are the architecture
 CONTRIBUTING.md draws (proto -> common -> {daemon, client} -> {python, ctl};
-inside the daemon os -> memory -> store -> server -> the top). Prints each
+inside the daemon os -> memory -> ledger -> store -> server -> the top). Prints each
 include that breaks a rule, naming the file, line and rule, and exits 1 if
 there is one.
 

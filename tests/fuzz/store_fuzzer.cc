@@ -8,6 +8,8 @@
 // Built two ways: with Debian's clang and libFuzzer (deploy/fuzz.sh, for
 // long campaigns) and, in the suite, with a driver that runs a bounded
 // number of generated programs (standalone_main.cc).
+#include <fcntl.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -81,6 +83,27 @@ void CheckBooks(const ObjectStore& store) {
   if (st.waiters() != 0) Broken("a waiter left behind");
 }
 
+// The ledger mirrors the store: a successor reading it now would find the
+// same live objects, capacities, leases and pending transfers.
+void CheckLedger(const ObjectStore& store) {
+  if (store.ledger_fd() < 0) return;
+  LedgerState state;
+  absl::StatusOr<std::unique_ptr<Ledger>> copy = Ledger::Adopt(
+      UniqueFd(fcntl(store.ledger_fd(), F_DUPFD_CLOEXEC, 3)), &state);
+  if (!copy.ok()) Broken("the ledger does not read back");
+  const v1::DaemonStatus st = store.Status();
+  uint64_t capacity = 0, pending = 0;
+  for (const LedgerObject& o : state.objects) {
+    capacity += o.capacity;
+    pending += o.state == 2;  // ObjectTable::State::kPendingTransfer
+  }
+  if (state.objects.size() != st.objects()) Broken("ledger objects differ");
+  if (capacity != st.pools(0).used_bytes()) Broken("ledger capacity differs");
+  if (state.leases.size() != st.leases()) Broken("ledger leases differ");
+  if (pending != st.pending_transfers()) Broken("ledger transfers differ");
+  if (state.sessions.size() != st.sessions()) Broken("ledger sessions differ");
+}
+
 void Run(const uint8_t* data, size_t size) {
   Input in(data, size);
   std::vector<std::unique_ptr<Pool>> pools;
@@ -98,7 +121,13 @@ void Run(const uint8_t* data, size_t size) {
   // With a grace, an untaken offer keeps its object past its session's end.
   const bool grace = in.Byte() % 2;
   limits.offer_grace_ms = grace ? 300000 : 0;
-  ObjectStore store(std::move(pools), 7, limits);
+  // Half the programs also write a ledger, checked against the store.
+  std::unique_ptr<Ledger> ledger;
+  if (in.Byte() % 2) {
+    ledger = *Ledger::Create(7, {{"default", 1, kPoolPages * kPage, kPage, 0}},
+                             LedgerCapacity{64, 1024, 64, 256});
+  }
+  ObjectStore store(std::move(pools), 7, limits, std::move(ledger));
   struct Client {
     uint64_t id = 0;
     uint64_t stream = 0;
@@ -278,7 +307,9 @@ void Run(const uint8_t* data, size_t size) {
       }
     }
     CheckBooks(store);
+    if (step % 64 == 0) CheckLedger(store);
   }
+  CheckLedger(store);
   // Everything ends: nothing may be left but named objects, then nothing.
   for (Client& c : clients) store.EndSession(c.id);
   for (uint64_t h : holds) store.EndForkHold(h);
