@@ -116,7 +116,9 @@ void LedgerCost(bool quick) {
 }
 
 void Adoption(int objects) {
-  ObjectStore old(Pools(), 3, {}, NewLedger(3, {}));
+  daemon::StoreLimits limits;
+  limits.max_leases_per_client = 0;  // One session holds them all.
+  ObjectStore old(Pools(), 3, limits, NewLedger(3, limits));
   const int ledger_fd = old.ledger_fd();
   const uint64_t a = old.OpenSession("a", Me())->id;
   for (int i = 0; i < objects; ++i) {
