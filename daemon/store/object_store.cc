@@ -378,7 +378,7 @@ void ObjectStore::TakeAdopted(uint64_t session_id, const OwnerKey& owner,
     sessions_.Rekey(adopted_id, session_id);
     Session& now = *sessions_.FindOrNull(session_id);
     for (uint64_t lease : now.leases) leases_.SetSession(lease, session_id);
-    for (uint32_t slot : adopted_created_[adopted_id]) {
+    for (uint32_t slot : adopted_created_[adopted_id].slots) {
       if (objects_.live(slot) && objects_.object(slot).creator == adopted_id) {
         objects_.object(slot).creator = session_id;
       }
@@ -467,8 +467,9 @@ absl::Status ObjectStore::Restore(LedgerState state) {
       }
       const uint64_t id = sessions_.Restore(std::move(s));
       by_client[ls.client_id] = id;
-      adopted_[std::string(ls.id_hash.begin(), ls.id_hash.end())] = id;
-      adopted_created_[id];
+      std::string hash(ls.id_hash.begin(), ls.id_hash.end());
+      adopted_[hash] = id;
+      adopted_created_[id].hash = std::move(hash);
       if (!alive) gone.push_back(id);
     }
     auto session_of = [&](uint64_t client_id) -> uint64_t {
@@ -512,7 +513,7 @@ absl::Status ObjectStore::Restore(LedgerState state) {
       obj.nonce = lo.nonce;
       objects_.Restore(lo.slot, lo.generation, std::move(obj));
       if (const uint64_t c = session_of(lo.creator); c != 0) {
-        adopted_created_[c].push_back(lo.slot);
+        adopted_created_[c].slots.push_back(lo.slot);
       }
       ++pool.objects;
       pool.high_water_bytes =
@@ -702,13 +703,8 @@ void ObjectStore::EndSession(uint64_t session_id) {
   }
   for (const OfferTable::Offer& offer : offers_.Expire(now)) EndOffer(offer);
   if (auto a = adopted_created_.find(session_id); a != adopted_created_.end()) {
+    adopted_.erase(a->second.hash);
     adopted_created_.erase(a);
-    for (auto it = adopted_.begin(); it != adopted_.end(); ++it) {
-      if (it->second == session_id) {
-        adopted_.erase(it);
-        break;
-      }
-    }
   }
   sessions_.Close(session_id);
   // Waiters of this session (a Create for memory, a Get for a name) give up

@@ -508,10 +508,14 @@ class ObjectStore {
   OfferTable offers_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Ledger> ledger_ ABSL_GUARDED_BY(mu_);
   // Adopted sessions not yet resumed: by the hash of their id (what the
-  // ledger keeps), the id they are open under meanwhile; and the slots
-  // each created (whose creator a resume renames).
+  // ledger keeps), the id they are open under meanwhile; and by that id,
+  // the hash and the slots each created (whose creator a resume renames).
   absl::flat_hash_map<std::string, uint64_t> adopted_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint64_t, std::vector<uint32_t>> adopted_created_
+  struct AdoptedSession {
+    std::string hash;
+    std::vector<uint32_t> slots;
+  };
+  absl::flat_hash_map<uint64_t, AdoptedSession> adopted_created_
       ABSL_GUARDED_BY(mu_);
   // Fork holds adopted from a predecessor: nothing tells when their
   // children exit, so they keep their objects for this daemon's life.
