@@ -511,6 +511,7 @@ absl::StatusOr<std::unique_ptr<Ledger>> Ledger::Adopt(UniqueFd fd,
     p.bytes = r->bytes;
     p.expires_ns = r->expires_ns.load(std::memory_order_acquire);
     out.pins.push_back(p);
+    ++ledger->pins_used_;
     if (p.kind == LedgerPin::kOffer) {
       ledger->offer_at_[key] = i;
     } else {
@@ -601,9 +602,7 @@ bool Ledger::has_session_room() const {
   return session_at_.size() < capacity_.sessions;
 }
 bool Ledger::has_pin_room(size_t n) const {
-  size_t used = offer_at_.size();
-  for (const auto& [id, at] : hold_at_) used += at.size();
-  return used + n <= capacity_.pins;
+  return pins_used_ + n <= capacity_.pins;
 }
 
 void Ledger::AddLease(const LedgerLease& lease) {
@@ -684,6 +683,7 @@ void Ledger::AddPin(const LedgerPin& pin) {
   r->bytes = pin.bytes;
   r->expires_ns.store(pin.expires_ns, std::memory_order_relaxed);
   r->word.store(pin.key, std::memory_order_release);
+  ++pins_used_;
   if (pin.kind == LedgerPin::kOffer) {
     offer_at_[pin.key] = i;
   } else {
@@ -697,6 +697,7 @@ void Ledger::DropOffer(uint64_t token) {
   At<L::PinRecord>(base_, tables_[L::kPins], it->second)
       ->word.store(0, std::memory_order_release);
   free_pins_.push_back(it->second);
+  --pins_used_;
   offer_at_.erase(it);
 }
 
@@ -707,6 +708,7 @@ void Ledger::DropForkHold(uint64_t hold_id) {
     At<L::PinRecord>(base_, tables_[L::kPins], i)
         ->word.store(0, std::memory_order_release);
     free_pins_.push_back(i);
+    --pins_used_;
   }
   hold_at_.erase(it);
 }

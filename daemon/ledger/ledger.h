@@ -224,6 +224,7 @@ class Ledger {
   absl::flat_hash_map<uint64_t, uint32_t> offer_at_;
   absl::flat_hash_map<uint64_t, std::vector<uint32_t>> hold_at_;
   std::vector<uint32_t> free_pins_;
+  size_t pins_used_ = 0;  // Live pin records (offers and held objects).
   uint64_t reserved_[3] = {0, 0, 0};  // Lease ids, serials, fork holds.
 };
 
