@@ -48,11 +48,15 @@ ObjectInfo MakeInfo(const internal::ClientCore& core, const v1::ObjectRef& ref,
   return info;
 }
 
-// Builds the lease for a handout: for a host pool, opening the writable
+// Builds the lease for a handout that a call on connection `generation`
+// returned (ClientCore::HoldLease): for a host pool, opening the writable
 // range if needed; for a CUDA pool, mapping the pool on first use.
 absl::StatusOr<std::shared_ptr<internal::Lease>> MakeLease(
     const std::shared_ptr<internal::ClientCore>& core, uint64_t lease_id,
-    const v1::Placement& placement, bool writable) {
+    const v1::Placement& placement, bool writable, uint64_t generation) {
+  if (absl::Status s = core->HoldLease(lease_id, generation); !s.ok()) {
+    return s;
+  }
   const absl::StatusOr<Device> device = core->PoolDevice(placement.pool_id());
   absl::StatusOr<uint8_t*> data = absl::UnknownError("unset");
   if (!device.ok()) {
@@ -88,10 +92,10 @@ absl::StatusOr<std::shared_ptr<internal::Lease>> MakeLease(
 
 absl::StatusOr<View> ViewFromResponse(
     const std::shared_ptr<internal::ClientCore>& core,
-    const v1::GetResponse& resp, bool want_writable) {
+    const v1::GetResponse& resp, bool want_writable, uint64_t generation) {
   const bool writable = resp.writable() && want_writable;
   absl::StatusOr<std::shared_ptr<internal::Lease>> lease =
-      MakeLease(core, resp.lease_id(), resp.placement(), writable);
+      MakeLease(core, resp.lease_id(), resp.placement(), writable, generation);
   if (!lease.ok()) return lease.status();
   // Writable and not an exclusive take: a shared-writable object.
   if (writable && !resp.ref().exclusive()) (*lease)->MarkSharedWritable();
@@ -157,15 +161,16 @@ absl::StatusOr<Created> CreateObject(
     pool = *std::move(on);
   }
   Created c;
+  uint64_t generation = 0;
   if (absl::Status s = core->CallAfterReleases(
           &v1::ObjectStore::Stub::Create,
           MakeCreateRequest(*core, options, pool), &c.resp,
-          options.timeout + internal::kRpcDeadline);
+          options.timeout + internal::kRpcDeadline, &generation);
       !s.ok()) {
     return s;
   }
-  absl::StatusOr<std::shared_ptr<internal::Lease>> lease =
-      MakeLease(core, c.resp.lease_id(), c.resp.placement(), writable);
+  absl::StatusOr<std::shared_ptr<internal::Lease>> lease = MakeLease(
+      core, c.resp.lease_id(), c.resp.placement(), writable, generation);
   if (!lease.ok()) return lease.status();
   c.lease = *std::move(lease);
   if (options.shared_writable) c.lease->MarkSharedWritable();
@@ -246,12 +251,14 @@ absl::StatusOr<View> Client::GetRef(const ObjectRef& ref, bool writable,
   *req.mutable_ref() = ToProto(ref);
   req.set_offer_token(offer_token);
   v1::GetResponse resp;
-  if (absl::Status s = core_->CallAfterReleases(&v1::ObjectStore::Stub::Get,
-                                                std::move(req), &resp);
+  uint64_t generation = 0;
+  if (absl::Status s =
+          core_->CallAfterReleases(&v1::ObjectStore::Stub::Get, std::move(req),
+                                   &resp, internal::kRpcDeadline, &generation);
       !s.ok()) {
     return s;
   }
-  return ViewFromResponse(core_, resp, writable);
+  return ViewFromResponse(core_, resp, writable, generation);
 }
 
 absl::StatusOr<View> Client::Get(std::string_view name,
@@ -261,13 +268,14 @@ absl::StatusOr<View> Client::Get(std::string_view name,
   req.set_name(std::string(name));
   req.set_timeout_ms(ToMillis(timeout));
   v1::GetResponse resp;
+  uint64_t generation = 0;
   if (absl::Status s =
           core_->CallAfterReleases(&v1::ObjectStore::Stub::Get, std::move(req),
-                                   &resp, timeout + kWaitMargin);
+                                   &resp, timeout + kWaitMargin, &generation);
       !s.ok()) {
     return s;
   }
-  return ViewFromResponse(core_, resp, false);
+  return ViewFromResponse(core_, resp, false, generation);
 }
 
 absl::Status Client::Delete(std::string_view name) {

@@ -24,6 +24,7 @@
 #include "absl/strings/str_join.h"
 #include "client/daemon_socket.h"
 #include "client/fork_guard.h"
+#include "client/lease.h"
 #include "client/lease_registry.h"
 #include "client/pool_descriptors.h"
 #include "shmtensor/defaults.h"
@@ -152,7 +153,8 @@ ClientCore::Connection::~Connection() {
 
 absl::StatusOr<std::shared_ptr<ClientCore::Connection>>
 ClientCore::OpenConnection(uint64_t resume_id, absl::Duration timeout,
-                           v1::SessionOpened* opened) {
+                           v1::SessionOpened* opened,
+                           const v1::OpenSession* account) {
   // A resume connects briefly, so its caller can look whether the address
   // still has a socket between tries.
   const absl::Duration connect_for =
@@ -165,6 +167,10 @@ ClientCore::OpenConnection(uint64_t resume_id, absl::Duration timeout,
   // once, and a late ping answer must never cost the session.
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, INT_MAX);
   auto conn = std::make_shared<Connection>();
+  {
+    std::lock_guard<std::mutex> lock(held_mu_);
+    conn->generation = held_generation_;
+  }
   conn->probe = fcntl(*fd, F_DUPFD_CLOEXEC, 3);
   // The channel owns the socket from here on (closed with the channel).
   conn->channel =
@@ -173,6 +179,7 @@ ClientCore::OpenConnection(uint64_t resume_id, absl::Duration timeout,
   conn->session_ctx = std::make_unique<grpc::ClientContext>();
   conn->session = conn->stub->Session(conn->session_ctx.get());
   v1::SessionRequest open;
+  if (account != nullptr) *open.mutable_open() = *account;
   open.mutable_open()->set_client_name(client_name_);
   open.mutable_open()->set_resume_session_id(resume_id);
   open.mutable_open()->set_read_only(read_only_);
@@ -397,11 +404,28 @@ absl::Status ClientCore::Resume(const std::shared_ptr<Connection>& broken,
       "this call may or may not have taken effect)"));
 }
 
-absl::Status ClientCore::ResumeLocked(
-    const std::shared_ptr<Connection>& broken) {
+absl::Status ClientCore::ResumeLocked(const std::shared_ptr<Connection>& broken,
+                                      bool* reconciled) {
+  if (reconciled != nullptr) *reconciled = false;
   // Another thread resumed it already, or its failed resume ended it.
   if (std::shared_ptr<Connection> now = CurrentConnection(); now != broken) {
     return now != nullptr ? absl::OkStatus() : Ended();
+  }
+  // The account of the leases held, taken before the new connection: from
+  // here on a lease a call on the old one returns is not the session's
+  // (HoldLease), and every release sent so far is in releases_through
+  // (write_mu_ is held, so none is being sent).
+  v1::OpenSession account;
+  account.set_present_leases(true);
+  {
+    std::lock_guard<std::mutex> lock(held_mu_);
+    ++held_generation_;
+    account.mutable_held_lease_ids()->Reserve(held_.size());
+    for (const auto& [id, lease] : held_) account.add_held_lease_ids(id);
+  }
+  {
+    std::lock_guard<std::mutex> lock(releases_mu_);
+    account.set_releases_through(releases_sent_);
   }
   v1::SessionOpened opened;
   // The daemon may be being replaced: try again with back-off until the
@@ -415,8 +439,8 @@ absl::Status ClientCore::ResumeLocked(
   while (true) {
     const absl::Duration left =
         std::max(deadline - absl::Now(), absl::Milliseconds(250));
-    conn =
-        OpenConnection(session_id_, std::min(left, absl::Seconds(30)), &opened);
+    conn = OpenConnection(session_id_, std::min(left, absl::Seconds(30)),
+                          &opened, &account);
     if (conn.ok() || !absl::IsUnavailable(conn.status())) break;
     const absl::Time now = absl::Now();
     if (now >= deadline) break;
@@ -437,9 +461,17 @@ absl::Status ClientCore::ResumeLocked(
     failed = absl::FailedPreconditionError(
         "the daemon restarted (another instance answers)");
   }
-  if (failed.ok()) {
-    // Send again what the daemon had not applied, in order, before any
-    // other release (write_mu_ is held).
+  if (failed.ok() && opened.leases_reconciled()) {
+    // Every release sent is settled; the leases the daemon does not hold
+    // are dropped here (never released: their bytes may be reused).
+    {
+      std::lock_guard<std::mutex> lock(releases_mu_);
+      unconfirmed_releases_.clear();
+    }
+    DropRefused(opened);
+  } else if (failed.ok()) {
+    // A daemon that does not reconcile: send again what it had not
+    // applied, in order, before any other release (write_mu_ is held).
     std::lock_guard<std::mutex> lock(releases_mu_);
     for (const auto& [seq, lease_id] : unconfirmed_releases_) {
       if (seq <= opened.releases_applied()) continue;
@@ -471,6 +503,7 @@ absl::Status ClientCore::ResumeLocked(
         kReasonSessionEnded);
   }
   conn_ = *std::move(conn);
+  if (reconciled != nullptr) *reconciled = opened.leases_reconciled();
   if (!opened.descriptor_secret().empty() &&
       opened.descriptor_secret() != descriptor_secret_) {
     // A successor daemon gave the session a new one (fork holds need it).
@@ -588,19 +621,91 @@ void ClientCore::FlushGpuReleases() {
   if (r != nullptr) r->Flush();
 }
 
+absl::Status ClientCore::HoldLease(uint64_t lease_id, uint64_t generation) {
+  {
+    std::lock_guard<std::mutex> lock(held_mu_);
+    if (generation == held_generation_) {
+      held_.emplace(lease_id, nullptr);
+      return absl::OkStatus();
+    }
+  }
+  // A resume began after the call was sent and did not present the lease:
+  // the daemon dropped it, or (a stream replaced while its daemon served
+  // on) may still grant it; release it to be sure.
+  std::lock_guard<std::mutex> lock(write_mu_);
+  SendReleaseLocked(lease_id).IgnoreError();
+  return absl::UnavailableError(absl::StrCat(
+      "the connection to shmtensord at ", address_, " broke while lease ",
+      lease_id,
+      " was on its way; the session was resumed without it (call again)"));
+}
+
+void ClientCore::ForgetLease(uint64_t lease_id) {
+  std::lock_guard<std::mutex> lock(held_mu_);
+  held_.erase(lease_id);
+}
+
+void ClientCore::LeaseMade(Lease* lease) {
+  live_leases_.fetch_add(1, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(held_mu_);
+  auto it = held_.find(lease->id());
+  if (it == held_.end()) {
+    lease->MarkLost();  // Refused by a resume since HoldLease.
+  } else {
+    it->second = lease;
+  }
+}
+
+void ClientCore::DropRefused(const v1::SessionOpened& opened) {
+  if (opened.refused_lease_ids().empty()) return;
+  int in_use = 0;
+  {
+    std::lock_guard<std::mutex> lock(held_mu_);
+    for (uint64_t id : opened.refused_lease_ids()) {
+      auto it = held_.find(id);
+      if (it == held_.end()) continue;
+      // One being released (its unary Release applied, its answer lost in
+      // the break) is no loss.
+      if (it->second == nullptr || it->second->MarkLost()) ++in_use;
+      held_.erase(it);
+    }
+  }
+  if (in_use == 0) return;
+  // Not expected: the daemon records each lease before it answers. Say so
+  // once per resume, since views of these leases may now change.
+  std::fprintf(stderr,
+               "shmtensor: pid %d: shmtensord at %s resumed client %llu "
+               "without %d of the leases it holds; views of them may see "
+               "their bytes reused, and export no more\n",
+               static_cast<int>(getpid()), address_.c_str(),
+               static_cast<unsigned long long>(client_id_), in_use);
+}
+
 absl::Status ClientCore::ReleaseLease(uint64_t lease_id) {
   if (absl::Status s = CheckOwner(); !s.ok()) return s;
+  std::lock_guard<std::mutex> lock(write_mu_);
+  {
+    std::lock_guard<std::mutex> held(held_mu_);
+    // Lost (a resume found the daemon does not hold it): nothing to send.
+    if (held_.erase(lease_id) == 0) return absl::OkStatus();
+  }
+  return SendReleaseLocked(lease_id);
+}
+
+absl::Status ClientCore::SendReleaseLocked(uint64_t lease_id) {
   v1::SessionRequest req;
   req.mutable_release()->add_lease_ids(lease_id);
-  std::lock_guard<std::mutex> lock(write_mu_);
   const uint64_t seq = releases_sent_ + 1;
   req.mutable_release()->set_seq(seq);
   std::shared_ptr<Connection> conn = CurrentConnection();
   if (conn == nullptr) return Ended();
   if (!conn->session->Write(req)) {
-    // The connection broke: resume (which sends again what the daemon had
-    // not applied) and send this one on the new stream.
-    if (absl::Status s = ResumeLocked(conn); !s.ok()) return s;
+    // The connection broke: resume. A daemon that reconciles drops the
+    // lease (the account no longer names it); another gets this release
+    // again on the new stream, after those it had not applied.
+    bool reconciled = false;
+    if (absl::Status s = ResumeLocked(conn, &reconciled); !s.ok()) return s;
+    if (reconciled) return absl::OkStatus();
     conn = CurrentConnection();
     if (conn == nullptr || !conn->session->Write(req)) return Ended();
   }

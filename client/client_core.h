@@ -7,8 +7,9 @@
 // (to a daemon that restarted, say). When a call or a release finds the
 // connection broken, the core connects again and resumes its session
 // (OpenSession.resume_session_id; the daemon kept every lease, since this
-// process lives and may map its views) and sends again the releases the
-// daemon had not applied. The daemon may be another instance of the same
+// process lives and may map its views), presenting the leases it holds for
+// the daemon to reconcile with its own (docs/shm_layout.md, "Resuming a
+// session"; HoldLease). The daemon may be another instance of the same
 // daemon by then (a take-over, a reload, a restart through systemd's
 // descriptor store: same epoch, same pools, docs/operations.md): the core
 // tries again with back-off for the resume timeout while the address has
@@ -49,6 +50,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "client/cuda_api.h"
@@ -60,6 +62,8 @@
 #include "shmtensor/view.h"
 
 namespace shmtensor::internal {
+
+class Lease;
 
 // Deadline of calls that do not wait for anything.
 inline constexpr absl::Duration kRpcDeadline = absl::Seconds(30);
@@ -99,8 +103,22 @@ class ClientCore {
   uint64_t client_id() const { return client_id_; }
   // True in a child process that inherited this core across fork().
   bool inherited() const;
-  // Counted by each Lease for its life (what a fork hold is for).
-  void LeaseMade() { live_leases_.fetch_add(1, std::memory_order_relaxed); }
+  // The leases this process holds, as it presents them when it resumes the
+  // session (OpenSession.present_leases; docs/shm_layout.md, "Resuming a
+  // session"). A lease id a call returned is entered by HoldLease before
+  // anything uses it, with the generation of the connection that carried
+  // the call (Call's `generation`): UNAVAILABLE, and not entered, when a
+  // resume began since (the daemon dropped the lease, or will: the resume
+  // did not present it). It leaves by ReleaseLease (which sends its
+  // release), ForgetLease (the daemon consumed it: an exclusive seal), or a
+  // resume that finds the daemon does not hold it (the Lease is then
+  // marked lost: Lease::MarkLost).
+  absl::Status HoldLease(uint64_t lease_id, uint64_t generation);
+  void ForgetLease(uint64_t lease_id);
+  // Counted by each Lease for its life (what a fork hold is for); LeaseMade
+  // also binds the Lease to its held id (marking it lost if a resume
+  // refused the id meanwhile).
+  void LeaseMade(Lease* lease);
   void LeaseGone() { live_leases_.fetch_sub(1, std::memory_order_relaxed); }
   // FAILED_PRECONDITION naming the owner pid if inherited(), else OK.
   absl::Status CheckOwner() const;
@@ -135,11 +153,14 @@ class ClientCore {
   // outcome to an absl::Status carrying the error reason.
   // A call that finds the connection broken fails UNAVAILABLE and resumes
   // the session for the next one (see the class comment).
+  // `generation`, when given, receives the generation of the connection
+  // that carried the call (for HoldLease).
   template <typename Req, typename Resp>
   absl::Status Call(grpc::Status (v1::ObjectStore::Stub::*method)(
                         grpc::ClientContext*, const Req&, Resp*),
                     const Req& req, Resp* resp,
-                    absl::Duration timeout = kRpcDeadline) {
+                    absl::Duration timeout = kRpcDeadline,
+                    uint64_t* generation = nullptr) {
     if (absl::Status s = CheckOwner(); !s.ok()) return s;
     std::shared_ptr<Connection> conn = CurrentConnection();
     if (conn == nullptr) return Ended();
@@ -151,6 +172,7 @@ class ClientCore {
       conn = CurrentConnection();
       if (conn == nullptr) return Ended();
     }
+    if (generation != nullptr) *generation = conn->generation;
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
     grpc::Status st = (conn->stub.get()->*method)(&ctx, req, resp);
@@ -176,12 +198,13 @@ class ClientCore {
   absl::Status CallAfterReleases(grpc::Status (v1::ObjectStore::Stub::*method)(
                                      grpc::ClientContext*, const Req&, Resp*),
                                  Req req, Resp* resp,
-                                 absl::Duration timeout = kRpcDeadline) {
+                                 absl::Duration timeout = kRpcDeadline,
+                                 uint64_t* generation = nullptr) {
     // Before StampReleases: in a child process (fork) the lock it takes
     // may have been held by a parent thread that is gone.
     if (absl::Status s = CheckOwner(); !s.ok()) return s;
     StampReleases(&req);
-    absl::Status s = Call(method, req, resp, timeout);
+    absl::Status s = Call(method, req, resp, timeout, generation);
     if (s.ok()) ConfirmReleases(req.releases_through());
     return s;
   }
@@ -202,6 +225,9 @@ class ClientCore {
     // call. No thread waits in gRPC for it: a fork while a thread is inside
     // a gRPC call is unsafe (fork_guard.h).
     int probe = -1;
+    // held_generation_ when it was made: a lease a call on it returned is
+    // the session's only if no resume began since (HoldLease).
+    uint64_t generation = 0;
     // Ends the stream and lets go of the channel.
     ~Connection();
   };
@@ -211,8 +237,10 @@ class ClientCore {
   // and opens the session stream: a new session (resume_id 0) or a resumed
   // one. Fills session_id_ etc. for a new session; returns the daemon's
   // SessionOpened.
+  // A resume presents `account` (OpenSession.present_leases), when given.
   absl::StatusOr<std::shared_ptr<Connection>> OpenConnection(
-      uint64_t resume_id, absl::Duration timeout, v1::SessionOpened* opened);
+      uint64_t resume_id, absl::Duration timeout, v1::SessionOpened* opened,
+      const v1::OpenSession* account = nullptr);
   // The connection in use; null once the session has ended.
   std::shared_ptr<Connection> CurrentConnection() const;
   // Whether `conn`'s socket was hung up by the daemon (one poll(2) with no
@@ -226,9 +254,17 @@ class ClientCore {
   // the core is ended). `cause` is what the broken call got.
   absl::Status Resume(const std::shared_ptr<Connection>& broken,
                       const grpc::Status& cause);
-  // Resume with write_mu_ held: also sends again, on the new stream, every
-  // release the daemon had not applied. OK when resumed.
-  absl::Status ResumeLocked(const std::shared_ptr<Connection>& broken);
+  // Resume with write_mu_ held: presents the leases held; when the daemon
+  // reconciles them (`*reconciled`, when given, says so), drops those it
+  // refused, else sends again, on the new stream, every release the daemon
+  // had not applied. OK when resumed.
+  absl::Status ResumeLocked(const std::shared_ptr<Connection>& broken,
+                            bool* reconciled = nullptr);
+  // The leases a reconciling resume refused: marked lost and no longer held.
+  void DropRefused(const v1::SessionOpened& opened);
+  // Sends one ReleaseLeases for `lease_id` (write_mu_ is held), resuming
+  // once if the stream broke.
+  absl::Status SendReleaseLocked(uint64_t lease_id);
   // The error of every call once the session ended (reason SESSION_ENDED):
   // UNAVAILABLE when the daemon is gone, FAILED_PRECONDITION otherwise.
   absl::Status Ended() const;
@@ -299,6 +335,12 @@ class ClientCore {
   // by releases_mu_.
   static constexpr size_t kMaxCarriedReleases = 64;
   std::deque<std::pair<uint64_t, uint64_t>> unconfirmed_releases_;
+  // The leases held (HoldLease), each with its Lease once made (null
+  // before), and the generation: bumped by each resume as it takes its
+  // account of them. Lock order: write_mu_, then held_mu_.
+  std::mutex held_mu_;
+  absl::flat_hash_map<uint64_t, Lease*> held_;
+  uint64_t held_generation_ = 0;
   // By pool id; a pool the session may not use is a default PoolInfo
   // (access POOL_ACCESS_UNSPECIFIED).
   std::vector<v1::PoolInfo> pools_;

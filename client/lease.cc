@@ -2,8 +2,10 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "client/lease_address.h"
 #include "client/lease_registry.h"
+#include "shmtensor/errors.h"
 
 namespace shmtensor::internal {
 
@@ -22,6 +24,7 @@ bool Lease::ClosesAtOnce(WriteRevocation revocation,
 }
 
 void* LeaseAddress(const Lease& lease) { return lease.data(); }
+absl::Status LeaseHeld(const Lease& lease) { return lease.CheckHeld(); }
 
 void Lease::Register() {
   if (access_ != Access::kRead || device_.is_cuda() ||
@@ -87,6 +90,7 @@ Lease::~Lease() {
   if (core_->inherited()) return;  // The parent's lease, not ours to drop.
   CloseWritableRange();
   if (!held_) return;
+  releasing_.store(true, std::memory_order_release);
   if (device_.is_cuda()) {
     core_->ReleaseAfter(RecordFence(), id_);
     return;
@@ -101,11 +105,39 @@ absl::Status Lease::ReleaseNow() {
   CloseWritableRange();
   if (device_.is_cuda()) RecordFence().Wait().IgnoreError();
   held_ = false;
+  releasing_.store(true, std::memory_order_release);
+  if (lost()) return absl::OkStatus();  // The daemon holds it no more.
   v1::ReleaseRequest req;
   req.set_session_id(core_->session_id());
   req.set_lease_id(id_);
   v1::ReleaseResponse resp;
-  return core_->Call(&v1::ObjectStore::Stub::Release, req, &resp);
+  // Still held while the call is on its way, so a resume meanwhile keeps
+  // it for the call to release.
+  absl::Status s = core_->Call(&v1::ObjectStore::Stub::Release, req, &resp);
+  if (s.ok()) {
+    core_->ForgetLease(id_);
+  } else {
+    // Maybe not released (the call broke, say): the stream's release is
+    // certain to arrive.
+    core_->ReleaseLease(id_).IgnoreError();
+  }
+  return s;
+}
+
+bool Lease::MarkLost() {
+  lost_.store(true, std::memory_order_release);
+  return !releasing_.load(std::memory_order_acquire);
+}
+
+absl::Status Lease::CheckHeld() const {
+  if (!lost()) return absl::OkStatus();
+  return WithReason(
+      absl::FailedPreconditionError(absl::StrCat(
+          "lease ", id_, " in pool ", placement_.pool_id(), " at offset ",
+          placement_.offset(),
+          " was lost: the daemon that resumed the session did not hold it, "
+          "so its bytes may have been reused")),
+      kReasonStaleReference);
 }
 
 absl::Status Lease::CloseForSeal(CudaStream stream,
@@ -153,6 +185,8 @@ bool Lease::shared_writable() const {
 void Lease::Forget() {
   std::lock_guard<std::mutex> lock(mu_);
   held_ = false;
+  releasing_.store(true, std::memory_order_release);
+  core_->ForgetLease(id_);
 }
 
 }  // namespace shmtensor::internal

@@ -37,7 +37,7 @@ class Lease : public std::enable_shared_from_this<Lease> {
         data_(data),
         opened_rw_range_(access == Access::kReadWrite && !device.is_cuda()),
         revocation_(core_->write_revocation()) {
-    core_->LeaseMade();
+    core_->LeaseMade(this);
   }
   // Closes a writable range (as revocation() says), then releases the lease
   // without waiting (one ReleaseLeases message; errors are dropped: a daemon
@@ -94,6 +94,16 @@ class Lease : public std::enable_shared_from_this<Lease> {
   bool shared_writable() const;
   // After an exclusive seal: the daemon consumed the lease.
   void Forget();
+  // A resume found that the daemon does not hold this lease
+  // (ClientCore::HoldLease): its bytes may be reused, so nothing exports
+  // them any more (CheckHeld) and it is never released. Returns whether
+  // anything still used it (false once it was being released).
+  bool MarkLost();
+  bool lost() const { return lost_.load(std::memory_order_acquire); }
+  // OK while the lease is not lost; else FAILED_PRECONDITION (reason
+  // STALE_REFERENCE) naming the lease. For every path that hands out a
+  // pointer to the bytes.
+  absl::Status CheckHeld() const;
   // Releases the lease now and waits for the daemon to drop it (a unary
   // Release), so its effect is visible to every client when this returns.
   // The destructor then does nothing. Errors: the daemon's (e.g. UNAVAILABLE
@@ -127,6 +137,9 @@ class Lease : public std::enable_shared_from_this<Lease> {
   bool held_ = true;                  // Guarded by mu_.
   bool shared_writable_ = false;      // Guarded by mu_.
   std::atomic<bool> exposed_{false};  // MarkExposed was called.
+  std::atomic<bool> lost_{false};     // MarkLost was called.
+  // Set once its release began (so a lost lease is no loss).
+  std::atomic<bool> releasing_{false};
   // Where Register entered the lease (null: not registered). Set at most
   // once (constructor, or BecomeReadLease under mu_); the destructor reads
   // it.

@@ -12,6 +12,7 @@ namespace shmtensor::internal {
 
 absl::StatusOr<LeaseOffer> OfferLease(Lease& lease) {
   ClientCore& core = lease.core();
+  if (absl::Status s = lease.CheckHeld(); !s.ok()) return s;
   if (lease.access() != Access::kRead || lease.device().is_cuda()) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "lease %d is not a read lease of a host pool: only views of sealed "

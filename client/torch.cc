@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "client/lease_address.h"
 #include "client/torch_dtype.h"
 
 namespace shmtensor {
@@ -14,6 +15,7 @@ absl::StatusOr<at::Tensor> ToTensor(const View& view, CudaStream stream) {
   if (!view.valid()) {
     return absl::FailedPreconditionError("view was released");
   }
+  if (absl::Status s = internal::LeaseHeld(*view.lease()); !s.ok()) return s;
   std::optional<at::ScalarType> type = internal::ScalarTypeOf(view.dtype());
   if (!type) {
     return absl::InvalidArgumentError(

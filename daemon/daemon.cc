@@ -134,15 +134,6 @@ absl::StatusOr<std::vector<std::unique_ptr<Pool>>> AdoptPools(
   return pools;
 }
 
-std::vector<LedgerPool> LedgerPoolsOf(const ObjectStore& store) {
-  std::vector<LedgerPool> out;
-  for (const v1::PoolInfo& info : store.pool_infos()) {
-    out.push_back({info.name(), static_cast<uint32_t>(info.kind()),
-                   info.size_bytes(), info.page_size(), info.huge_page_size()});
-  }
-  return out;
-}
-
 absl::StatusOr<UniqueFd> Dup(int fd) {
   UniqueFd out(fcntl(fd, F_DUPFD_CLOEXEC, 3));
   if (!out.valid()) {
@@ -576,8 +567,7 @@ absl::StatusOr<HandOver> Daemon::HandOverTo(const v1::TakeOver& successor) {
   HandOver h;
   h.fds = *std::move(fds);
   if (h.fds.size() > kMaxTakeOverFds) {
-    // One message carries at most 253 descriptors (SCM_MAX_FD): the fork
-    // holds past that stay with the successor's ledger, stranded.
+    // The fork holds past that stay with the successor's ledger, stranded.
     spdlog::warn(
         "take-over: {} fork holds' connections do not fit the hand-"
         "over; their objects stay until the successor stops",
@@ -665,47 +655,64 @@ absl::StatusOr<std::vector<NamedFd>> RequestTakeOver(
   if (poll(&pfd, 1, 30000) <= 0) {
     return absl::UnavailableError("take-over: no answer within 30 s");
   }
-  char buf[16384];
-  constexpr size_t kMaxFds = kMaxTakeOverFds;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFds)];
-  iovec iov{buf, sizeof(buf)};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  const ssize_t n = recvmsg(sock.get(), &msg, MSG_CMSG_CLOEXEC);
-  if (n <= 0) {
-    return absl::UnavailableError("take-over: the daemon hung up");
-  }
-  std::vector<UniqueFd> fds;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr;
-       c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (size_t i = 0; i < count; ++i) {
-      int fd;
-      memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-      fds.emplace_back(fd);
-    }
-  }
-  v1::DescriptorReply reply;
-  if (!reply.ParseFromArray(buf, static_cast<int>(n))) {
-    return absl::InternalError("take-over: the reply does not parse");
-  }
-  if (reply.code() != 0 || !reply.granted()) {
-    return absl::Status(static_cast<absl::StatusCode>(reply.code()),
-                        reply.message());
-  }
-  if ((msg.msg_flags & MSG_CTRUNC) != 0 ||
-      fds.size() != static_cast<size_t>(reply.fd_names_size())) {
-    return absl::InternalError(
-        absl::StrFormat("take-over: %d descriptors for %d names", fds.size(),
-                        reply.fd_names_size()));
-  }
+  // The first reply says how many more follow (DescriptorReply.
+  // more_replies); each carries its descriptors and their names.
   std::vector<NamedFd> out;
-  for (size_t i = 0; i < fds.size(); ++i) {
-    out.push_back({reply.fd_names(static_cast<int>(i)), std::move(fds[i])});
+  uint32_t left = 1;
+  for (bool first = true; left > 0; first = false) {
+    --left;
+    if (!first && poll(&pfd, 1, 5000) <= 0) {
+      return absl::UnavailableError(
+          "take-over: the rest of the descriptors did not come within 5 s");
+    }
+    char buf[16384];
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
+    iovec iov{buf, sizeof(buf)};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    const ssize_t n = recvmsg(sock.get(), &msg, MSG_CMSG_CLOEXEC);
+    if (n <= 0) {
+      return absl::UnavailableError("take-over: the daemon hung up");
+    }
+    std::vector<UniqueFd> fds;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr;
+         c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int fd;
+        memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        fds.emplace_back(fd);
+      }
+    }
+    v1::DescriptorReply reply;
+    if ((msg.msg_flags & MSG_TRUNC) != 0 ||
+        !reply.ParseFromArray(buf, static_cast<int>(n))) {
+      return absl::InternalError("take-over: a reply does not parse");
+    }
+    if (reply.code() != 0 || !reply.granted()) {
+      return absl::Status(static_cast<absl::StatusCode>(reply.code()),
+                          reply.message());
+    }
+    if ((msg.msg_flags & MSG_CTRUNC) != 0 ||
+        fds.size() != static_cast<size_t>(reply.fd_names_size())) {
+      return absl::InternalError(
+          absl::StrFormat("take-over: %d descriptors for %d names", fds.size(),
+                          reply.fd_names_size()));
+    }
+    if (first) {
+      if (reply.more_replies() > kMaxTakeOverFds / kMaxFdsPerMessage) {
+        return absl::InternalError(absl::StrFormat(
+            "take-over: %d more replies announced", reply.more_replies()));
+      }
+      left = reply.more_replies();
+    }
+    for (size_t i = 0; i < fds.size(); ++i) {
+      out.push_back({reply.fd_names(static_cast<int>(i)), std::move(fds[i])});
+    }
   }
   return out;
 }

@@ -54,8 +54,9 @@ inline constexpr char kLedgerFdName[] = "shmtensor.ledger";
 inline constexpr char kPoolFdPrefix[] = "shmtensor.pool.";
 inline constexpr char kListenFdName[] = "shmtensor.listen";
 inline constexpr char kDescriptorListenFdName[] = "shmtensor.listen.fd";
-// Most descriptors one take-over reply carries (SCM_MAX_FD).
-inline constexpr size_t kMaxTakeOverFds = 253;
+// Most descriptors a take-over hands over in all (as many as the systemd
+// unit's FileDescriptorStoreMax=).
+inline constexpr size_t kMaxTakeOverFds = 4096;
 
 struct StartOptions {
   // What a predecessor left: adopted when its ledger checks out (an unused

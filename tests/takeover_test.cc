@@ -28,11 +28,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "client/lease.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "shmtensor/client.h"
 #include "shmtensor/errors.h"
+#include "shmtensor/v1/monitor.pb.h"
 #include "testing/cpp/daemon_process.h"
 #include "testing/cpp/subprocess.h"
+#include "tests/test_util.h"
 
 namespace shmtensor {
 namespace {
@@ -457,11 +461,102 @@ TEST(TakeOverTest, TenSigkillRestartsThroughTheDescriptorStore) {
       << systemd.Log();
 }
 
+// A resume presents the process's leases and the daemon reconciles them
+// with its ledger (docs/shm_layout.md, "Resuming a session"). Raw calls of
+// this process act for the client's session outside its books: a Get whose
+// answer the client never saw (the daemon holds a lease the client does not
+// know) and a Release the client never sent (the client holds a lease the
+// daemon does not). After a SIGKILL restart the first is dropped, the second
+// refused: the view over it stops exporting, and nothing of it is released
+// twice. Without the reconciliation the first lease kept its object for the
+// session's life.
+TEST(TakeOverTest, AResumeReconcilesTheClientsLeasesWithTheLedger) {
+  const std::string address = FreshAddress();
+  FdStore systemd;
+  systemd.Start(address);
+  ASSERT_TRUE(systemd.WaitReady()) << systemd.Log();
+  ClientOptions options;
+  options.address = address;
+  options.resume_timeout = absl::Seconds(20);
+  Client c = *Client::Connect(options);
+  std::vector<uint8_t> bytes(kObject, 0x5A);
+  CreateOptions co;
+  co.size_bytes = kObject;
+  std::optional<SealedRef> kept = *c.Put(bytes.data(), co);
+  std::optional<SealedRef> refused_ref = *c.Put(bytes.data(), co);
+  std::optional<View> refused = *c.Get(refused_ref->ref());
+  CreateOptions named = co;
+  named.name = "answer-lost";
+  std::optional<SealedRef> orphan = *c.Put(bytes.data(), named);
+  ASSERT_TRUE(c.Delete("answer-lost").ok());
+
+  auto stub = v1::ObjectStore::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  {
+    v1::GetRequest get;
+    get.set_session_id(c.session_id());
+    get.set_name("answer-lost");
+    v1::GetResponse resp;
+    grpc::ClientContext ctx;
+    // Unbound already: bind it again, then get it behind the client's back.
+    ASSERT_TRUE(c.Put(bytes.data(), named).ok());
+    ASSERT_TRUE(stub->Get(&ctx, get, &resp).ok());
+    ASSERT_TRUE(c.Delete("answer-lost").ok());
+  }
+  {
+    v1::ReleaseRequest rel;
+    rel.set_session_id(c.session_id());
+    rel.set_lease_id(refused->lease()->id());
+    v1::ReleaseResponse resp;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub->Release(&ctx, rel, &resp).ok());
+  }
+  const uint64_t client_id = c.client_id();
+  auto leases_now = [&]() -> uint64_t {
+    const v1::ListClientsResponse clients = testing::MonitorClients(address);
+    for (const v1::ClientStatus& s : clients.clients()) {
+      if (s.client_id() == client_id) return s.leases();
+    }
+    return UINT64_MAX;
+  };
+  // kept, refused_ref, orphan and the raw Get's (the second put's went with
+  // its SealedRef; the raw Release took the view's).
+  ASSERT_EQ(leases_now(), 4u);
+
+  systemd.Kill();
+  systemd.Start(address);
+  ASSERT_TRUE(systemd.WaitReady()) << systemd.Log();
+  ASSERT_TRUE(c.Stats().ok());  // Resumes first.
+  // The raw Get's lease is dropped: the client never knew it.
+  EXPECT_EQ(leases_now(), 3u);
+  EXPECT_TRUE(
+      absl::StrContains(systemd.Log(), "3 leases kept, 1 dropped, 1 refused"))
+      << systemd.Log();
+  // The released lease is refused: its view exports nothing more.
+  absl::StatusOr<uint64_t> offered = refused->Offer();
+  ASSERT_FALSE(offered.ok());
+  EXPECT_TRUE(IsStaleReference(offered.status())) << offered.status();
+  EXPECT_TRUE(absl::StrContains(offered.status().message(), "was lost"))
+      << offered.status();
+  // Letting go of it sends no release (the daemon logs none unknown).
+  refused.reset();
+  refused_ref.reset();
+  kept.reset();
+  orphan.reset();
+  ASSERT_TRUE(c.Stats().ok());
+  EXPECT_EQ(leases_now(), 0u);
+  // Nothing is left held, though the client lives on.
+  ExpectEmptied(address);
+  EXPECT_FALSE(absl::StrContains(systemd.Log(), "holds no lease"))
+      << systemd.Log();
+}
+
 // A child forked while its parent held a view keeps the view's object
 // through a fork hold; the hold's connection is handed on, so the object
 // goes when the child exits, after the restart as before it.
 void ForkedChildOutlivesRestart(const std::string& address,
-                                const std::function<void()>& restart) {
+                                const std::function<void()>& restart,
+                                int children = 1) {
   ClientOptions options;
   options.address = address;
   options.resume_timeout = absl::Seconds(20);
@@ -472,24 +567,30 @@ void ForkedChildOutlivesRestart(const std::string& address,
   std::optional<View> view = *c.Get(c.Put(bytes.data(), co)->ref());
   int gate[2];
   ASSERT_EQ(pipe2(gate, O_CLOEXEC), 0);
-  const pid_t child = fork();  // Takes a fork hold for the view.
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    close(gate[1]);
-    char b;
-    (void)!read(gate[0], &b, 1);  // Until the parent closes its end.
-    const bool same = static_cast<const uint8_t*>(view->data())[0] == 0x42;
-    _exit(same ? 0 : 1);
+  std::vector<pid_t> pids;
+  for (int i = 0; i < children; ++i) {
+    const pid_t child = fork();  // Takes a fork hold for the view.
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      close(gate[1]);
+      char b;
+      (void)!read(gate[0], &b, 1);  // Until the parent closes its end.
+      const bool same = static_cast<const uint8_t*>(view->data())[0] == 0x42;
+      _exit(same ? 0 : 1);
+    }
+    pids.push_back(child);
   }
   close(gate[0]);
   view.reset();  // The parent lets go; the child's hold keeps the object.
   restart();
   ASSERT_NE(UsedBytes(address), 0u) << "the hold was lost in the restart";
   close(gate[1]);
-  int status = 0;
-  waitpid(child, &status, 0);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  // The successor saw the child go: the object is freed, not stranded.
+  for (pid_t child : pids) {
+    int status = 0;
+    waitpid(child, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  // The successor saw the children go: the object is freed, not stranded.
   ExpectEmptied(address);
 }
 
@@ -504,6 +605,24 @@ TEST(TakeOverTest, AForkHoldEndsWithItsChildrenAfterATakeOver) {
         *DaemonProcess::Start({"--pool-size", "64MiB", "--take-over"}, address);
     EXPECT_EQ((*first)->process().Wait(), 0);
   });
+}
+
+// More fork holds than one message carries descriptors (253): a take-over
+// hands them over in several, and none is stranded.
+TEST(TakeOverTest, ThreeHundredForkHoldsEndWithTheirChildrenAfterATakeOver) {
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> first =
+      DaemonProcess::Start({"--pool-size", "64MiB"});
+  ASSERT_TRUE(first.ok()) << first.status();
+  const std::string address = (*first)->address();
+  std::unique_ptr<DaemonProcess> next;
+  ForkedChildOutlivesRestart(
+      address,
+      [&] {
+        next = *DaemonProcess::Start({"--pool-size", "64MiB", "--take-over"},
+                                     address);
+        EXPECT_EQ((*first)->process().Wait(), 0);
+      },
+      300);
 }
 
 TEST(TakeOverTest, AForkHoldEndsWithItsChildrenAfterASigkillRestart) {

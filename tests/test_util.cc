@@ -17,13 +17,17 @@ namespace shmtensor::testing {
 std::string ChildPath() { return SHMTENSOR_CHILD_PATH; }
 
 namespace {
-// One Monitor call on a channel of its own.
+// One Monitor call on a channel of its own, over a connection of its own
+// (gRPC would share one with earlier channels to the address, which may
+// have been to a daemon since replaced).
 template <typename Req, typename Resp>
 Resp Monitor(const std::string& address,
              grpc::Status (v1::Monitor::Stub::*method)(grpc::ClientContext*,
                                                        const Req&, Resp*)) {
-  auto stub = v1::Monitor::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  auto stub = v1::Monitor::NewStub(grpc::CreateCustomChannel(
+      address, grpc::InsecureChannelCredentials(), args));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
   Resp r;

@@ -33,10 +33,13 @@ struct DescriptorServer::Pending {
 
 namespace {
 
-// Sends `reply`, with `fds` attached when there are any. Never blocks: the
-// reply is the connection's first message and far below its buffer.
+// Sends `reply`, with `fds` attached when there are any (at most 253).
+// Never blocks: the reply is the connection's first message and far below
+// its buffer; or, with `wait`, waits that long for room (a take-over's
+// later messages, which the successor reads as they come).
 bool SendReply(int fd, const v1::DescriptorReply& reply,
-               const std::vector<int>& fds) {
+               const std::vector<int>& fds,
+               absl::Duration wait = absl::ZeroDuration()) {
   std::string bytes;
   reply.SerializeToString(&bytes);
   iovec iov{bytes.data(), bytes.size()};
@@ -52,6 +55,12 @@ bool SendReply(int fd, const v1::DescriptorReply& reply,
     c->cmsg_type = SCM_RIGHTS;
     c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
     memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+  }
+  if (wait > absl::ZeroDuration()) {
+    pollfd p{fd, POLLOUT, 0};
+    if (poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(wait))) != 1) {
+      return false;
+    }
   }
   return sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT) ==
          static_cast<ssize_t>(bytes.size());
@@ -170,14 +179,25 @@ DescriptorServer::Served DescriptorServer::Serve(const Pending& p,
       return refuse(handover.status().code(),
                     std::string(handover.status().message()));
     }
-    v1::DescriptorReply reply;
-    reply.set_granted(true);
-    std::vector<int> raw;
-    for (const NamedFd& f : handover->fds) {
-      reply.add_fd_names(f.name);
-      raw.push_back(f.fd.get());
+    // In messages of at most 253 descriptors, the first saying how many
+    // more follow.
+    const std::vector<NamedFd>& all = handover->fds;
+    const size_t messages = std::max<size_t>(
+        1, (all.size() + kMaxFdsPerMessage - 1) / kMaxFdsPerMessage);
+    bool sent = true;
+    for (size_t m = 0; m < messages && sent; ++m) {
+      v1::DescriptorReply reply;
+      reply.set_granted(true);
+      if (m == 0) reply.set_more_replies(static_cast<uint32_t>(messages - 1));
+      std::vector<int> raw;
+      for (size_t i = m * kMaxFdsPerMessage;
+           i < std::min(all.size(), (m + 1) * kMaxFdsPerMessage); ++i) {
+        reply.add_fd_names(all[i].name);
+        raw.push_back(all[i].fd.get());
+      }
+      sent = SendReply(p.fd, reply, raw,
+                       m == 0 ? absl::ZeroDuration() : absl::Seconds(5));
     }
-    const bool sent = SendReply(p.fd, reply, raw);
     handover->finish(sent);
     return Served::kDone;
   }

@@ -63,6 +63,9 @@ struct DescriptorServerOptions {
 };
 
 // What a daemon hands a successor that takes it over (TakeOverHandler).
+// Most descriptors one message carries (SCM_MAX_FD).
+inline constexpr size_t kMaxFdsPerMessage = 253;
+
 struct HandOver {
   std::vector<NamedFd> fds;
   // Called once the reply was sent (true) or could not be (false).

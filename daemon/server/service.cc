@@ -140,10 +140,17 @@ class SessionReactor final
       return;
     }
     const v1::OpenSession& open = request_.open();
+    LeaseAccount account;
+    if (open.present_leases()) {
+      account.held.assign(open.held_lease_ids().begin(),
+                          open.held_lease_ids().end());
+      account.releases_through = open.releases_through();
+    }
     absl::StatusOr<OpenedSession> opened =
         open.resume_session_id() != 0
-            ? service_.store_.ResumeSession(open.resume_session_id(),
-                                            caller_.owner)
+            ? service_.store_.ResumeSession(
+                  open.resume_session_id(), caller_.owner,
+                  open.present_leases() ? &account : nullptr)
             : service_.store_.OpenSession(
                   open.client_name(),
                   PeerInfo{caller_.peer, caller_.owner, caller_.pidfd,
@@ -162,6 +169,9 @@ class SessionReactor final
     reply->set_client_id(opened->client_id);
     for (v1::PoolInfo& p : opened->pools) *reply->add_pools() = std::move(p);
     reply->set_descriptor_secret(opened->descriptor_secret);
+    reply->set_leases_reconciled(opened->reconciled);
+    for (uint64_t id : opened->refused) reply->add_refused_lease_ids(id);
+    reply->set_dropped_leases(opened->dropped);
     service_.Register(this);
     bool own = false;
     if (!grpc::SerializationTraits<v1::SessionEvent>::Serialize(

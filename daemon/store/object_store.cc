@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -335,21 +336,62 @@ void ObjectStore::EndForkHold(uint64_t hold_id) {
   }
 }
 
-absl::StatusOr<OpenedSession> ObjectStore::ResumeSession(uint64_t session_id,
-                                                         OwnerKey owner) {
+absl::StatusOr<OpenedSession> ObjectStore::ResumeSession(
+    uint64_t session_id, OwnerKey owner, const LeaseAccount* account) {
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return ShuttingDownError();
   TakeAdopted(session_id, owner, /*exact=*/true);
   absl::StatusOr<Session*> found = sessions_.FindOwned(session_id, owner);
   if (!found.ok()) return found.status();
   Session& s = **found;
+  if (account != nullptr) {
+    if (account->held.size() > limits_.max_leases_per_client) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "resume presents %d leases; a session holds at most %d",
+          account->held.size(), limits_.max_leases_per_client));
+    }
+    if (account->releases_through < s.releases.applied()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "resume says its last release was seq %d, but seq %d was applied",
+          account->releases_through, s.releases.applied()));
+    }
+  }
   const bool was_detached = s.stream == 0;
   sessions_.Attach(s);
-  spdlog::info("client {} ('{}' pid {}) resumed its session{}", s.client_id,
-               s.client_name, s.pid,
-               was_detached ? "" : " (replacing a stream still open)");
-  return OpenedSession{session_id,           s.client_id, s.stream,
+  OpenedSession opened{session_id,           s.client_id, s.stream,
                        s.releases.applied(), PoolsOf(s),  s.descriptor_secret};
+  if (account != nullptr) ReconcileLeases(s, *account, &opened);
+  spdlog::info("client {} ('{}' pid {}) resumed its session{}{}", s.client_id,
+               s.client_name, s.pid,
+               was_detached ? "" : " (replacing a stream still open)",
+               account == nullptr
+                   ? ""
+                   : absl::StrFormat(": %d leases kept, %d dropped, %d refused",
+                                     s.leases.size(), opened.dropped,
+                                     opened.refused.size()));
+  return opened;
+}
+
+void ObjectStore::ReconcileLeases(Session& s, const LeaseAccount& account,
+                                  OpenedSession* opened) {
+  const absl::flat_hash_set<uint64_t> claimed(account.held.begin(),
+                                              account.held.end());
+  std::vector<uint64_t> drop;
+  for (uint64_t id : s.leases) {
+    if (!claimed.contains(id)) drop.push_back(id);
+  }
+  for (uint64_t id : claimed) {
+    if (!s.leases.contains(id)) opened->refused.push_back(id);
+  }
+  for (uint64_t id : drop) DropLease(id);
+  opened->dropped = drop.size();
+  s.releases.Restore(account.releases_through);
+  if (ledger_ != nullptr) {
+    ledger_->SetReleasesApplied(s.client_id, account.releases_through);
+  }
+  opened->releases_applied = account.releases_through;
+  opened->reconciled = true;
+  if (!drop.empty()) Changed();
 }
 
 void ObjectStore::TakeAdopted(uint64_t session_id, const OwnerKey& owner,

@@ -90,6 +90,18 @@ struct OpenedSession {
   std::vector<v1::PoolInfo> pools;
   // Proof of the session for the descriptor socket (DescriptorGrant).
   std::string descriptor_secret;
+  // A resume that presented its leases (LeaseAccount): they were
+  // reconciled; `refused` are the ids presented that the session does not
+  // hold, `dropped` how many it held that were not presented.
+  bool reconciled = false;
+  std::vector<uint64_t> refused;
+  uint64_t dropped = 0;
+};
+
+// What a resuming process says it holds (OpenSession.present_leases).
+struct LeaseAccount {
+  std::vector<uint64_t> held;     // Every lease it holds; duplicates ignored.
+  uint64_t releases_through = 0;  // Seq of the last ReleaseLeases it sent.
 };
 
 // What the descriptor socket may hand a session's process: its host pools
@@ -223,8 +235,17 @@ class ObjectStore {
   // that opened it may: `owner` is the new connection's (peer.h).
   // FAILED_PRECONDITION (SESSION_ENDED) for a session that is not open or
   // belongs to another process, with one message for both.
-  absl::StatusOr<OpenedSession> ResumeSession(uint64_t session_id,
-                                              OwnerKey owner);
+  // With `account`, reconciles the session's leases with the process's
+  // (docs/shm_layout.md, "Resuming a session"): held by both, kept; held
+  // here only, dropped (released in flight, or granted by a call whose
+  // answer never arrived); named by the process only, refused
+  // (OpenedSession.refused). Every release through
+  // account->releases_through is then settled. INVALID_ARGUMENT naming the
+  // counts for more ids than limits.max_leases_per_client, or a
+  // releases_through below the seq already applied; nothing changes then.
+  absl::StatusOr<OpenedSession> ResumeSession(
+      uint64_t session_id, OwnerKey owner,
+      const LeaseAccount* account = nullptr);
   // The session's stream `stream` ended without EndSession: if the process
   // is gone the session ends now, else it stays, detached, with every
   // lease, until the process resumes it, ends it, or exits
@@ -452,6 +473,11 @@ class ObjectStore {
   // Drops a lease; discards the object if it was the unsealed writer's.
   // Returns true when the object was freed.
   bool DropLease(uint64_t lease_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ResumeSession's reconciliation of session `s`'s leases with `account`
+  // (validated), recorded in `opened`.
+  void ReconcileLeases(Session& s, const LeaseAccount& account,
+                       OpenedSession* opened)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees the object's memory if nothing refers to it any more.
   bool MaybeFree(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Handout MakeHandout(uint32_t slot, uint64_t lease_id, bool writable) const

@@ -233,8 +233,13 @@ struct Report {
   }
 }
 
-TEST(RestartTest, KilledAtAnyPointNothingHeldIsLostOrReused) {
-  std::mt19937 rng(20261202);
+// 40 rounds of a predecessor SIGKILLed at a random point and a successor
+// adopting its ledger. With `present`, each session resumes presenting what
+// its client was told it holds (OpenSession.present_leases): then what the
+// successor holds is exactly that, leases granted by calls whose answer
+// never came included (dropped).
+void KillAndAdopt(bool present) {
+  std::mt19937 rng(present ? 20261203 : 20261202);
   int restarts = 0;
   for (int round = 0; round < 40; ++round) {
     std::unique_ptr<Ledger> ledger = NewLedger(900 + round);
@@ -271,8 +276,14 @@ TEST(RestartTest, KilledAtAnyPointNothingHeldIsLostOrReused) {
     absl::StatusOr<std::unique_ptr<ObjectStore>> next = Successor(fd);
     ASSERT_TRUE(next.ok()) << "round " << round << ": " << next.status();
     ObjectStore& s = **next;
+    LeaseAccount account[2];
+    for (const auto& [lease, kind] : last) {
+      if (kind == 'H') account[owner[lease]].held.push_back(lease);
+    }
     for (uint8_t i = 0; i < 2; ++i) {
-      ASSERT_TRUE(s.ResumeSession(session[i], Invisible(100 + i).owner).ok())
+      ASSERT_TRUE(s.ResumeSession(session[i], Invisible(100 + i).owner,
+                                  present ? &account[i] : nullptr)
+                      .ok())
           << "round " << round;
     }
     for (const auto& [lease, kind] : last) {
@@ -287,6 +298,10 @@ TEST(RestartTest, KilledAtAnyPointNothingHeldIsLostOrReused) {
             << "round " << round << ": lease " << lease << " came back";
       }
     }
+    if (present) {
+      // Nothing the clients do not hold is left, though they live on.
+      EXPECT_EQ(s.Stats().pools(0).used_bytes(), 0u) << "round " << round;
+    }
     s.EndSession(session[0]);
     s.EndSession(session[1]);
     EXPECT_EQ(s.Stats().pools(0).used_bytes(), 0u) << "round " << round;
@@ -294,6 +309,64 @@ TEST(RestartTest, KilledAtAnyPointNothingHeldIsLostOrReused) {
     ++restarts;
   }
   EXPECT_EQ(restarts, 40);
+}
+
+TEST(RestartTest, KilledAtAnyPointNothingHeldIsLostOrReused) {
+  KillAndAdopt(/*present=*/false);
+}
+
+TEST(RestartTest, KilledAtAnyPointAResumeKeepsExactlyWhatItsClientHolds) {
+  KillAndAdopt(/*present=*/true);
+}
+
+// A resume's account against what the session holds: both, kept; the
+// session's only, dropped; the client's only, refused. A bad account
+// changes nothing.
+TEST(RestartTest, AResumeReconcilesItsAccountOfLeases) {
+  ObjectStore store(Pools(), 7, StoreLimits(), NewLedger(7));
+  const uint64_t id = store.OpenSession("c", ThisProcess())->id;
+  std::vector<uint64_t> leases;
+  for (int i = 0; i < 4; ++i) {
+    absl::StatusOr<Handout> h = Create(store, id, kPage);
+    ASSERT_TRUE(h.ok()) << h.status();
+    ASSERT_TRUE(store.Seal(id, h->lease_id, false).ok());
+    leases.push_back(h->lease_id);
+  }
+  ASSERT_TRUE(store.ReleaseBatch(id, 1, {leases[3]}).ok());
+  const OwnerKey owner = ThisProcess().owner;
+
+  LeaseAccount too_many;
+  too_many.held.assign(StoreLimits().max_leases_per_client + 1, leases[0]);
+  too_many.releases_through = 1;
+  absl::StatusOr<OpenedSession> bad = store.ResumeSession(id, owner, &too_many);
+  EXPECT_TRUE(absl::IsInvalidArgument(bad.status())) << bad.status();
+  EXPECT_TRUE(absl::StrContains(bad.status().message(), "65537 leases"))
+      << bad.status();
+  LeaseAccount behind{{leases[0]}, 0};
+  bad = store.ResumeSession(id, owner, &behind);
+  EXPECT_TRUE(absl::IsInvalidArgument(bad.status())) << bad.status();
+  EXPECT_TRUE(absl::StrContains(bad.status().message(), "seq 1 was applied"))
+      << bad.status();
+  EXPECT_EQ(store.Stats().leases(), 3u);
+
+  // The client holds 0 and 1 and says it holds 3 (released) and 999; 2 it
+  // released on a stream message seq 2 that never arrived.
+  LeaseAccount account{{leases[0], leases[1], leases[3], 999, leases[0]}, 2};
+  absl::StatusOr<OpenedSession> opened =
+      store.ResumeSession(id, owner, &account);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  EXPECT_TRUE(opened->reconciled);
+  EXPECT_EQ(opened->dropped, 1u);
+  EXPECT_EQ(std::set<uint64_t>(opened->refused.begin(), opened->refused.end()),
+            (std::set<uint64_t>{leases[3], 999}));
+  EXPECT_EQ(opened->releases_applied, 2u);
+  EXPECT_EQ(store.Stats().leases(), 2u);
+  EXPECT_EQ(store.Stats().pools(0).used_bytes(), 2 * kPage);
+  // Seq 2 is settled: its late copy is not applied again, seq 3 is next.
+  EXPECT_TRUE(store.ReleaseBatch(id, 2, {leases[0]}).ok());
+  EXPECT_EQ(store.Stats().leases(), 2u);
+  EXPECT_TRUE(store.ReleaseBatch(id, 3, {leases[0], leases[1]}).ok());
+  EXPECT_EQ(store.Stats().pools(0).used_bytes(), 0u);
 }
 
 }  // namespace

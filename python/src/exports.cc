@@ -5,7 +5,9 @@
 #include <string>
 #include <vector>
 
+#include "client/lease_address.h"
 #include "python/src/dlpack.h"
+#include "python/src/py_support.h"
 
 namespace shmtensor::python {
 namespace {
@@ -126,10 +128,17 @@ void DeleteDLContext(DLManagedTensor* self) {
   delete ctx;
 }
 
+// OK unless the source's lease was lost (client/lease_address.h).
+absl::Status HeldOrNone(const ExportSource& src) {
+  return src.lease != nullptr ? internal::LeaseHeld(*src.lease)
+                              : absl::OkStatus();
+}
+
 }  // namespace
 
 py::array MakeArray(const ExportSource& src) {
   const ObjectInfo& info = *src.info;
+  Check(HeldOrNone(src));
   if (info.device.is_cuda()) {
     throw py::type_error("the object is in CUDA memory (" +
                          DeviceName(info.device) +
@@ -169,6 +178,7 @@ py::array MakeArray(const ExportSource& src) {
 
 py::capsule MakeDLPack(const ExportSource& src) {
   const ObjectInfo& info = *src.info;
+  Check(HeldOrNone(src));
   DLDataType dl_type;
   if (!ToDLDataType(info.dtype, &dl_type)) {
     throw py::type_error(std::string("dtype ") + DTypeName(info.dtype) +
@@ -214,6 +224,9 @@ py::capsule MakeDLPack(const ExportSource& src) {
 int FillBuffer(const ExportSource& src, Py_buffer* out, int flags) {
   out->obj = nullptr;
   const ObjectInfo& info = *src.info;
+  if (absl::Status s = HeldOrNone(src); !s.ok()) {
+    return BufferError(std::string(s.message()));
+  }
   if (info.device.is_cuda()) {
     return BufferError("the object is in " + DeviceName(info.device) +
                        " memory, which the buffer protocol cannot address");
