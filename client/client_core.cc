@@ -270,6 +270,18 @@ absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::Connect(
   v1::SessionOpened opened;
   absl::StatusOr<std::shared_ptr<Connection>> conn =
       core->OpenConnection(0, connect_timeout, &opened);
+  // A connection the daemon dropped before the session opened (it was
+  // being replaced: its successor serves the same socket) is tried again,
+  // with back-off, within connect_timeout.
+  for (absl::Duration backoff = absl::Milliseconds(5);
+       !conn.ok() && absl::IsUnavailable(conn.status()) &&
+       absl::Now() + backoff < deadline;
+       backoff = std::min(backoff * 2, absl::Milliseconds(200))) {
+    struct stat st;
+    if (lstat(core->socket_path_.c_str(), &st) != 0) break;  // No daemon.
+    absl::SleepFor(backoff);
+    conn = core->OpenConnection(0, deadline - absl::Now(), &opened);
+  }
   if (!conn.ok()) return conn.status();
   core->conn_ = *std::move(conn);
   core->session_id_ = opened.session_id();

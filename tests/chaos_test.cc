@@ -5,16 +5,20 @@
 // the pattern its producer wrote, and every view is checked again just
 // before it is dropped. Run as root, half of the processes are another user
 // of the same pool, and every new buffer a producer gets is checked for the
-// other user's bytes [P21]. The promise: no mismatch, ever; and once the
-// last process is killed, the daemon holds nothing of theirs within a
-// second.
+// other user's bytes [P21]. A second run does all that while the daemon
+// itself is replaced every other round (a SIGKILL and a restart through
+// its descriptor store, a reload, a take-over). The promise: no mismatch,
+// ever; and once the last process is killed, the daemon holds nothing of
+// theirs within a second.
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <fstream>
 #include <map>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -26,6 +30,7 @@
 #include "gtest/gtest.h"
 #include "shmtensor/client.h"
 #include "shmtensor/v1/monitor.grpc.pb.h"
+#include "testing/cpp/fd_store.h"
 #include "tests/test_util.h"
 
 namespace shmtensor {
@@ -37,17 +42,43 @@ using testing::Subprocess;
 // The second user, in the pool's `users` (root is the first).
 constexpr int kOtherUser = 65522;
 
+std::string PoolsToml() {
+  return absl::StrCat(
+      "[[pool]]\nname = \"default\"\nsize = \"128MiB\"\nusers = [", kOtherUser,
+      "]\n");
+}
+
 class ChaosTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    two_uids_ = geteuid() == 0;
+  void SetUp() override { two_uids_ = geteuid() == 0; }
+  // A daemon others may reach (DaemonProcess::StartShared), and the
+  // fixture's client of it.
+  void StartDaemon() {
     absl::StatusOr<std::unique_ptr<DaemonProcess>> d =
-        DaemonProcess::StartShared(absl::StrCat(
-            "[[pool]]\nname = \"default\"\nsize = \"128MiB\"\nusers = [",
-            kOtherUser, "]\n"));
+        DaemonProcess::StartShared(PoolsToml());
     ASSERT_TRUE(d.ok()) << d.status();
     daemon_ = *std::move(d);
     address_ = daemon_->address();
+    Connect();
+  }
+  // The same, run as systemd runs the unit (testing/cpp/fd_store.h): its
+  // config kept for its successors, its descriptors stored.
+  void StartDaemonUnderStore() {
+    address_ = testing::FreshAddress();
+    socket_dir_ = address_.substr(5, address_.rfind('/') - 5);
+    ASSERT_EQ(mkdir(socket_dir_.c_str(), 0755), 0);
+    ASSERT_EQ(chmod(socket_dir_.c_str(), 0755), 0);
+    config_ = socket_dir_ + ".toml";
+    std::ofstream(config_) << "socket_mode = \"0666\"\n" << PoolsToml();
+    systemd_.emplace();
+    ASSERT_TRUE(systemd_->Start(DaemonArgs()).ok());
+    ASSERT_TRUE(systemd_->WaitReady()) << systemd_->Log();
+    Connect();
+  }
+  std::vector<std::string> DaemonArgs() const {
+    return {"--config", config_, "--listen", address_};
+  }
+  void Connect() {
     absl::StatusOr<Client> c = Client::Connect({.address = address_});
     ASSERT_TRUE(c.ok()) << c.status();
     client_.emplace(*std::move(c));
@@ -55,7 +86,38 @@ class ChaosTest : public ::testing::Test {
   void TearDown() override {
     client_.reset();
     daemon_.reset();
+    if (systemd_.has_value()) {
+      systemd_.reset();
+      const std::string path = address_.substr(5);
+      for (const char* suffix : {"", ".fd", ".lock"}) {
+        unlink((path + suffix).c_str());
+      }
+      rmdir(socket_dir_.c_str());
+      unlink(config_.c_str());
+    }
   }
+  // Replaces the daemon the clients use, in the way `round` picks: a
+  // SIGKILL and a restart with the stored descriptors, a reload (SIGHUP),
+  // or a take-over by a successor. Returns what it did.
+  std::string Restart(uint64_t round) {
+    switch (round % 3) {
+      case 0:
+        systemd_->Kill();
+        EXPECT_TRUE(systemd_->Start(DaemonArgs()).ok());
+        break;
+      case 1:
+        kill(systemd_->pid(), SIGHUP);
+        break;
+      default:
+        EXPECT_TRUE(systemd_->StartSuccessor(DaemonArgs()).ok());
+        break;
+    }
+    EXPECT_TRUE(systemd_->WaitReady()) << systemd_->Log();
+    return round % 3 == 0 ? "SIGKILL" : round % 3 == 1 ? "reload" : "take-over";
+  }
+  // The chaos run, with the daemon replaced every other round when
+  // `restarts`.
+  void Run(bool restarts);
   v1::DaemonStatus Status() { return testing::MonitorStatus(address_); }
   std::vector<std::string> Names() {
     const v1::ListObjectsResponse r = testing::MonitorObjects(address_);
@@ -69,6 +131,9 @@ class ChaosTest : public ::testing::Test {
   bool two_uids_ = false;
   std::string address_;
   std::unique_ptr<DaemonProcess> daemon_;
+  std::optional<testing::FdStore> systemd_;
+  std::string socket_dir_;
+  std::string config_;
   std::optional<Client> client_;
 };
 
@@ -80,7 +145,7 @@ struct Role {
   bool other_uid = false;  // Runs as kOtherUser.
 };
 
-TEST_F(ChaosTest, KilledAndDisconnectedClientsNeverReadAnotherObjectsBytes) {
+void ChaosTest::Run(bool restarts) {
   const std::string log =
       absl::StrCat("/tmp/shmtensor-chaos-", getpid(), ".log");
   unlink(log.c_str());
@@ -91,8 +156,9 @@ TEST_F(ChaosTest, KilledAndDisconnectedClientsNeverReadAnotherObjectsBytes) {
   auto spawn = [&](Role& r) {
     r.id = next_id++;
     std::vector<std::string> argv = {SHMTENSOR_HARDENING_CHILD_PATH};
-    if (r.other_uid)
+    if (r.other_uid) {
       argv.insert(argv.end(), {"--uid", std::to_string(kOtherUser)});
+    }
     argv.insert(argv.end(), {r.kind, address_, log, std::to_string(r.id)});
     absl::StatusOr<std::unique_ptr<Subprocess>> p = Subprocess::Spawn(argv);
     ASSERT_TRUE(p.ok()) << p.status();
@@ -105,7 +171,7 @@ TEST_F(ChaosTest, KilledAndDisconnectedClientsNeverReadAnotherObjectsBytes) {
     roles[i].other_uid = two_uids_ && i % 2 == 1;
     spawn(roles[i]);
   }
-  uint64_t checked = 0, kills = 0;
+  uint64_t checked = 0, kills = 0, daemon_restarts = 0;
   std::vector<std::string> mismatches;
   // Reads what a child said so far; consumers report "checked N bad M".
   auto drain = [&](Role& r) {
@@ -139,6 +205,13 @@ TEST_F(ChaosTest, KilledAndDisconnectedClientsNeverReadAnotherObjectsBytes) {
     checked += victim.checked;
     ++kills;
     spawn(victim);
+    if (restarts && kills % 2 == 0) {
+      const std::string how = Restart(daemon_restarts++);
+      // The fixture's client resumes too (its first call may be the one
+      // in flight at the break).
+      (void)client_->Stats();
+      ASSERT_TRUE(client_->Stats().ok()) << "after a " << how;
+    }
   }
   for (Role& r : roles) {
     drain(r);
@@ -169,15 +242,38 @@ TEST_F(ChaosTest, KilledAndDisconnectedClientsNeverReadAnotherObjectsBytes) {
   EXPECT_EQ(s.sessions(), 1u);  // The fixture's client.
   EXPECT_EQ(s.detached_sessions(), 0u);
   // The two users did share memory: the check above had work to do.
-  if (two_uids_) EXPECT_GT(s.pools(0).cleared_bytes(), 0u);
+  if (two_uids_) {
+    EXPECT_GT(s.pools(0).cleared_bytes(), 0u);
+  }
+  if (restarts) {
+    EXPECT_GE(daemon_restarts, 9u);
+    // Every client resumed each time: none was refused.
+    EXPECT_FALSE(absl::StrContains(systemd_->Log(), "not adopting"))
+        << systemd_->Log();
+  }
   std::printf(
-      "chaos: %llu objects checked, %llu kills, %zu mismatches, %s, %llu "
-      "bytes cleared between them\n",
+      "chaos: %llu objects checked, %llu kills, %llu daemon restarts, %zu "
+      "mismatches, %s, %llu bytes cleared between them\n",
       static_cast<unsigned long long>(checked),
-      static_cast<unsigned long long>(kills), mismatches.size(),
+      static_cast<unsigned long long>(kills),
+      static_cast<unsigned long long>(daemon_restarts), mismatches.size(),
       two_uids_ ? "two uids" : "one uid (not root)",
       static_cast<unsigned long long>(s.pools(0).cleared_bytes()));
   unlink(log.c_str());
+}
+
+TEST_F(ChaosTest, KilledAndDisconnectedClientsNeverReadAnotherObjectsBytes) {
+  StartDaemon();
+  Run(/*restarts=*/false);
+}
+
+// The same, while the daemon itself is SIGKILLed and restarted through its
+// descriptor store, reloaded in place, and taken over by a successor, in
+// turn, every other round: the clients resume each time, and the promise
+// holds across daemons.
+TEST_F(ChaosTest, TheSameWhileTheDaemonIsKilledReloadedAndTakenOver) {
+  StartDaemonUnderStore();
+  Run(/*restarts=*/true);
 }
 
 }  // namespace

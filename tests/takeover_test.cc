@@ -35,6 +35,7 @@
 #include "shmtensor/errors.h"
 #include "shmtensor/v1/monitor.pb.h"
 #include "testing/cpp/daemon_process.h"
+#include "testing/cpp/fd_store.h"
 #include "testing/cpp/subprocess.h"
 #include "tests/test_util.h"
 
@@ -43,161 +44,18 @@ namespace {
 
 using testing::DaemonPath;
 using testing::DaemonProcess;
+using testing::FdStore;
 using testing::FreshAddress;
 
 constexpr uint64_t kObject = 64 << 10;
 
-// systemd's part: keeps what the daemon stores, restarts it with them.
-class FdStore {
- public:
-  FdStore() {
-    static int n = 0;
-    path_ = absl::StrCat("/tmp/shmtensor-notify-", getpid(), "-", n++);
-    unlink(path_.c_str());
-    sock_ = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    strncpy(addr.sun_path, path_.c_str(), sizeof(addr.sun_path) - 1);
-    EXPECT_EQ(bind(sock_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  }
-  ~FdStore() {
-    Kill();
-    for (auto& [name, fd] : stored_) close(fd);
-    close(sock_);
-    unlink(path_.c_str());
-  }
-
-  // Starts the daemon with the store's descriptors, as systemd starts a
-  // unit's next instance.
-  void Start(const std::string& address, std::vector<std::string> extra = {},
-             const std::vector<std::pair<std::string, int>>& more = {}) {
-    std::vector<std::pair<std::string, int>> fds(stored_.begin(),
-                                                 stored_.end());
-    fds.insert(fds.end(), more.begin(), more.end());
-    std::vector<std::string> argv = {DaemonPath(), "--listen", address,
-                                     "--pool-size", "64MiB"};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    log_ = absl::StrCat(path_, ".log");
-    // posix_spawn, not fork: this process's clients hold views, and a
-    // fork would first ask the (dead) daemon for fork holds.
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    std::vector<int> high;
-    for (const auto& [name, fd] : fds) high.push_back(fcntl(fd, F_DUPFD, 100));
-    std::vector<std::string> names;
-    for (size_t i = 0; i < high.size(); ++i) {
-      posix_spawn_file_actions_adddup2(&actions, high[i],
-                                       3 + static_cast<int>(i));
-      names.push_back(fds[i].first);
-    }
-    posix_spawn_file_actions_addopen(&actions, 1, log_.c_str(),
-                                     O_WRONLY | O_CREAT | O_APPEND, 0600);
-    posix_spawn_file_actions_adddup2(&actions, 1, 2);
-    // $LISTEN_PID must be the daemon's own pid, known only once spawned:
-    // a shell sets it and execs the daemon in place.
-    std::vector<std::string> env = {absl::StrCat("NOTIFY_SOCKET=", path_)};
-    if (!fds.empty()) {
-      env.push_back(absl::StrCat("LISTEN_FDS=", fds.size()));
-      env.push_back(absl::StrCat("LISTEN_FDNAMES=", absl::StrJoin(names, ":")));
-    }
-    std::vector<std::string> shell = {
-        "/bin/sh", "-c",
-        fds.empty() ? "exec \"$@\"" : "LISTEN_PID=$$ exec \"$@\"", "sh"};
-    shell.insert(shell.end(), argv.begin(), argv.end());
-    std::vector<char*> args;
-    for (std::string& a : shell) args.push_back(a.data());
-    args.push_back(nullptr);
-    std::vector<char*> envp;
-    for (std::string& e : env) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    ASSERT_EQ(posix_spawn(&pid_, args[0], &actions, nullptr, args.data(),
-                          envp.data()),
-              0);
-    posix_spawn_file_actions_destroy(&actions);
-    for (int fd : high) close(fd);
-  }
-
-  // Applies notifications until READY=1. False at the deadline or when the
-  // daemon exited.
-  bool WaitReady(absl::Duration timeout = absl::Seconds(20)) {
-    const absl::Time deadline = absl::Now() + timeout;
-    while (absl::Now() < deadline) {
-      char buf[4096];
-      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 16)];
-      iovec iov{buf, sizeof(buf)};
-      msghdr msg{};
-      msg.msg_iov = &iov;
-      msg.msg_iovlen = 1;
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof(control);
-      const ssize_t n = recvmsg(sock_, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-      if (n < 0) {
-        int status;
-        if (waitpid(pid_, &status, WNOHANG) == pid_) {
-          pid_ = 0;
-          return false;
-        }
-        absl::SleepFor(absl::Milliseconds(2));
-        continue;
-      }
-      std::vector<int> fds;
-      for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-        const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < count; ++i) {
-          int fd;
-          memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-          fds.push_back(fd);
-        }
-      }
-      std::map<std::string, std::string> kv;
-      for (absl::string_view line :
-           absl::StrSplit(absl::string_view(buf, n), '\n')) {
-        std::pair<std::string, std::string> p = absl::StrSplit(line, '=');
-        kv[p.first] = p.second;
-      }
-      const std::string name = kv.count("FDNAME") ? kv["FDNAME"] : "stored";
-      if (kv.count("FDSTOREREMOVE")) {
-        for (auto it = stored_.begin(); it != stored_.end();) {
-          if (it->first == name) {
-            close(it->second);
-            it = stored_.erase(it);
-          } else {
-            ++it;
-          }
-        }
-      }
-      if (kv.count("FDSTORE")) {
-        for (int fd : fds) stored_.emplace(name, fd);
-      } else {
-        for (int fd : fds) close(fd);
-      }
-      if (kv.count("READY")) return true;
-    }
-    return false;
-  }
-
-  void Kill() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-    pid_ = 0;
-  }
-  pid_t pid() const { return pid_; }
-  std::string Log() const {
-    std::ifstream f(log_);
-    std::stringstream s;
-    s << f.rdbuf();
-    return s.str();
-  }
-  const std::multimap<std::string, int>& stored() const { return stored_; }
-
- private:
-  std::string path_;
-  std::string log_;
-  int sock_ = -1;
-  pid_t pid_ = 0;
-  std::multimap<std::string, int> stored_;
-};
+// The arguments of a daemon at `address` with a 64 MiB pool.
+std::vector<std::string> Args(const std::string& address,
+                              std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = {"--listen", address, "--pool-size", "64MiB"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
 
 // The chaos test's load in miniature: two clients put, get elsewhere and
 // check; views kept alive are checked again each round; every ref made is
@@ -412,7 +270,7 @@ TEST(TakeOverTest, TenTakeOversUnderLoadEndNoSessionAndLoseNoByte) {
 TEST(TakeOverTest, TenSigkillRestartsThroughTheDescriptorStore) {
   const std::string address = FreshAddress();
   FdStore systemd;
-  systemd.Start(address);
+  ASSERT_TRUE(systemd.Start(Args(address)).ok());
   ASSERT_TRUE(systemd.WaitReady()) << systemd.Log();
   // Ledger, pool and both listening sockets are in the store.
   EXPECT_EQ(systemd.stored().count("shmtensor.ledger"), 1u);
@@ -435,7 +293,7 @@ TEST(TakeOverTest, TenSigkillRestartsThroughTheDescriptorStore) {
   for (int i = 0; i < 10; ++i) {
     const absl::Time t0 = absl::Now();
     systemd.Kill();  // SIGKILL, at whatever point of its work.
-    systemd.Start(address);
+    ASSERT_TRUE(systemd.Start(Args(address)).ok());
     ASSERT_TRUE(systemd.WaitReady()) << systemd.Log();
     // What was stored is what the successor adopted: nothing added.
     EXPECT_EQ(systemd.stored().size(), 4u);
@@ -473,7 +331,7 @@ TEST(TakeOverTest, TenSigkillRestartsThroughTheDescriptorStore) {
 TEST(TakeOverTest, AResumeReconcilesTheClientsLeasesWithTheLedger) {
   const std::string address = FreshAddress();
   FdStore systemd;
-  systemd.Start(address);
+  ASSERT_TRUE(systemd.Start(Args(address)).ok());
   ASSERT_TRUE(systemd.WaitReady()) << systemd.Log();
   ClientOptions options;
   options.address = address;
@@ -524,7 +382,7 @@ TEST(TakeOverTest, AResumeReconcilesTheClientsLeasesWithTheLedger) {
   ASSERT_EQ(leases_now(), 4u);
 
   systemd.Kill();
-  systemd.Start(address);
+  ASSERT_TRUE(systemd.Start(Args(address)).ok());
   ASSERT_TRUE(systemd.WaitReady()) << systemd.Log();
   ASSERT_TRUE(c.Stats().ok());  // Resumes first.
   // The raw Get's lease is dropped: the client never knew it.
@@ -628,14 +486,14 @@ TEST(TakeOverTest, ThreeHundredForkHoldsEndWithTheirChildrenAfterATakeOver) {
 TEST(TakeOverTest, AForkHoldEndsWithItsChildrenAfterASigkillRestart) {
   const std::string address = FreshAddress();
   FdStore systemd;
-  systemd.Start(address);
+  ASSERT_TRUE(systemd.Start(Args(address)).ok());
   ASSERT_TRUE(systemd.WaitReady()) << systemd.Log();
   ForkedChildOutlivesRestart(address, [&] {
     // The hold's connection went to the store when it was made.
     systemd.WaitReady(absl::Milliseconds(200));
     EXPECT_EQ(systemd.stored().size(), 5u);
     systemd.Kill();
-    systemd.Start(address);
+    ASSERT_TRUE(systemd.Start(Args(address)).ok());
     ASSERT_TRUE(systemd.WaitReady()) << systemd.Log();
   });
 }
@@ -706,7 +564,10 @@ TEST(TakeOverTest, ABadLedgerIsRefusedAndTheDaemonStartsFresh) {
   const int bad = memfd_create("not-a-ledger", MFD_CLOEXEC);
   ASSERT_EQ(ftruncate(bad, 1 << 20), 0);
   ASSERT_EQ(pwrite(bad, "garbage", 7, 0), 7);
-  systemd.Start(address, {"--log-level", "info"}, {{"shmtensor.ledger", bad}});
+  ASSERT_TRUE(systemd
+                  .Start(Args(address, {"--log-level", "info"}),
+                         {{"shmtensor.ledger", bad}})
+                  .ok());
   ASSERT_TRUE(systemd.WaitReady()) << systemd.Log();
   const std::string log = systemd.Log();
   EXPECT_TRUE(absl::StrContains(log, "not adopting")) << log;

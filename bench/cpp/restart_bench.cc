@@ -13,31 +13,23 @@
 //
 // Figures in docs/performance.md ("Restarts"); state the machine with them.
 #include <fcntl.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/socket.h>
-#include <sys/un.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <map>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "daemon/memory/fake_segment.h"
 #include "daemon/store/object_store.h"
 #include "shmtensor/client.h"
 #include "spdlog/spdlog.h"
 #include "testing/cpp/daemon_process.h"
+#include "testing/cpp/fd_store.h"
 
 namespace shmtensor {
 namespace {
@@ -209,97 +201,32 @@ void TakeOverGap(int n) {
               static_cast<unsigned long long>(load.failures.load()));
 }
 
-// systemd's descriptor store, reduced to what the gap needs (the protocol
-// is tested byte for byte in tests/takeover_test.cc).
+// A SIGKILL restart through systemd's descriptor store (testing/cpp/
+// fd_store.h plays systemd).
 void KillGap(int n) {
-  const std::string notify =
-      absl::StrCat("/tmp/shmtensor-bench-notify-", getpid());
-  unlink(notify.c_str());
-  const int sock = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, notify.c_str(), sizeof(addr.sun_path) - 1);
-  bind(sock, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  std::vector<std::pair<std::string, int>> stored;
+  testing::FdStore systemd;
   const std::string address = testing::FreshAddress();
-  pid_t pid = 0;
-  auto start_daemon = [&] {
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    std::vector<std::string> names;
-    for (size_t i = 0; i < stored.size(); ++i) {
-      posix_spawn_file_actions_adddup2(&actions, stored[i].second,
-                                       3 + static_cast<int>(i));
-      names.push_back(stored[i].first);
-    }
-    posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
-    std::vector<std::string> env = {
-        absl::StrCat("NOTIFY_SOCKET=", notify),
-        absl::StrCat("LISTEN_FDS=", stored.size()),
-        absl::StrCat("LISTEN_FDNAMES=", absl::StrJoin(names, ":"))};
-    std::vector<std::string> argv = {"/bin/sh",
-                                     "-c",
-                                     "LISTEN_PID=$$ exec \"$@\"",
-                                     "sh",
-                                     testing::DaemonPath(),
-                                     "--listen",
-                                     address,
-                                     "--pool-size",
-                                     "64MiB"};
-    std::vector<char*> args, envp;
-    for (auto& a : argv) args.push_back(a.data());
-    args.push_back(nullptr);
-    for (auto& e : env) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    posix_spawn(&pid, args[0], &actions, nullptr, args.data(), envp.data());
-    posix_spawn_file_actions_destroy(&actions);
-    // Until READY=1, keeping what is stored.
-    while (true) {
-      char buf[1024];
-      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)];
-      iovec iov{buf, sizeof(buf)};
-      msghdr msg{};
-      msg.msg_iov = &iov;
-      msg.msg_iovlen = 1;
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof(control);
-      const ssize_t got = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
-      if (got <= 0) continue;
-      const std::string text(buf, got);
-      for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-        int fd;
-        std::memcpy(&fd, CMSG_DATA(c), sizeof(int));
-        const size_t at = text.find("FDNAME=");
-        if (text.find("FDSTORE=1") != std::string::npos) {
-          stored.emplace_back(text.substr(at + 7), fd);
-        } else {
-          close(fd);
-        }
-      }
-      if (text.find("READY=1") != std::string::npos) break;
-    }
-  };
-  start_daemon();
-  {
-    Load load(address);
-    load.NextRoundAfter(absl::Now());
-    std::vector<absl::Duration> gaps;
-    for (int i = 0; i < n; ++i) {
-      const absl::Time start = absl::Now();
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-      start_daemon();
-      gaps.push_back(load.NextRoundAfter(start));
-    }
-    std::printf("   | SIGKILL restart (descriptor store) | %s | %llu |\n",
-                Summary(gaps).c_str(),
-                static_cast<unsigned long long>(load.failures.load()));
+  const std::vector<std::string> args = {"--listen", address, "--pool-size",
+                                         "64MiB"};
+  if (!systemd.Start(args).ok() || !systemd.WaitReady()) {
+    std::printf("   | SIGKILL restart (descriptor store) | did not start |\n");
+    return;
   }
-  kill(pid, SIGKILL);
-  waitpid(pid, nullptr, 0);
-  for (auto& [name, fd] : stored) close(fd);
-  close(sock);
-  unlink(notify.c_str());
+  Load load(address);
+  load.NextRoundAfter(absl::Now());
+  std::vector<absl::Duration> gaps;
+  for (int i = 0; i < n; ++i) {
+    const absl::Time start = absl::Now();
+    systemd.Kill();
+    if (!systemd.Start(args).ok() || !systemd.WaitReady()) {
+      std::printf("   | SIGKILL restart (descriptor store) | failed |\n");
+      return;
+    }
+    gaps.push_back(load.NextRoundAfter(start));
+  }
+  std::printf("   | SIGKILL restart (descriptor store) | %s | %llu |\n",
+              Summary(gaps).c_str(),
+              static_cast<unsigned long long>(load.failures.load()));
 }
 
 }  // namespace
