@@ -6,10 +6,10 @@
 // before it is dropped. Run as root, half of the processes are another user
 // of the same pool, and every new buffer a producer gets is checked for the
 // other user's bytes [P21]. A second run does all that while the daemon
-// itself is replaced every other round (a SIGKILL and a restart through
-// its descriptor store, a reload, a take-over). The promise: no mismatch,
-// ever; and once the last process is killed, the daemon holds nothing of
-// theirs within a second.
+// itself is replaced after each round (a SIGKILL and a restart through its
+// descriptor store, or a take-over, in turn; a reload every fifth round).
+// The promise: no mismatch and no session ended, ever; and once the last
+// process is killed, the daemon holds nothing of theirs within a second.
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
@@ -100,23 +100,22 @@ class ChaosTest : public ::testing::Test {
   // SIGKILL and a restart with the stored descriptors, a reload (SIGHUP),
   // or a take-over by a successor. Returns what it did.
   std::string Restart(uint64_t round) {
-    switch (round % 3) {
-      case 0:
-        systemd_->Kill();
-        EXPECT_TRUE(systemd_->Start(DaemonArgs()).ok());
-        break;
-      case 1:
-        kill(systemd_->pid(), SIGHUP);
-        break;
-      default:
-        EXPECT_TRUE(systemd_->StartSuccessor(DaemonArgs()).ok());
-        break;
+    // A reload now and then, on top.
+    if (round % 5 == 4) {
+      kill(systemd_->pid(), SIGHUP);
+      EXPECT_TRUE(systemd_->WaitReady()) << systemd_->Log();
+      ++reloads_;
+    }
+    if (round % 2 == 0) {
+      systemd_->Kill();
+      EXPECT_TRUE(systemd_->Start(DaemonArgs()).ok());
+    } else {
+      EXPECT_TRUE(systemd_->StartSuccessor(DaemonArgs()).ok());
     }
     EXPECT_TRUE(systemd_->WaitReady()) << systemd_->Log();
-    return round % 3 == 0 ? "SIGKILL" : round % 3 == 1 ? "reload" : "take-over";
+    return round % 2 == 0 ? "SIGKILL" : "take-over";
   }
-  // The chaos run, with the daemon replaced every other round when
-  // `restarts`.
+  // The chaos run, with the daemon replaced each round when `restarts`.
   void Run(bool restarts);
   v1::DaemonStatus Status() { return testing::MonitorStatus(address_); }
   std::vector<std::string> Names() {
@@ -132,6 +131,7 @@ class ChaosTest : public ::testing::Test {
   std::string address_;
   std::unique_ptr<DaemonProcess> daemon_;
   std::optional<testing::FdStore> systemd_;
+  int reloads_ = 0;
   std::string socket_dir_;
   std::string config_;
   std::optional<Client> client_;
@@ -172,6 +172,13 @@ void ChaosTest::Run(bool restarts) {
     spawn(roles[i]);
   }
   uint64_t checked = 0, kills = 0, daemon_restarts = 0;
+  constexpr uint64_t kPinnedBytes = 64 << 10;
+  struct Pinned {
+    SealedRef ref;
+    View view;
+    uint8_t byte;
+  };
+  std::vector<Pinned> pinned;
   std::vector<std::string> mismatches;
   // Reads what a child said so far; consumers report "checked N bad M".
   auto drain = [&](Role& r) {
@@ -184,6 +191,7 @@ void ChaosTest::Run(bool restarts) {
       if (f.size() == 4 && f[0] == "checked" && absl::SimpleAtoi(f[1], &n)) {
         r.checked = n;
       } else if (absl::StartsWith(*line, "MISMATCH") ||
+                 absl::StartsWith(*line, "ENDED") ||
                  absl::StartsWith(*line, "FOREIGN") ||
                  absl::StartsWith(*line, "CHANGED") ||
                  absl::StartsWith(*line, "error")) {
@@ -205,14 +213,35 @@ void ChaosTest::Run(bool restarts) {
     checked += victim.checked;
     ++kills;
     spawn(victim);
-    if (restarts && kills % 2 == 0) {
+    if (restarts) {
+      // A ref and a view of the fixture's client made before each restart
+      // resolve to their bytes after it, and after every later one.
+      std::vector<uint8_t> bytes(kPinnedBytes, static_cast<uint8_t>(kills));
+      absl::StatusOr<SealedRef> ref =
+          client_->Put(bytes.data(), {.size_bytes = kPinnedBytes});
+      ASSERT_TRUE(ref.ok()) << ref.status();
+      absl::StatusOr<View> view = client_->Get(ref->ref());
+      ASSERT_TRUE(view.ok()) << view.status();
+      pinned.push_back(
+          {*std::move(ref), *std::move(view), static_cast<uint8_t>(kills)});
       const std::string how = Restart(daemon_restarts++);
-      // The fixture's client resumes too (its first call may be the one
-      // in flight at the break).
+      // The first call may be the one in flight at the break (it resumes).
       (void)client_->Stats();
       ASSERT_TRUE(client_->Stats().ok()) << "after a " << how;
+      for (const Pinned& p : pinned) {
+        absl::StatusOr<View> again = client_->Get(p.ref.ref());
+        ASSERT_TRUE(again.ok()) << "after a " << how << ": " << again.status();
+        for (const View* v : {static_cast<const View*>(&*again), &p.view}) {
+          const auto* b = static_cast<const uint8_t*>(v->data());
+          if (b[0] != p.byte || b[kPinnedBytes - 1] != p.byte) {
+            mismatches.push_back(
+                absl::StrCat("pinned ", p.byte, " after a ", how));
+          }
+        }
+      }
     }
   }
+  pinned.clear();
   for (Role& r : roles) {
     drain(r);
     r.process->Signal(SIGKILL);
@@ -237,7 +266,8 @@ void ChaosTest::Run(bool restarts) {
     s = Status();
   }
   EXPECT_EQ(s.leases(), 0u);
-  EXPECT_EQ(s.objects(), 0u);
+  EXPECT_EQ(s.objects(), 0u)
+      << testing::MonitorObjects(address_).DebugString().substr(0, 4000);
   EXPECT_EQ(s.pools(0).used_bytes(), 0u);
   EXPECT_EQ(s.sessions(), 1u);  // The fixture's client.
   EXPECT_EQ(s.detached_sessions(), 0u);
@@ -246,18 +276,24 @@ void ChaosTest::Run(bool restarts) {
     EXPECT_GT(s.pools(0).cleared_bytes(), 0u);
   }
   if (restarts) {
-    EXPECT_GE(daemon_restarts, 9u);
+    // 10 SIGKILL restarts, 10 take-overs, 4 reloads.
+    EXPECT_GE(daemon_restarts, 19u);
     // Every client resumed each time: none was refused.
     EXPECT_FALSE(absl::StrContains(systemd_->Log(), "not adopting"))
         << systemd_->Log();
   }
   std::printf(
-      "chaos: %llu objects checked, %llu kills, %llu daemon restarts, %zu "
-      "mismatches, %s, %llu bytes cleared between them\n",
+      "chaos: %llu objects checked, %llu kills, %s, %zu mismatches, %s, %llu "
+      "bytes cleared between them\n",
       static_cast<unsigned long long>(checked),
       static_cast<unsigned long long>(kills),
-      static_cast<unsigned long long>(daemon_restarts), mismatches.size(),
-      two_uids_ ? "two uids" : "one uid (not root)",
+      restarts ? absl::StrCat(daemon_restarts,
+                              " daemon restarts (half SIGKILL, half "
+                              "take-over) and ",
+                              reloads_, " reloads")
+                     .c_str()
+               : "no daemon restart",
+      mismatches.size(), two_uids_ ? "two uids" : "one uid (not root)",
       static_cast<unsigned long long>(s.pools(0).cleared_bytes()));
   unlink(log.c_str());
 }
@@ -267,10 +303,12 @@ TEST_F(ChaosTest, KilledAndDisconnectedClientsNeverReadAnotherObjectsBytes) {
   Run(/*restarts=*/false);
 }
 
-// The same, while the daemon itself is SIGKILLed and restarted through its
-// descriptor store, reloaded in place, and taken over by a successor, in
-// turn, every other round: the clients resume each time, and the promise
-// holds across daemons.
+// The same, while the daemon itself is replaced after each round: SIGKILLed
+// and restarted through its descriptor store, and taken over by a
+// successor, in turn (10 each), with a reload in place every fifth round.
+// The clients resume each time (a session that ended is a failure), a ref
+// and a view made before each restart resolve to their bytes after every
+// later one, and the promise holds across daemons.
 TEST_F(ChaosTest, TheSameWhileTheDaemonIsKilledReloadedAndTakenOver) {
   StartDaemonUnderStore();
   Run(/*restarts=*/true);

@@ -342,7 +342,14 @@ int Producer(const std::string& address, const std::string& log, int id) {
         c->Create({.size_bytes = size,
                    .name = kind == 1 ? absl::StrCat("chaos-", seed) : "",
                    .timeout = absl::Milliseconds(200)});
-    if (!buf.ok()) continue;  // Pool full, or a resumed connection.
+    if (!buf.ok()) {
+      // Pool full, or a resumed connection; a session that ended is said.
+      if (shmtensor::IsSessionEnded(buf.status())) {
+        Say("ENDED " + buf.status().ToString());
+        return 4;
+      }
+      continue;
+    }
     if (size_t f = ForeignWords(static_cast<uint8_t*>(buf->data()), size);
         f > 0) {
       Say(absl::StrCat("FOREIGN ", f, " words of another uid in a new buffer"));
@@ -417,6 +424,7 @@ int Consumer(const std::string& address, const std::string& log, int id) {
         // Gone, taken, or a resumed connection; a session that could not
         // be resumed gets a new client (its views are kept and checked).
         if (shmtensor::IsSessionEnded(v.status())) {
+          Say("ENDED " + v.status().ToString());
           absl::StatusOr<Client> again = Client::Connect({.address = address});
           if (again.ok()) c = *std::move(again);
         }

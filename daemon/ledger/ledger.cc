@@ -713,6 +713,15 @@ void Ledger::DropForkHold(uint64_t hold_id) {
   hold_at_.erase(it);
 }
 
+void Ledger::MarkForkHoldGranted(uint64_t hold_id) {
+  auto it = hold_at_.find(hold_id);
+  if (it == hold_at_.end()) return;
+  for (uint32_t i : it->second) {
+    At<L::PinRecord>(base_, tables_[L::kPins], i)
+        ->expires_ns.store(INT64_MAX, std::memory_order_release);
+  }
+}
+
 void Ledger::SetOfferExpiry(uint64_t token, int64_t expires_ns) {
   auto it = offer_at_.find(token);
   if (it == offer_at_.end()) return;

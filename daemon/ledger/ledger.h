@@ -113,8 +113,12 @@ struct LedgerPin {
   uint64_t client_id = 0;
   uint32_t uid = 0;
   uint64_t bytes = 0;
-  int64_t expires_ns = INT64_MAX;  // Offers: INT64_MAX while open.
+  // Offers: INT64_MAX while open. Fork holds: kForkHoldPending until the
+  // hold's descriptor is kept where a successor gets it and the client may
+  // be told (MarkForkHoldGranted), anything else after.
+  int64_t expires_ns = INT64_MAX;
 };
+inline constexpr int64_t kForkHoldPending = INT64_MIN;
 
 struct LedgerCapacity {
   uint32_t objects = 0;  // Slots: 0 .. objects - 1.
@@ -192,6 +196,8 @@ class Ledger {
   void AddPin(const LedgerPin& pin);
   void DropOffer(uint64_t token);
   void DropForkHold(uint64_t hold_id);
+  // Every record of the hold: granted (see LedgerPin::expires_ns).
+  void MarkForkHoldGranted(uint64_t hold_id);
   void SetOfferExpiry(uint64_t token, int64_t expires_ns);
 
   // Ids and serials: each issued one is below what the ledger reserves, so a

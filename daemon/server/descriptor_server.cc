@@ -14,6 +14,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "daemon/server/log_limiter.h"
@@ -216,12 +217,20 @@ DescriptorServer::Served DescriptorServer::Serve(const Pending& p,
     if (!hold.ok()) {
       return refuse(hold.status().code(), std::string(hold.status().message()));
     }
+    // Kept by systemd's descriptor store too, when there is one, so that a
+    // restarted daemon still sees the children go; then marked granted in
+    // the ledger, then told (a successor drops a hold never told).
+    const std::string name =
+        absl::StrFormat("%s%d", kHoldFdPrefix, hold->hold_id);
+    (void)Notify(absl::StrCat("FDSTORE=1\nFDNAME=", name), {p.fd});
+    store_.ForkHoldGranted(hold->hold_id);
     v1::DescriptorReply reply;
     reply.set_granted(true);
     reply.set_held_objects(hold->objects);
     if (!SendReply(p.fd, reply, {})) {
       // The client is gone or stopped reading: nobody will fork with it.
       store_.EndForkHold(hold->hold_id);
+      (void)Notify(absl::StrCat("FDSTOREREMOVE=1\nFDNAME=", name));
       ++refused_;
       return Served::kDone;
     }
@@ -331,11 +340,6 @@ void DescriptorServer::Loop() {
           drop(i - 2);
           break;
         case Served::kHeld: {
-          // Kept by systemd's descriptor store too, when there is one, so
-          // that a restarted daemon still sees the children go.
-          (void)Notify(
-              absl::StrFormat("FDSTORE=1\nFDNAME=%s%d", kHoldFdPrefix, hold_id),
-              {pending[i - 2].fd});
           absl::MutexLock lock(&held_mu_);
           held_.push_back({pending[i - 2].fd, hold_id});
           pending[i - 2].fd = -1;  // Now held_'s.

@@ -225,6 +225,9 @@ absl::StatusOr<std::vector<DescriptorGrant>> ObjectStore::GrantDescriptors(
       "descriptor request refused: no open session of this process has that "
       "id and secret");
   absl::MutexLock lock(&mu_);
+  // A session opened just before its daemon was replaced asks the
+  // successor.
+  TakeAdopted(session_id, peer, /*exact=*/false);
   Session* s = sessions_.FindOrNull(session_id);
   if (s == nullptr) return refused;
   if (!SessionTable::SecretMatches(*s, secret) ||
@@ -298,12 +301,20 @@ absl::StatusOr<ForkHoldGrant> ObjectStore::HoldForFork(uint64_t session_id,
       pin.client_id = s->client_id;
       pin.uid = uid;
       pin.bytes = objects_.object(slot).capacity;
+      pin.expires_ns = kForkHoldPending;  // Until ForkHoldGranted.
       ledger_->AddPin(pin);
     }
   }
   const auto objects = static_cast<uint32_t>(hold.slots.size());
   fork_holds_.emplace(id, std::move(hold));
   return ForkHoldGrant{id, objects};
+}
+
+void ObjectStore::ForkHoldGranted(uint64_t hold_id) {
+  absl::MutexLock lock(&mu_);
+  if (ledger_ != nullptr && fork_holds_.contains(hold_id)) {
+    ledger_->MarkForkHoldGranted(hold_id);
+  }
 }
 
 bool ObjectStore::ClaimForkHold(uint64_t hold_id) {
@@ -490,7 +501,10 @@ absl::Status ObjectStore::Restore(LedgerState state) {
       s.peer.process.gid = ls.gid;
       s.peer.owner = OwnerKey{ls.uid, ls.pid, ls.instance};
       s.releases.Restore(ls.releases_applied);
-      s.descriptors_granted = true;  // It has its pools' descriptors.
+      // Whether the predecessor handed the descriptors over is not
+      // recorded: a session opened just before the restart may ask now.
+      // Once more at most per restart, as for a new session.
+      s.descriptors_granted = false;
       s.descriptor_secret_hash.assign(ls.secret_hash.begin(),
                                       ls.secret_hash.end());
       // Alive: the same process (its start time) behind a pidfd taken
@@ -595,7 +609,19 @@ absl::Status ObjectStore::Restore(LedgerState state) {
         JournalObject(slot);
       }
     }
+    // A fork hold none of whose records was marked granted was never
+    // told to its client (the predecessor died before): it pins nothing.
+    absl::flat_hash_set<uint64_t> granted_holds;
     for (const LedgerPin& p : state.pins) {
+      if (p.kind == LedgerPin::kForkHold && p.expires_ns != kForkHoldPending) {
+        granted_holds.insert(p.key);
+      }
+    }
+    for (const LedgerPin& p : state.pins) {
+      if (p.kind == LedgerPin::kForkHold && !granted_holds.contains(p.key)) {
+        ledger_->DropForkHold(p.key);
+        continue;
+      }
       if (!objects_.live(p.slot) ||
           objects_.generation(p.slot) != p.generation) {
         if (p.kind == LedgerPin::kOffer) {

@@ -284,6 +284,10 @@ class ObjectStore {
   absl::StatusOr<ForkHoldGrant> HoldForFork(uint64_t session_id,
                                             absl::string_view secret,
                                             const OwnerKey& peer);
+  // The hold's descriptor is kept where a successor would get it: its
+  // client may be told now. A successor drops a hold this was not called
+  // for (its client was never told; docs/shm_layout.md, "Fork holds").
+  void ForkHoldGranted(uint64_t hold_id);
   // The forked children of a hold are gone: unpins its objects (freeing
   // those nothing else holds). No-op for an unknown id.
   void EndForkHold(uint64_t hold_id);

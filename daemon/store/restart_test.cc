@@ -148,6 +148,99 @@ TEST(RestartTest, ASuccessorServesEveryObjectLeaseNameAndRef) {
   EXPECT_EQ(s.Stats().pools(0).used_bytes(), 0u);
 }
 
+// A client whose daemon was replaced between opening its session and
+// asking for its pools' descriptors asks the successor: it proves the
+// session as before (its id and secret, its process), once.
+TEST(RestartTest, ASessionOpenedJustBeforeTheRestartGetsItsDescriptors) {
+  std::unique_ptr<Ledger> ledger = NewLedger(78);
+  const int fd = ledger->fd();
+  ObjectStore old(Pools(), 78, StoreLimits(), std::move(ledger));
+  const OpenedSession opened = *old.OpenSession("late", ThisProcess());
+  absl::StatusOr<std::unique_ptr<ObjectStore>> next = Successor(fd);
+  ASSERT_TRUE(next.ok()) << next.status();
+  ObjectStore& s = **next;
+  const OwnerKey me = ThisProcess().owner;
+  EXPECT_TRUE(absl::IsPermissionDenied(
+      s.GrantDescriptors(opened.id, "wrong secret", me).status()));
+  EXPECT_TRUE(absl::IsPermissionDenied(
+      s.GrantDescriptors(opened.id ^ 1, opened.descriptor_secret, me)
+          .status()));
+  absl::StatusOr<std::vector<DescriptorGrant>> grant =
+      s.GrantDescriptors(opened.id, opened.descriptor_secret, me);
+  ASSERT_TRUE(grant.ok()) << grant.status();
+  EXPECT_EQ(grant->size(), 1u);
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      s.GrantDescriptors(opened.id, opened.descriptor_secret, me).status()));
+  // The session is open under its id from then on.
+  EXPECT_TRUE(s.ResumeSession(opened.id, me).ok());
+}
+
+// Adopted again and again (each successor writes on in the same ledger),
+// objects held across every restart are freed once let go.
+TEST(RestartTest, ObjectsHeldAcrossManyRestartsAreFreedWhenLetGo) {
+  std::unique_ptr<Ledger> ledger = NewLedger(79);
+  const int fd = ledger->fd();
+  auto store = std::make_unique<ObjectStore>(Pools(), 79, StoreLimits(),
+                                             std::move(ledger));
+  const uint64_t id = store->OpenSession("c", ThisProcess())->id;
+  const OwnerKey me = ThisProcess().owner;
+  std::vector<uint64_t> leases;
+  std::vector<std::unique_ptr<ObjectStore>> retired;
+  for (int round = 0; round < 4; ++round) {
+    Handout h = *Create(*store, id, kPage);
+    ASSERT_TRUE(store->Seal(id, h.lease_id, false).ok());
+    leases.push_back(h.lease_id);
+    leases.push_back(store->Get(id, h.ref)->lease_id);
+    retired.push_back(std::move(store));
+    absl::StatusOr<std::unique_ptr<ObjectStore>> next = Successor(fd);
+    ASSERT_TRUE(next.ok()) << next.status();
+    store = *std::move(next);
+    LeaseAccount account{leases, 0};
+    ASSERT_TRUE(store->ResumeSession(id, me, &account).ok());
+    EXPECT_EQ(store->Stats().leases(), leases.size()) << "round " << round;
+    EXPECT_EQ(store->Stats().objects(), leases.size() / 2) << "round " << round;
+  }
+  for (uint64_t lease : leases) {
+    EXPECT_TRUE(store->Release(id, lease).ok()) << lease;
+  }
+  EXPECT_EQ(store->Stats().leases(), 0u);
+  EXPECT_EQ(store->Stats().objects(), 0u);
+  EXPECT_EQ(store->Stats().pools(0).used_bytes(), 0u);
+}
+
+// A fork hold whose client was told (ForkHoldGranted, after its descriptor
+// was stored) outlives the restart; one its predecessor died before telling
+// pins nothing in the successor.
+TEST(RestartTest, OnlyForkHoldsTheirClientWasToldOfOutliveARestart) {
+  std::unique_ptr<Ledger> ledger = NewLedger(80);
+  const int fd = ledger->fd();
+  ObjectStore old(Pools(), 80, StoreLimits(), std::move(ledger));
+  const OpenedSession opened = *old.OpenSession("forker", ThisProcess());
+  const OwnerKey me = ThisProcess().owner;
+  Handout h = *Create(old, opened.id, kPage);
+  ASSERT_TRUE(old.Seal(opened.id, h.lease_id, false).ok());
+  absl::StatusOr<ForkHoldGrant> told =
+      old.HoldForFork(opened.id, opened.descriptor_secret, me);
+  ASSERT_TRUE(told.ok()) << told.status();
+  old.ForkHoldGranted(told->hold_id);
+  Handout h2 = *Create(old, opened.id, 2 * kPage);
+  ASSERT_TRUE(old.Seal(opened.id, h2.lease_id, false).ok());
+  ASSERT_TRUE(old.Release(opened.id, h.lease_id).ok());
+  // Pins h2's object only (the session holds nothing else now); never told.
+  ASSERT_TRUE(old.HoldForFork(opened.id, opened.descriptor_secret, me).ok());
+
+  absl::StatusOr<std::unique_ptr<ObjectStore>> next = Successor(fd);
+  ASSERT_TRUE(next.ok()) << next.status();
+  ObjectStore& s = **next;
+  ASSERT_TRUE(s.ResumeSession(opened.id, me).ok());
+  // h's object: kept by the hold its client was told of (stranded: its
+  // connection was not handed over here).
+  EXPECT_EQ(s.adopted().quarantined_bytes, kPage);
+  ASSERT_TRUE(s.Release(opened.id, h2.lease_id).ok());
+  EXPECT_EQ(s.Stats().pools(0).used_bytes(), kPage);
+  EXPECT_EQ(s.Stats().objects(), 1u);
+}
+
 TEST(RestartTest, SessionsOfProcessesGoneEndAtAdoption) {
   std::unique_ptr<Ledger> ledger = NewLedger(5);
   const int fd = ledger->fd();

@@ -51,21 +51,27 @@ FdStore::~FdStore() {
 }
 
 absl::Status FdStore::StartSuccessor(const std::vector<std::string>& args) {
-  std::multimap<std::string, int> stored;
-  stored.swap(stored_);
   std::vector<std::string> with = args;
   with.push_back("--take-over");
-  absl::Status s = Start(with);
-  stored.swap(stored_);
-  return s;
+  return Spawn(with, {}, /*pass_stored=*/false);
 }
 
 absl::Status FdStore::Start(
     const std::vector<std::string>& args,
     const std::vector<std::pair<std::string, int>>& more) {
+  return Spawn(args, more, /*pass_stored=*/true);
+}
+
+absl::Status FdStore::Spawn(
+    const std::vector<std::string>& args,
+    const std::vector<std::pair<std::string, int>>& more, bool pass_stored) {
   if (pid_ > 0) earlier_.push_back(pid_);
   pid_ = 0;
-  std::vector<std::pair<std::string, int>> fds(stored_.begin(), stored_.end());
+  // What the last instance stored up to now (systemd applies each
+  // notification as it comes).
+  Drain();
+  std::vector<std::pair<std::string, int>> fds;
+  if (pass_stored) fds.assign(stored_.begin(), stored_.end());
   fds.insert(fds.end(), more.begin(), more.end());
   // posix_spawn, not fork: the caller's clients may hold views, and a fork
   // would first ask the (dead) daemon for fork holds.
@@ -115,65 +121,75 @@ absl::Status FdStore::Start(
   return absl::OkStatus();
 }
 
+int FdStore::ApplyOne() {
+  char buf[4096];
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
+  iovec iov{buf, sizeof(buf)};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  const ssize_t n = recvmsg(sock_, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+  if (n < 0) return -1;
+  std::vector<int> fds;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; ++i) {
+      int fd;
+      memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      fds.push_back(fd);
+    }
+  }
+  std::map<std::string, std::string> kv;
+  for (absl::string_view line :
+       absl::StrSplit(absl::string_view(buf, n), '\n')) {
+    std::pair<std::string, std::string> p = absl::StrSplit(line, '=');
+    kv[p.first] = p.second;
+  }
+  const std::string name = kv.count("FDNAME") ? kv["FDNAME"] : "stored";
+  if (kv.count("FDSTOREREMOVE")) {
+    for (auto it = stored_.begin(); it != stored_.end();) {
+      if (it->first == name) {
+        close(it->second);
+        it = stored_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  if (kv.count("FDSTORE")) {
+    for (int fd : fds) {
+      if (Stored(name, fd)) {
+        close(fd);
+      } else {
+        stored_.emplace(name, fd);
+      }
+    }
+  } else {
+    for (int fd : fds) close(fd);
+  }
+  return kv.count("READY") ? 1 : 0;
+}
+
+void FdStore::Drain() {
+  while (ApplyOne() >= 0) {
+  }
+}
+
 bool FdStore::WaitReady(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   while (absl::Now() < deadline) {
-    char buf[4096];
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
-    iovec iov{buf, sizeof(buf)};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    const ssize_t n = recvmsg(sock_, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-    if (n < 0) {
+    const int got = ApplyOne();
+    if (got == 1) return true;
+    if (got < 0) {
       int status;
       if (pid_ > 0 && waitpid(pid_, &status, WNOHANG) == pid_) {
         pid_ = 0;
         return false;
       }
       absl::SleepFor(absl::Milliseconds(2));
-      continue;
     }
-    std::vector<int> fds;
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t i = 0; i < count; ++i) {
-        int fd;
-        memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-        fds.push_back(fd);
-      }
-    }
-    std::map<std::string, std::string> kv;
-    for (absl::string_view line :
-         absl::StrSplit(absl::string_view(buf, n), '\n')) {
-      std::pair<std::string, std::string> p = absl::StrSplit(line, '=');
-      kv[p.first] = p.second;
-    }
-    const std::string name = kv.count("FDNAME") ? kv["FDNAME"] : "stored";
-    if (kv.count("FDSTOREREMOVE")) {
-      for (auto it = stored_.begin(); it != stored_.end();) {
-        if (it->first == name) {
-          close(it->second);
-          it = stored_.erase(it);
-        } else {
-          ++it;
-        }
-      }
-    }
-    if (kv.count("FDSTORE")) {
-      for (int fd : fds) {
-        if (Stored(name, fd)) {
-          close(fd);
-        } else {
-          stored_.emplace(name, fd);
-        }
-      }
-    } else {
-      for (int fd : fds) close(fd);
-    }
-    if (kv.count("READY")) return true;
   }
   return false;
 }

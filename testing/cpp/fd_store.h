@@ -55,6 +55,16 @@ class FdStore {
   const std::multimap<std::string, int>& stored() const { return stored_; }
 
  private:
+  // Start and StartSuccessor: the stored descriptors are passed when
+  // `pass_stored`.
+  absl::Status Spawn(const std::vector<std::string>& args,
+                     const std::vector<std::pair<std::string, int>>& more,
+                     bool pass_stored);
+  // Applies one notification waiting on the socket: 1 when it said
+  // READY=1, 0 otherwise, -1 when none was waiting.
+  int ApplyOne();
+  // Applies every notification waiting.
+  void Drain();
   // Whether a descriptor of the file `fd` refers to is stored as `name`.
   bool Stored(const std::string& name, int fd) const;
 

@@ -267,7 +267,11 @@ void Run(const uint8_t* data, size_t size) {
             store.HoldForFork(c.id, other ? std::string("forged") : c.secret,
                               OwnerKey{1000, c.pid, 1});
         if (other && h.ok()) Broken("a forged secret took a fork hold");
-        if (h.ok()) holds.push_back(h->hold_id);
+        if (h.ok()) {
+          // The daemon marks it granted once its descriptor is stored.
+          if (in.Byte() % 2 == 0) store.ForkHoldGranted(h->hold_id);
+          holds.push_back(h->hold_id);
+        }
         break;
       }
       case 14:  // The children of a fork are gone (or a made-up hold).
