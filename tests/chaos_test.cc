@@ -256,8 +256,11 @@ void ChaosTest::Run(bool restarts) {
   EXPECT_GE(kills, 19u);
   // Names outlive their creators by design (Delete ends them): the ones
   // left by killed producers go here; the rest must go by itself.
+  // (A name of a buffer its killed producer never sealed goes with the
+  // producer's session, maybe between the listing and the delete.)
   for (const std::string& name : Names()) {
-    EXPECT_TRUE(client_->Delete(name).ok()) << name;
+    const absl::Status deleted = client_->Delete(name);
+    EXPECT_TRUE(deleted.ok() || absl::IsNotFound(deleted)) << deleted;
   }
   v1::DaemonStatus s = Status();
   while (absl::Now() - last_kill < absl::Seconds(1) &&
