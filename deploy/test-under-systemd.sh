@@ -1,8 +1,10 @@
 #!/bin/bash
 # The unit's restart promises, checked under systemd itself: this Debian's
-# own service manager (systemd 252 on Debian 12, 257 on 13), run as a user
-# instance beside whatever is PID 1 here (a container or VM without systemd
-# as init can run it; nothing is booted). It runs deploy/systemd/
+# own service manager, run as a user instance beside whatever is PID 1 here
+# (a container or VM without systemd as init can run it; nothing is
+# booted). Checked with Debian 12's systemd 252; systemd 256 and later need
+# a unified (cgroup v2) hierarchy, and on a host with cgroup v1 (the dev VM)
+# their user manager exits before it serves, which this script reports. It runs deploy/systemd/
 # shmtensord.service, adapted as below, and a client that holds a view and
 # a named object checks after each event that it kept its session, its view's
 # bytes and its refs:
@@ -81,7 +83,13 @@ for _ in $(seq 100); do
   [ -S "$RT/systemd/private" ] && break
   sleep 0.1
 done
-[ -S "$RT/systemd/private" ] || { cat "$RT/manager.log"; exit 1; }
+if [ ! -S "$RT/systemd/private" ]; then
+  cat "$RT/manager.log"
+  echo "FAIL: $("$SYSTEMD" --version | head -1) did not start as a user" \
+    "manager; /sys/fs/cgroup is $(stat -fc %T /sys/fs/cgroup)" \
+    "(systemd 256 and later need cgroup2fs)"
+  exit 1
+fi
 echo "== $("$SYSTEMD" --version | head -1) as a user manager (pid $MANAGER)"
 
 main_pid() { systemctl --user show -p MainPID --value shmtensord.service; }
