@@ -2,12 +2,18 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <optional>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "client/client_core.h"
 #include "client/lease.h"
 #include "client/ref_proto.h"
+#include "client/stock.h"
 #include "shmtensor/defaults.h"
+#include "shmtensor/errors.h"
 
 namespace shmtensor {
 namespace {
@@ -15,6 +21,8 @@ namespace {
 // Margin on top of a server-side wait, so the daemon's own timeout answers
 // first.
 constexpr absl::Duration kWaitMargin = absl::Seconds(10);
+// How long a Get of a ref waits for a one-way seal on its way.
+constexpr absl::Duration kSealWait = absl::Seconds(10);
 
 uint32_t ToMillis(absl::Duration d) {
   if (d <= absl::ZeroDuration()) return 0;
@@ -51,12 +59,23 @@ ObjectInfo MakeInfo(const internal::ClientCore& core, const v1::ObjectRef& ref,
 // Builds the lease for a handout that a call on connection `generation`
 // returned (ClientCore::HoldLease): for a host pool, opening the writable
 // range if needed; for a CUDA pool, mapping the pool on first use.
+// MakeLease for a lease held already (HoldLease: a stock buffer's).
+absl::StatusOr<std::shared_ptr<internal::Lease>> MakeHeldLease(
+    const std::shared_ptr<internal::ClientCore>& core, uint64_t lease_id,
+    const v1::Placement& placement, bool writable);
+
 absl::StatusOr<std::shared_ptr<internal::Lease>> MakeLease(
     const std::shared_ptr<internal::ClientCore>& core, uint64_t lease_id,
     const v1::Placement& placement, bool writable, uint64_t generation) {
   if (absl::Status s = core->HoldLease(lease_id, generation); !s.ok()) {
     return s;
   }
+  return MakeHeldLease(core, lease_id, placement, writable);
+}
+
+absl::StatusOr<std::shared_ptr<internal::Lease>> MakeHeldLease(
+    const std::shared_ptr<internal::ClientCore>& core, uint64_t lease_id,
+    const v1::Placement& placement, bool writable) {
   const absl::StatusOr<Device> device = core->PoolDevice(placement.pool_id());
   absl::StatusOr<uint8_t*> data = absl::UnknownError("unset");
   if (!device.ok()) {
@@ -99,8 +118,50 @@ absl::StatusOr<View> ViewFromResponse(
   if (!lease.ok()) return lease.status();
   // Writable and not an exclusive take: a shared-writable object.
   if (writable && !resp.ref().exclusive()) (*lease)->MarkSharedWritable();
-  return View(MakeInfo(*core, resp.ref(), resp.placement(), resp.layout()),
-              *std::move(lease), writable);
+  ObjectInfo info =
+      MakeInfo(*core, resp.ref(), resp.placement(), resp.layout());
+  // A read lease of a sealed shared object: later Gets here share it.
+  if (!resp.writable() && !resp.ref().exclusive()) core->AddShare(*lease, info);
+  return View(std::move(info), *std::move(lease), writable);
+}
+
+// The bytes an object of `options` spans, as the daemon decides them
+// (RequestedBytes, daemon/store/layout.h); nullopt where the daemon should
+// word the error (the request then goes to it).
+std::optional<uint64_t> ObjectBytes(const CreateOptions& o) {
+  if (o.dtype == DType::kUnspecified) {
+    if (!o.shape.empty() || !o.strides_bytes.empty() || o.size_bytes == 0) {
+      return std::nullopt;
+    }
+    return o.size_bytes;
+  }
+  const int64_t item = ItemSize(o.dtype);
+  if (item <= 0 || o.shape.size() > 64 ||
+      (!o.strides_bytes.empty() && o.strides_bytes.size() != o.shape.size())) {
+    return std::nullopt;
+  }
+  unsigned __int128 extent = static_cast<unsigned __int128>(item);
+  bool empty = false;
+  for (size_t i = 0; i < o.shape.size(); ++i) {
+    const int64_t d = o.shape[i];
+    if (d < 0) return std::nullopt;
+    if (d == 0) empty = true;
+    if (o.strides_bytes.empty()) {
+      extent *= static_cast<uint64_t>(d);
+    } else {
+      const int64_t st = o.strides_bytes[i];
+      if (st < 0 || st % item != 0) return std::nullopt;
+      if (d > 0) {
+        extent +=
+            static_cast<unsigned __int128>(d - 1) * static_cast<uint64_t>(st);
+      }
+    }
+    if (extent > (static_cast<unsigned __int128>(1) << 62)) return std::nullopt;
+  }
+  const uint64_t bytes = empty ? 0 : static_cast<uint64_t>(extent);
+  if (o.size_bytes == 0) return bytes;
+  if (o.size_bytes < bytes) return std::nullopt;
+  return o.size_bytes;
 }
 
 v1::CreateRequest MakeCreateRequest(const internal::ClientCore& core,
@@ -135,7 +196,8 @@ absl::StatusOr<Client> Client::Connect(const ClientOptions& options) {
   absl::StatusOr<std::shared_ptr<internal::ClientCore>> core =
       internal::ClientCore::Connect(
           address, name, options.connect_timeout, options.write_revocation,
-          options.daemon_uid, options.read_only, options.resume_timeout);
+          options.daemon_uid, options.read_only, options.resume_timeout,
+          options.stock_bytes);
   if (!core.ok()) return core.status();
   return Client(*std::move(core));
 }
@@ -179,12 +241,63 @@ absl::StatusOr<Created> CreateObject(
 
 }  // namespace
 
+// A buffer of an unnamed host object from the stock (stock.h), with no
+// round trip when it has one; nullopt when the stock cannot serve it (the
+// caller makes it with a Create).
+std::optional<Buffer> StockBufferFor(
+    const std::shared_ptr<internal::ClientCore>& core,
+    const CreateOptions& options) {
+  internal::Stock* stock = core->stock();
+  if (stock == nullptr || options.shared_writable || !options.name.empty() ||
+      options.device.is_cuda()) {
+    return std::nullopt;
+  }
+  const std::optional<uint64_t> bytes = ObjectBytes(options);
+  if (!bytes.has_value() || *bytes == 0) return std::nullopt;
+  absl::StatusOr<std::string> pool_name =
+      options.pool.empty() ? core->PoolOn(options.device)
+                           : absl::StatusOr<std::string>(options.pool);
+  if (!pool_name.ok()) return std::nullopt;
+  const v1::PoolInfo* pool = core->PoolNamed(*pool_name);
+  if (pool == nullptr || pool->kind() != v1::MEMORY_KIND_HOST ||
+      pool->access() != v1::POOL_ACCESS_READ_WRITE) {
+    return std::nullopt;
+  }
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    absl::StatusOr<internal::StockBuffer> b = stock->Take(*pool, *bytes);
+    if (!b.ok()) return std::nullopt;
+    v1::Placement placement = b->placement;
+    placement.set_size_bytes(*bytes);
+    absl::StatusOr<std::shared_ptr<internal::Lease>> lease =
+        MakeHeldLease(core, b->lease_id, placement, true);
+    if (!lease.ok()) return std::nullopt;
+    if ((*lease)->lost()) continue;  // A resume refused it meanwhile.
+    ObjectInfo info;
+    info.ref = internal::FromProto(b->ref);
+    info.device = Device::Host();
+    info.dtype = options.dtype;
+    info.shape = options.shape;
+    info.size_bytes = *bytes;
+    v1::Layout layout;
+    layout.set_dtype(static_cast<v1::DType>(options.dtype));
+    for (int64_t d : options.shape) layout.add_shape(d);
+    for (int64_t st : options.strides_bytes) layout.add_strides_bytes(st);
+    info.strides_bytes =
+        MakeInfo(*core, b->ref, placement, layout).strides_bytes;
+    return Buffer(std::move(info), *std::move(lease));
+  }
+  return std::nullopt;
+}
+
 absl::StatusOr<Buffer> Client::Create(const CreateOptions& options) {
+  if (std::optional<Buffer> b = StockBufferFor(core_, options)) {
+    return *std::move(b);
+  }
   absl::StatusOr<Created> c = CreateObject(core_, options, true);
   if (!c.ok()) return c.status();
   return Buffer(
       MakeInfo(*core_, c->resp.ref(), c->resp.placement(), c->resp.layout()),
-      std::move(c->lease));
+      std::move(c->lease), !options.name.empty());
 }
 
 absl::StatusOr<SealedRef> Client::Put(const void* data,
@@ -195,8 +308,18 @@ absl::StatusOr<SealedRef> Client::Put(const void* data,
         "Put seals the object, and a shared-writable one is never sealed: "
         "use Create");
   }
-  // Read-only here: until sealed nobody else sees the object, and if anything
-  // below fails the lease's release discards it.
+  if (!options.device.is_cuda()) {
+    // Host: a mapped copy-in (the range stays open for the next object of
+    // its size), sealed one way when unnamed.
+    absl::StatusOr<Buffer> buf = Create(options);
+    if (!buf.ok()) return buf.status();
+    if (absl::Status s = buf->CopyFrom(data, buf->size_bytes()); !s.ok()) {
+      return s;
+    }
+    return buf->Seal(exclusive);
+  }
+  // Until sealed nobody else sees the object, and if anything below fails
+  // the lease's release discards it.
   absl::StatusOr<Created> c = CreateObject(core_, options, false);
   if (!c.ok()) return c.status();
   const v1::CreateResponse& created = c->resp;
@@ -246,10 +369,20 @@ absl::StatusOr<View> Client::Take(const ObjectRef& ref, uint64_t offer_token) {
 
 absl::StatusOr<View> Client::GetRef(const ObjectRef& ref, bool writable,
                                     uint64_t offer_token) {
+  if (absl::Status s = core_->CheckOwner(); !s.ok()) return s;
+  // A take of an offer goes to the daemon (the offer's pin must end), never
+  // a share.
+  if (!ref.exclusive && offer_token == 0) {
+    ObjectInfo info;
+    if (std::shared_ptr<internal::Lease> share = core_->FindShare(ref, &info)) {
+      return View(std::move(info), std::move(share), false);
+    }
+  }
   v1::GetRequest req;
   req.set_session_id(core_->session_id());
   *req.mutable_ref() = ToProto(ref);
   req.set_offer_token(offer_token);
+  req.set_timeout_ms(ToMillis(kSealWait));
   v1::GetResponse resp;
   uint64_t generation = 0;
   if (absl::Status s =
@@ -259,6 +392,183 @@ absl::StatusOr<View> Client::GetRef(const ObjectRef& ref, bool writable,
     return s;
   }
   return ViewFromResponse(core_, resp, writable, generation);
+}
+
+absl::StatusOr<std::vector<SealedRef>> Client::PutMany(
+    const std::vector<PutItem>& items, bool exclusive) {
+  if (absl::Status s = core_->CheckOwner(); !s.ok()) return s;
+  std::vector<Buffer> bufs(items.size());
+  // The unnamed objects the stock cannot serve: made in one round trip.
+  std::vector<size_t> missing;
+  std::string missing_pool;
+  absl::Duration wait = absl::ZeroDuration();
+  for (size_t i = 0; i < items.size(); ++i) {
+    const CreateOptions& o = items[i].options;
+    if (o.device.is_cuda() || o.shared_writable) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "PutMany item %d: %s", i,
+          o.shared_writable ? "a shared-writable object is never sealed"
+                            : "host pools only (Put a CUDA object alone)"));
+    }
+    if (std::optional<Buffer> b = StockBufferFor(core_, o)) {
+      bufs[i] = *std::move(b);
+      continue;
+    }
+    const std::optional<uint64_t> bytes = ObjectBytes(o);
+    absl::StatusOr<std::string> pool =
+        o.pool.empty() ? core_->PoolOn(o.device)
+                       : absl::StatusOr<std::string>(o.pool);
+    if (o.name.empty() && bytes.has_value() && *bytes > 0 && pool.ok() &&
+        (missing.empty() || *pool == missing_pool)) {
+      missing.push_back(i);
+      missing_pool = *pool;
+      wait = std::max(wait, o.timeout);
+      continue;
+    }
+    absl::StatusOr<Buffer> b = Create(o);  // Named, or words the error.
+    if (!b.ok()) {
+      return absl::Status(
+          b.status().code(),
+          absl::StrCat("PutMany item ", i, ": ", b.status().message()));
+    }
+    bufs[i] = *std::move(b);
+  }
+  if (!missing.empty()) {
+    v1::CreateManyRequest req;
+    req.set_session_id(core_->session_id());
+    req.set_pool(missing_pool);
+    req.set_timeout_ms(ToMillis(wait));
+    for (size_t i : missing) req.add_sizes(*ObjectBytes(items[i].options));
+    v1::CreateManyResponse resp;
+    uint64_t generation = 0;
+    if (absl::Status s = core_->CallAfterReleases(
+            &v1::ObjectStore::Stub::CreateMany, std::move(req), &resp,
+            wait + internal::kRpcDeadline, &generation);
+        !s.ok()) {
+      return s;
+    }
+    // Every answer is held first, so that the leases of all go on an error.
+    std::vector<absl::StatusOr<std::shared_ptr<internal::Lease>>> leases;
+    for (const v1::CreateResponse& c : resp.created()) {
+      leases.push_back(
+          MakeLease(core_, c.lease_id(), c.placement(), true, generation));
+    }
+    if (static_cast<size_t>(resp.created_size()) < missing.size()) {
+      return absl::Status(
+          static_cast<absl::StatusCode>(resp.stopped_code()),
+          absl::StrCat("PutMany item ", missing[resp.created_size()], ": ",
+                       resp.stopped_message()));
+    }
+    for (size_t k = 0; k < missing.size(); ++k) {
+      if (!leases[k].ok()) return leases[k].status();
+      const CreateOptions& o = items[missing[k]].options;
+      const v1::CreateResponse& c = resp.created(k);
+      v1::Layout layout;
+      layout.set_dtype(static_cast<v1::DType>(o.dtype));
+      for (int64_t d : o.shape) layout.add_shape(d);
+      for (int64_t st : o.strides_bytes) layout.add_strides_bytes(st);
+      ObjectInfo info = MakeInfo(*core_, c.ref(), c.placement(), layout);
+      bufs[missing[k]] = Buffer(std::move(info), *std::move(leases[k]));
+    }
+  }
+  // Copy everything in, then seal the unnamed ones in one stream message.
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (absl::Status s = bufs[i].CopyFrom(items[i].data, bufs[i].size_bytes());
+        !s.ok()) {
+      return absl::Status(s.code(),
+                          absl::StrCat("PutMany item ", i, ": ", s.message()));
+    }
+  }
+  std::vector<SealedRef> out(items.size());
+  std::vector<v1::OneWaySeal> seals;
+  std::vector<std::pair<size_t, std::shared_ptr<internal::Lease>>> one_way;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (!items[i].options.name.empty()) {
+      absl::StatusOr<SealedRef> r = bufs[i].Seal(exclusive);
+      if (!r.ok()) return r.status();
+      out[i] = *std::move(r);
+      continue;
+    }
+    std::shared_ptr<internal::Lease> lease = bufs[i].lease();
+    const WriteRevocation how = lease.use_count() > 2
+                                    ? WriteRevocation::kImmediate
+                                    : lease->revocation();
+    if (absl::Status s = lease->CloseForSeal(kLegacyDefaultStream, how);
+        !s.ok()) {
+      return s;
+    }
+    seals.push_back(
+        internal::OneWaySealOf(lease->id(), bufs[i].info(), exclusive));
+    one_way.emplace_back(i, std::move(lease));
+  }
+  if (!seals.empty()) {
+    if (absl::Status s = core_->SendSeals(std::move(seals)); !s.ok()) return s;
+  }
+  for (auto& [i, lease] : one_way) {
+    ObjectInfo info = bufs[i].info();
+    info.ref.exclusive = exclusive;
+    bufs[i] = Buffer();  // The lease is the ref's now.
+    if (exclusive) {
+      lease->Forget();
+      out[i] = SealedRef(info.ref, nullptr);
+      continue;
+    }
+    lease->BecomeReadLease();
+    core_->AddShare(lease, info);
+    out[i] = SealedRef(info.ref, std::move(lease));
+  }
+  return out;
+}
+
+std::vector<absl::StatusOr<View>> Client::GetMany(
+    const std::vector<ObjectRef>& refs, bool writable) {
+  std::vector<absl::StatusOr<View>> out(refs.size(),
+                                        absl::UnknownError("not got"));
+  if (absl::Status s = core_->CheckOwner(); !s.ok()) {
+    for (auto& v : out) v = s;
+    return out;
+  }
+  v1::GetManyRequest req;
+  req.set_session_id(core_->session_id());
+  req.set_timeout_ms(ToMillis(kSealWait));
+  std::vector<size_t> asked;
+  for (size_t i = 0; i < refs.size(); ++i) {
+    if (!refs[i].exclusive) {
+      ObjectInfo info;
+      if (std::shared_ptr<internal::Lease> share =
+              core_->FindShare(refs[i], &info)) {
+        out[i] = View(std::move(info), std::move(share), false);
+        continue;
+      }
+    }
+    *req.add_refs() = ToProto(refs[i]);
+    asked.push_back(i);
+  }
+  if (asked.empty()) return out;
+  v1::GetManyResponse resp;
+  uint64_t generation = 0;
+  absl::Status s = core_->CallAfterReleases(
+      &v1::ObjectStore::Stub::GetMany, std::move(req), &resp,
+      kSealWait + internal::kRpcDeadline, &generation);
+  if (s.ok() && static_cast<size_t>(resp.results_size()) != asked.size()) {
+    s = absl::InternalError(
+        absl::StrFormat("GetMany asked for %d refs, the daemon answered %d",
+                        asked.size(), resp.results_size()));
+  }
+  if (!s.ok()) {
+    for (size_t i : asked) out[i] = s;
+    return out;
+  }
+  for (size_t k = 0; k < asked.size(); ++k) {
+    const v1::GetManyResult& r = resp.results(k);
+    if (r.code() != 0) {
+      absl::Status e(static_cast<absl::StatusCode>(r.code()), r.message());
+      out[asked[k]] = r.reason().empty() ? e : WithReason(e, r.reason());
+      continue;
+    }
+    out[asked[k]] = ViewFromResponse(core_, r.view(), writable, generation);
+  }
+  return out;
 }
 
 absl::StatusOr<View> Client::Get(std::string_view name,
@@ -300,7 +610,7 @@ absl::StatusOr<StoreStats> Client::Stats() {
   for (const v1::PoolStats& p : resp.pools()) {
     out.pools.push_back({p.info().name(), p.info().size_bytes(), p.used_bytes(),
                          p.free_bytes(), p.largest_free_bytes(), p.objects(),
-                         p.info().huge_page_size()});
+                         p.info().huge_page_size(), p.stock_bytes()});
   }
   out.sessions = resp.sessions();
   out.objects = resp.objects();
@@ -309,6 +619,8 @@ absl::StatusOr<StoreStats> Client::Stats() {
   out.pending_transfers = resp.pending_transfers();
   out.fork_holds = resp.fork_holds();
   out.offers = resp.offers();
+  out.stock_objects = resp.stock_objects();
+  out.stock_bytes = resp.stock_bytes();
   return out;
 }
 

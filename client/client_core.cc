@@ -27,6 +27,7 @@
 #include "client/lease.h"
 #include "client/lease_registry.h"
 #include "client/pool_descriptors.h"
+#include "client/stock.h"
 #include "shmtensor/defaults.h"
 #include "shmtensor/errors.h"
 
@@ -78,6 +79,9 @@ void ClientCore::PrepareFork() {
     std::shared_ptr<ClientCore> core = w.lock();
     if (core == nullptr) continue;
     forking_cores->push_back(core);
+    if (!core->inherited() && core->stock_ != nullptr) {
+      core->stock_->PauseForFork();
+    }
     if (core->inherited() || !core->has_host_pools_ ||
         core->live_leases_.load(std::memory_order_relaxed) <= 0 ||
         fork_hold_count == kMaxForkHolds) {
@@ -113,6 +117,11 @@ void ClientCore::AfterForkInParent() {
   fork_hold_count = 0;
   std::vector<std::shared_ptr<ClientCore>>* cores = forking_cores;
   forking_cores = nullptr;
+  for (const std::shared_ptr<ClientCore>& core : *cores) {
+    if (!core->inherited() && core->stock_ != nullptr) {
+      core->stock_->ResumeAfterFork();
+    }
+  }
   RegistryMu().unlock();
   delete cores;  // May destroy a core another thread let go meanwhile.
 }
@@ -137,6 +146,8 @@ void ClientCore::KeepAliveUntilExit() {
       // Releases waiting for the GPU go out now, while the session is open
       // (after exit the daemon would drop those leases at once).
       if (!core->inherited()) core->FlushGpuReleases();
+      // No call of its refill thread may overlap the exit.
+      if (!core->inherited() && core->stock_ != nullptr) core->stock_->Stop();
       kept->push_back(core);
     }
   }
@@ -232,7 +243,7 @@ absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::Connect(
     const std::string& address, const std::string& client_name,
     absl::Duration connect_timeout, WriteRevocation write_revocation,
     std::optional<uid_t> daemon_uid, bool read_only,
-    std::optional<absl::Duration> resume_timeout) {
+    std::optional<absl::Duration> resume_timeout, uint64_t stock_bytes) {
   absl::StatusOr<std::string> path = SocketPathOf(address);
   if (!path.ok()) return path.status();
   static std::once_flag fork_handlers;
@@ -340,6 +351,14 @@ absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::Connect(
       }
     }
   }
+  bool writes_host = false;
+  for (const v1::PoolInfo& info : core->pools_) {
+    writes_host = writes_host || (info.kind() == v1::MEMORY_KIND_HOST &&
+                                  info.access() == v1::POOL_ACCESS_READ_WRITE);
+  }
+  if (stock_bytes > 0 && writes_host) {
+    core->stock_ = std::make_unique<Stock>(*core, stock_bytes, kStockIdle);
+  }
   Register(core);
   return core;
 }
@@ -349,8 +368,12 @@ ClientCore::~ClientCore() {
     // The parent's gRPC objects: never touch them in the child.
     new std::shared_ptr<Connection>(std::move(conn_));
     releaser_.release();  // Its thread is the parent's.
+    stock_.release();     // So is this one's.
     return;
   }
+  // Its thread makes calls: stopped before anything it uses goes. Its
+  // buffers go with the session.
+  if (stock_ != nullptr) stock_->Stop();
   // Pending GPU releases go out while the session is open (else the
   // daemon would drop those leases at once, with the GPU maybe still on
   // them).
@@ -438,6 +461,12 @@ absl::Status ClientCore::ResumeLocked(const std::shared_ptr<Connection>& broken,
   {
     std::lock_guard<std::mutex> lock(releases_mu_);
     account.set_releases_through(releases_sent_);
+    // Seals the daemon may not have applied: it applies those still due.
+    for (const v1::ReleaseLeases& message : unconfirmed_releases_) {
+      for (const v1::OneWaySeal& seal : message.seals()) {
+        *account.add_pending_seals() = seal;
+      }
+    }
   }
   v1::SessionOpened opened;
   // The daemon may be being replaced: try again with back-off until the
@@ -485,11 +514,10 @@ absl::Status ClientCore::ResumeLocked(const std::shared_ptr<Connection>& broken,
     // A daemon that does not reconcile: send again what it had not
     // applied, in order, before any other release (write_mu_ is held).
     std::lock_guard<std::mutex> lock(releases_mu_);
-    for (const auto& [seq, lease_id] : unconfirmed_releases_) {
-      if (seq <= opened.releases_applied()) continue;
+    for (const v1::ReleaseLeases& message : unconfirmed_releases_) {
+      if (message.seq() <= opened.releases_applied()) continue;
       v1::SessionRequest req;
-      req.mutable_release()->set_seq(seq);
-      req.mutable_release()->add_lease_ids(lease_id);
+      *req.mutable_release() = message;
       if (!(*conn)->session->Write(req)) {
         failed = absl::UnavailableError("the new connection broke at once");
         break;
@@ -580,6 +608,15 @@ absl::StatusOr<CudaPoolMapping*> ClientCore::CudaMapping(uint32_t pool_id) {
     m = *std::move(opened);
   }
   return m.get();
+}
+
+const v1::PoolInfo* ClientCore::PoolNamed(const std::string& name) const {
+  for (const v1::PoolInfo& info : pools_) {
+    if (info.access() != v1::POOL_ACCESS_UNSPECIFIED && info.name() == name) {
+      return &info;
+    }
+  }
+  return nullptr;
 }
 
 absl::StatusOr<std::string> ClientCore::PoolOn(const Device& device) const {
@@ -705,35 +742,108 @@ absl::Status ClientCore::ReleaseLease(uint64_t lease_id) {
 }
 
 absl::Status ClientCore::SendReleaseLocked(uint64_t lease_id) {
+  v1::ReleaseLeases message;
+  message.add_lease_ids(lease_id);
+  return SendLocked(std::move(message));
+}
+
+absl::Status ClientCore::SendSeals(std::vector<v1::OneWaySeal> seals) {
+  if (absl::Status s = CheckOwner(); !s.ok()) return s;
+  v1::ReleaseLeases message;
+  message.mutable_seals()->Reserve(static_cast<int>(seals.size()));
+  for (v1::OneWaySeal& seal : seals) *message.add_seals() = std::move(seal);
+  std::lock_guard<std::mutex> lock(write_mu_);
+  return SendLocked(std::move(message));
+}
+
+absl::Status ClientCore::SendLocked(v1::ReleaseLeases message) {
   v1::SessionRequest req;
-  req.mutable_release()->add_lease_ids(lease_id);
   const uint64_t seq = releases_sent_ + 1;
-  req.mutable_release()->set_seq(seq);
+  message.set_seq(seq);
+  *req.mutable_release() = std::move(message);
   std::shared_ptr<Connection> conn = CurrentConnection();
   if (conn == nullptr) return Ended();
   if (!conn->session->Write(req)) {
     // The connection broke: resume. A daemon that reconciles drops the
-    // lease (the account no longer names it); another gets this release
-    // again on the new stream, after those it had not applied.
+    // released leases (the account no longer names them) but keeps the
+    // write leases being sealed here (it does), so the seals go again;
+    // another gets this message again on the new stream, after those it
+    // had not applied.
     bool reconciled = false;
     if (absl::Status s = ResumeLocked(conn, &reconciled); !s.ok()) return s;
-    if (reconciled) return absl::OkStatus();
+    if (reconciled) {
+      if (req.release().seals_size() == 0) return absl::OkStatus();
+      req.mutable_release()->clear_lease_ids();
+      // The reconciliation settled every seq through releases_sent_.
+    }
     conn = CurrentConnection();
     if (conn == nullptr || !conn->session->Write(req)) return Ended();
   }
   // Published only once written: a call that sends this seq as
-  // releases_through must find the release ahead of it on the wire (or
+  // releases_through must find the message ahead of it on the wire (or
   // carry its copy).
   std::lock_guard<std::mutex> releases_lock(releases_mu_);
   releases_sent_ = seq;
-  unconfirmed_releases_.emplace_back(seq, lease_id);
+  unconfirmed_releases_.push_back(std::move(*req.mutable_release()));
   return absl::OkStatus();
+}
+
+bool ClientCore::Holds(uint64_t lease_id) {
+  std::lock_guard<std::mutex> lock(held_mu_);
+  return held_.contains(lease_id);
+}
+
+namespace {
+uint64_t ShareKey(const ObjectRef& ref) {
+  return (uint64_t{ref.slot} << 32) | ref.generation;
+}
+}  // namespace
+
+std::shared_ptr<Lease> ClientCore::FindShare(const ObjectRef& ref,
+                                             ObjectInfo* info) {
+  std::lock_guard<std::mutex> lock(shares_mu_);
+  auto it = shares_.find(ShareKey(ref));
+  if (it == shares_.end() || !(it->second.info.ref == ref)) return nullptr;
+  std::shared_ptr<Lease> lease = it->second.lease.lock();
+  if (lease == nullptr || lease->lost()) return nullptr;
+  *info = it->second.info;
+  return lease;
+}
+
+void ClientCore::AddShare(const std::shared_ptr<Lease>& lease,
+                          const ObjectInfo& info) {
+  if (lease->device().is_cuda() || lease->access() != Access::kRead) return;
+  std::lock_guard<std::mutex> lock(shares_mu_);
+  Share& s = shares_[ShareKey(info.ref)];
+  // One share per object: a second lease of it (two gets racing) stays
+  // unshared.
+  if (!s.lease.expired()) return;
+  s.lease = lease;
+  s.raw = lease.get();
+  s.info = info;
+  lease->MarkShared(info.ref);
+}
+
+bool ClientCore::UnshareIfLast(const std::shared_ptr<Lease>& lease) {
+  std::lock_guard<std::mutex> lock(shares_mu_);
+  if (lease.use_count() != 1) return false;
+  if (lease->shared()) {
+    auto it = shares_.find(ShareKey(lease->shared_ref()));
+    if (it != shares_.end() && it->second.raw == lease.get()) shares_.erase(it);
+  }
+  return true;
+}
+
+void ClientCore::DropShare(const ObjectRef& ref, const Lease* lease) {
+  std::lock_guard<std::mutex> lock(shares_mu_);
+  auto it = shares_.find(ShareKey(ref));
+  if (it != shares_.end() && it->second.raw == lease) shares_.erase(it);
 }
 
 void ClientCore::ConfirmReleases(uint64_t through) {
   std::lock_guard<std::mutex> lock(releases_mu_);
   while (!unconfirmed_releases_.empty() &&
-         unconfirmed_releases_.front().first <= through) {
+         unconfirmed_releases_.front().seq() <= through) {
     unconfirmed_releases_.pop_front();
   }
 }

@@ -53,6 +53,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "client/call_canceller.h"
 #include "client/cuda_api.h"
 #include "client/cuda_pool_mapping.h"
 #include "client/gpu_releaser.h"
@@ -64,9 +65,13 @@
 namespace shmtensor::internal {
 
 class Lease;
+class Stock;
 
 // Deadline of calls that do not wait for anything.
 inline constexpr absl::Duration kRpcDeadline = absl::Seconds(30);
+// How long a stock class may go untaken before its buffers go back
+// (stock.h).
+inline constexpr absl::Duration kStockIdle = absl::Seconds(2);
 
 class ClientCore {
  public:
@@ -81,7 +86,8 @@ class ClientCore {
       absl::Duration connect_timeout,
       WriteRevocation write_revocation = WriteRevocation::kWhenExposed,
       std::optional<uid_t> daemon_uid = std::nullopt, bool read_only = false,
-      std::optional<absl::Duration> resume_timeout = std::nullopt);
+      std::optional<absl::Duration> resume_timeout = std::nullopt,
+      uint64_t stock_bytes = 0);
   // Ends the session (EndSession): the daemon drops whatever leases remain.
   ~ClientCore();
 
@@ -139,6 +145,8 @@ class ClientCore {
   // cuda_pool_mapping.h) and kept while this core lives. Errors as
   // CudaPoolMapping::Get; FAILED_PRECONDITION for a host pool.
   absl::StatusOr<CudaPoolMapping*> CudaMapping(uint32_t pool_id);
+  // The pool this session may use named `name`, or null.
+  const v1::PoolInfo* PoolNamed(const std::string& name) const;
   // The name of the first pool on `device`. NOT_FOUND naming the device and
   // listing the daemon's pools when there is none.
   absl::StatusOr<std::string> PoolOn(const Device& device) const;
@@ -175,7 +183,12 @@ class ClientCore {
     if (generation != nullptr) *generation = conn->generation;
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    CallCanceller* canceller = ThreadCanceller();
+    if (canceller != nullptr && !canceller->Attach(&ctx)) {
+      return absl::CancelledError("the call was cancelled");
+    }
     grpc::Status st = (conn->stub.get()->*method)(&ctx, req, resp);
+    if (canceller != nullptr) canceller->Detach();
     if (st.error_code() == grpc::StatusCode::UNAVAILABLE) {
       return Resume(conn, st);
     }
@@ -187,6 +200,33 @@ class ClientCore {
   // resumed and the release sent on the new one; FAILED_PRECONDITION when
   // the session has ended (the daemon then dropped the lease itself).
   absl::Status ReleaseLease(uint64_t lease_id);
+  // Seals without waiting for the daemon: one ReleaseLeases message
+  // carrying `seals` (in order), on the session stream, ordered with the
+  // releases (docs/shm_layout.md, "Stock and one-way seals"). Until a
+  // call confirms it applied, requests carry its copy and a resume
+  // presents its seals (OpenSession.pending_seals), so a seal is never
+  // lost to a broken connection. Errors as ReleaseLease.
+  absl::Status SendSeals(std::vector<v1::OneWaySeal> seals);
+
+  // Lease shares: a Get of an object this process holds a read lease on
+  // (a view, a SealedRef) shares that lease instead of asking the daemon.
+  // FindShare returns the live read lease of exactly `ref` (nonce
+  // included) with its object's info, or null. AddShare enters a read
+  // lease of a sealed shared host object; the Lease leaves on its
+  // destruction (DropShare). Thread-safe.
+  std::shared_ptr<Lease> FindShare(const ObjectRef& ref, ObjectInfo* info);
+  void AddShare(const std::shared_ptr<Lease>& lease, const ObjectInfo& info);
+  void DropShare(const ObjectRef& ref, const Lease* lease);
+  // Whether `lease` is held by its caller alone (use_count 1); if so, it is
+  // no longer shared, so no Get can take it from here on. Under the
+  // shares' lock, as FindShare.
+  bool UnshareIfLast(const std::shared_ptr<Lease>& lease);
+
+  // The session's stock (stock.h); null when ClientOptions::stock_bytes
+  // is 0 or the session may write no host pool.
+  Stock* stock() const { return stock_.get(); }
+  // Whether lease `lease_id` is still held (a resume may have refused it).
+  bool Holds(uint64_t lease_id);
 
   // Call() for a request that can observe this client's releases (Create,
   // Get, Delete, Stats). It is stamped with `releases_through`, the seq of
@@ -265,6 +305,11 @@ class ClientCore {
   // Sends one ReleaseLeases for `lease_id` (write_mu_ is held), resuming
   // once if the stream broke.
   absl::Status SendReleaseLocked(uint64_t lease_id);
+  // Sends `message` with the next seq (write_mu_ is held), resuming once if
+  // the stream broke: after a reconciling resume its seals are sent again
+  // (the account kept their write leases), its releases are not (the
+  // account dropped them).
+  absl::Status SendLocked(v1::ReleaseLeases message);
   // The error of every call once the session ended (reason SESSION_ENDED):
   // UNAVAILABLE when the daemon is gone, FAILED_PRECONDITION otherwise.
   absl::Status Ended() const;
@@ -276,11 +321,9 @@ class ClientCore {
     std::lock_guard<std::mutex> lock(releases_mu_);
     req->set_releases_through(releases_sent_);
     size_t n = 0;
-    for (const auto& [seq, lease_id] : unconfirmed_releases_) {
+    for (const v1::ReleaseLeases& message : unconfirmed_releases_) {
       if (n++ == kMaxCarriedReleases) break;
-      v1::ReleaseLeases* r = req->add_releases();
-      r->set_seq(seq);
-      r->add_lease_ids(lease_id);
+      *req->add_releases() = message;
     }
   }
   // Drops the copies of releases through `through`: the daemon applied them.
@@ -334,7 +377,7 @@ class ClientCore {
   // kMaxCarriedReleases (the daemon applies from the next one due). Guarded
   // by releases_mu_.
   static constexpr size_t kMaxCarriedReleases = 64;
-  std::deque<std::pair<uint64_t, uint64_t>> unconfirmed_releases_;
+  std::deque<v1::ReleaseLeases> unconfirmed_releases_;
   // The leases held (HoldLease), each with its Lease once made (null
   // before), and the generation: bumped by each resume as it takes its
   // account of them. Lock order: write_mu_, then held_mu_.
@@ -349,6 +392,16 @@ class ClientCore {
   // By pool id; opened on first use, null until then and for host pools.
   mutable std::mutex cuda_mu_;
   std::vector<std::shared_ptr<CudaPoolMapping>> cuda_mappings_;
+  // Lease shares (FindShare), by slot and generation.
+  struct Share {
+    std::weak_ptr<Lease> lease;
+    const Lease* raw = nullptr;
+    ObjectInfo info;
+  };
+  std::mutex shares_mu_;
+  absl::flat_hash_map<uint64_t, Share> shares_;
+  // Stopped first thing in the destructor (its thread makes calls).
+  std::unique_ptr<Stock> stock_;
   // Made on the first CUDA release. Declared last: destroyed first, so it
   // sends its pending releases while the session is still open.
   std::mutex releaser_mu_;

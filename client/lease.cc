@@ -88,6 +88,7 @@ Lease::~Lease() {
   }
   core_->LeaseGone();
   if (core_->inherited()) return;  // The parent's lease, not ours to drop.
+  if (shared()) core_->DropShare(shared_ref_, this);
   CloseWritableRange();
   if (!held_) return;
   releasing_.store(true, std::memory_order_release);
@@ -113,7 +114,10 @@ absl::Status Lease::ReleaseNow() {
   v1::ReleaseResponse resp;
   // Still held while the call is on its way, so a resume meanwhile keeps
   // it for the call to release.
-  absl::Status s = core_->Call(&v1::ObjectStore::Stub::Release, req, &resp);
+  // After the session's releases and seals sent so far (this lease's own
+  // one-way seal among them, maybe).
+  absl::Status s =
+      core_->CallAfterReleases(&v1::ObjectStore::Stub::Release, req, &resp);
   if (s.ok()) {
     core_->ForgetLease(id_);
   } else {

@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "client/client_core.h"
+#include "shmtensor/sealed_ref.h"
 
 namespace shmtensor::internal {
 
@@ -94,6 +95,15 @@ class Lease : public std::enable_shared_from_this<Lease> {
   bool shared_writable() const;
   // After an exclusive seal: the daemon consumed the lease.
   void Forget();
+  // The lease is its process's share of the object `ref` names
+  // (ClientCore::AddShare, under its lock): its destruction takes the
+  // share out.
+  void MarkShared(const ObjectRef& ref) {
+    shared_ref_ = ref;
+    shared_.store(true, std::memory_order_release);
+  }
+  bool shared() const { return shared_.load(std::memory_order_acquire); }
+  const ObjectRef& shared_ref() const { return shared_ref_; }
   // A resume found that the daemon does not hold this lease
   // (ClientCore::HoldLease): its bytes may be reused, so nothing exports
   // them any more (CheckHeld) and it is never released. Returns whether
@@ -144,7 +154,21 @@ class Lease : public std::enable_shared_from_this<Lease> {
   // once (constructor, or BecomeReadLease under mu_); the destructor reads
   // it.
   std::atomic<const uint8_t*> registered_{nullptr};
+  // MarkShared: written once, before shared_ is set.
+  ObjectRef shared_ref_;
+  std::atomic<bool> shared_{false};
 };
+
+// The one-way seal of `lease_id` (an unsealed object described by `info`:
+// its size and layout go with it).
+v1::OneWaySeal OneWaySealOf(uint64_t lease_id, const ObjectInfo& info,
+                            bool exclusive);
+// Seals the unsealed object of `lease` (its writable range closed already,
+// Lease::CloseForSeal) one way: sends the seal on the session stream and
+// returns its ref at once, with the lease (now the ref's read lease, and
+// this process's share of the object) unless `exclusive`.
+absl::StatusOr<SealedRef> SealOneWay(std::shared_ptr<Lease> lease,
+                                     const ObjectInfo& info, bool exclusive);
 
 }  // namespace shmtensor::internal
 

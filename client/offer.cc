@@ -23,7 +23,8 @@ absl::StatusOr<LeaseOffer> OfferLease(Lease& lease) {
   req.set_session_id(core.session_id());
   req.set_lease_id(lease.id());
   v1::OfferResponse resp;
-  if (absl::Status s = core.Call(&v1::ObjectStore::Stub::Offer, req, &resp);
+  if (absl::Status s =
+          core.CallAfterReleases(&v1::ObjectStore::Stub::Offer, req, &resp);
       !s.ok()) {
     return s;
   }

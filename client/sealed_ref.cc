@@ -8,8 +8,11 @@ namespace shmtensor {
 
 absl::Status SealedRef::Release() {
   if (lease_ == nullptr) return absl::OkStatus();
-  absl::Status s =
-      lease_.use_count() == 1 ? lease_->ReleaseNow() : absl::OkStatus();
+  // Only the last holder releases (a share a Get takes meanwhile would
+  // be left with a released lease: UnshareIfLast decides under the
+  // shares' lock).
+  absl::Status s = lease_->core().UnshareIfLast(lease_) ? lease_->ReleaseNow()
+                                                        : absl::OkStatus();
   lease_.reset();
   return s;
 }

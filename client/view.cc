@@ -54,14 +54,18 @@ absl::Status View::Release() {
   }
   // The last holder releases now and waits, so the memory is back for every
   // client on return; otherwise tensors still share the lease.
-  absl::Status s =
-      lease_.use_count() == 1 ? lease_->ReleaseNow() : absl::OkStatus();
+  // Only the last holder releases (a share a Get takes meanwhile would
+  // be left with a released lease: UnshareIfLast decides under the
+  // shares' lock).
+  absl::Status s = lease_->core().UnshareIfLast(lease_) ? lease_->ReleaseNow()
+                                                        : absl::OkStatus();
   lease_.reset();
   return s;
 }
 
-Buffer::Buffer(ObjectInfo info, std::shared_ptr<internal::Lease> lease)
-    : info_(std::move(info)), lease_(std::move(lease)) {}
+Buffer::Buffer(ObjectInfo info, std::shared_ptr<internal::Lease> lease,
+               bool named)
+    : info_(std::move(info)), lease_(std::move(lease)), named_(named) {}
 
 void* Buffer::data() const {
   if (lease_ == nullptr) return nullptr;
@@ -133,6 +137,10 @@ absl::StatusOr<SealedRef> Buffer::Seal(
   if (absl::Status s = lease_->CloseForSeal(stream, how); !s.ok()) {
     return s;
   }
+  if (!named_) {
+    std::shared_ptr<internal::Lease> lease = std::move(lease_);
+    return internal::SealOneWay(std::move(lease), info_, exclusive);
+  }
   v1::SealRequest req;
   req.set_session_id(lease_->core().session_id());
   req.set_lease_id(lease_->id());
@@ -148,8 +156,59 @@ absl::StatusOr<SealedRef> Buffer::Seal(
     return SealedRef(ref, nullptr);
   }
   lease->BecomeReadLease();
+  ObjectInfo info = info_;
+  info.ref = ref;
+  lease->core().AddShare(lease, info);
   return SealedRef(ref, std::move(lease));
 }
+
+namespace internal {
+
+v1::OneWaySeal OneWaySealOf(uint64_t lease_id, const ObjectInfo& info,
+                            bool exclusive) {
+  v1::OneWaySeal seal;
+  seal.set_lease_id(lease_id);
+  seal.set_exclusive(exclusive);
+  seal.set_size_bytes(info.size_bytes);
+  v1::Layout* layout = seal.mutable_layout();
+  layout->set_dtype(static_cast<v1::DType>(info.dtype));
+  for (int64_t d : info.shape) layout->add_shape(d);
+  // Strides only where they are not C-contiguous (as the create had them).
+  int64_t stride = ItemSize(info.dtype);
+  bool contiguous = info.strides_bytes.size() == info.shape.size();
+  for (size_t i = info.shape.size(); contiguous && i-- > 0;) {
+    contiguous = info.strides_bytes[i] == stride;
+    stride *= info.shape[i] > 0 ? info.shape[i] : 1;
+  }
+  if (!contiguous) {
+    for (int64_t s : info.strides_bytes) layout->add_strides_bytes(s);
+  }
+  return seal;
+}
+
+absl::StatusOr<SealedRef> SealOneWay(std::shared_ptr<Lease> lease,
+                                     const ObjectInfo& info, bool exclusive) {
+  ClientCore& core = lease->core();
+  // On failure the lease goes and discards the object.
+  if (absl::Status s =
+          core.SendSeals({OneWaySealOf(lease->id(), info, exclusive)});
+      !s.ok()) {
+    return s;
+  }
+  ObjectRef ref = info.ref;
+  ref.exclusive = exclusive;
+  if (exclusive) {
+    lease->Forget();
+    return SealedRef(ref, nullptr);
+  }
+  lease->BecomeReadLease();
+  ObjectInfo shared = info;
+  shared.ref = ref;
+  core.AddShare(lease, shared);
+  return SealedRef(ref, std::move(lease));
+}
+
+}  // namespace internal
 
 bool Buffer::shared_writable() const {
   return lease_ != nullptr && lease_->shared_writable();

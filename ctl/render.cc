@@ -202,11 +202,12 @@ std::string RenderClients(const v1::ListClientsResponse& r) {
          c.has_process() ? absl::StrCat(c.uid()) : "-",
          access.empty() ? "-" : absl::StrJoin(access, " "),
          absl::StrCat(c.leases()), HumanBytes(c.bytes_held()),
-         absl::StrCat(c.pending_transfers()), HumanAge(c.age_ms()), cmd});
+         HumanBytes(c.stock_bytes()), absl::StrCat(c.pending_transfers()),
+         HumanAge(c.age_ms()), cmd});
   }
   return Table({"CLIENT", "NAME", "PID", "UID", "ACCESS", "LEASES", "HELD",
-                "TRANSFERS", "AGE", "COMMAND"},
-               rows, {2, 3, 5, 6, 7, 8});
+                "STOCK", "TRANSFERS", "AGE", "COMMAND"},
+               rows, {2, 3, 5, 6, 7, 8, 9});
 }
 
 std::string ToJson(const google::protobuf::Message& m) {
@@ -368,6 +369,15 @@ std::string RenderMetrics(const v1::DaemonStatus& s,
               {"client", c.client_name()},
               {"pid", absl::StrCat(c.pid())}},
              static_cast<double>(c.bytes_held()));
+  }
+  e.Family("shmtensor_client_stock_bytes", "gauge",
+           "Bytes one client holds ahead of its puts (its stock, unsealed).");
+  for (const v1::ClientStatus& c : clients.clients()) {
+    e.Sample("shmtensor_client_stock_bytes",
+             {{"client_id", absl::StrCat(c.client_id())},
+              {"client", c.client_name()},
+              {"pid", absl::StrCat(c.pid())}},
+             static_cast<double>(c.stock_bytes()));
   }
   return e.Take();
 }

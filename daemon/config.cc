@@ -148,6 +148,8 @@ absl::Status ParseLimits(const std::string& path, const toml::node& node,
         {"max_fork_holds_per_uid", &StoreLimits::max_fork_holds_per_uid, false},
         {"max_offers_per_session", &StoreLimits::max_offers_per_session, false},
         {"offer_grace_ms", &StoreLimits::offer_grace_ms, false},
+        {"max_stock_bytes_per_client", &StoreLimits::max_stock_bytes_per_client,
+         true},
     };
     const Key* known = nullptr;
     for (const Key& key : kKeys) {

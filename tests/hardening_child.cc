@@ -337,7 +337,39 @@ int Producer(const std::string& address, const std::string& log, int id) {
     const uint64_t seed = (uint64_t{UidTag()} << 56) |
                           (uint64_t{static_cast<uint32_t>(getpid())} << 32) | n;
     const size_t size = 4096 * (1 + rng() % 64);
-    const int kind = static_cast<int>(rng() % 3);
+    const int kind = static_cast<int>(rng() % 4);
+    if (kind == 3) {
+      // Several shared objects in one round trip at most, sealed in one
+      // stream message (PutMany).
+      std::vector<std::vector<uint8_t>> sources(3);
+      std::vector<shmtensor::PutItem> items(3);
+      std::vector<uint64_t> seeds(3);
+      for (size_t k = 0; k < items.size(); ++k) {
+        seeds[k] = seed | (uint64_t{k + 1} << 24);
+        sources[k].resize(4096 * (1 + rng() % 16));
+        Fill(seeds[k], sources[k].data(), sources[k].size());
+        items[k].data = sources[k].data();
+        items[k].options.size_bytes = sources[k].size();
+        items[k].options.timeout = absl::Milliseconds(200);
+      }
+      absl::StatusOr<std::vector<shmtensor::SealedRef>> refs =
+          c->PutMany(items);
+      if (!refs.ok()) {
+        if (shmtensor::IsSessionEnded(refs.status())) {
+          Say("ENDED " + refs.status().ToString());
+          return 4;
+        }
+        continue;
+      }
+      for (size_t k = 0; k < refs->size(); ++k) {
+        Append(log, absl::StrCat("R ", RefToHex((*refs)[k].ref()), " ",
+                                 seeds[k], " ", sources[k].size(), " -"));
+        held.push_back(std::move((*refs)[k]));
+      }
+      while (held.size() > 16) held.erase(held.begin());
+      absl::SleepFor(absl::Milliseconds(2));
+      continue;
+    }
     absl::StatusOr<shmtensor::Buffer> buf =
         c->Create({.size_bytes = size,
                    .name = kind == 1 ? absl::StrCat("chaos-", seed) : "",
@@ -388,6 +420,37 @@ int Consumer(const std::string& address, const std::string& log, int id) {
     uint64_t seed;
   };
   std::vector<Kept> kept;
+  struct Wanted {
+    ObjectRef ref;
+    uint64_t seed, size;
+    std::string line;
+  };
+  std::vector<Wanted> batch;
+  // GetMany of the batch: each view checked as a single Get's is.
+  auto get_batch = [&] {
+    std::vector<ObjectRef> refs;
+    for (const Wanted& w : batch) refs.push_back(w.ref);
+    std::vector<absl::StatusOr<shmtensor::View>> views = c->GetMany(refs);
+    for (size_t k = 0; k < views.size(); ++k) {
+      if (!views[k].ok()) {
+        if (shmtensor::IsSessionEnded(views[k].status())) {
+          Say("ENDED " + views[k].status().ToString());
+        }
+        continue;
+      }
+      ++checked;
+      const Wanted& w = batch[k];
+      if (views[k]->size_bytes() != w.size ||
+          !Check(w.seed, static_cast<const uint8_t*>(views[k]->data()),
+                 w.size)) {
+        ++bad;
+        Say(absl::StrCat("MISMATCH ", w.line));
+      }
+      kept.push_back({*std::move(views[k]), w.seed});
+      if (kept.size() > 8) kept.erase(kept.begin());
+    }
+    batch.clear();
+  };
   // Every view kept is checked again now and then: memory under a live
   // view never changes, whatever happened to connections meanwhile.
   auto recheck = [&] {
@@ -411,6 +474,14 @@ int Consumer(const std::string& address, const std::string& log, int id) {
       if (f.size() != 5 || rng() % 2 != 0) continue;
       uint64_t seed, size;
       if (!absl::SimpleAtoi(f[2], &seed) || !absl::SimpleAtoi(f[3], &size)) {
+        continue;
+      }
+      if (f[0] == "R" && rng() % 2 == 0) {
+        // Some shared refs are got four at a time, in one round trip.
+        if (absl::StatusOr<ObjectRef> ref = RefFromHex(f[1]); ref.ok()) {
+          batch.push_back({*ref, seed, size, line});
+        }
+        if (batch.size() == 4) get_batch();
         continue;
       }
       absl::StatusOr<shmtensor::View> v =

@@ -258,6 +258,45 @@ int Run(int argc, char** argv) {
     Say("sealed " + RefToHex(ref->ref()));
     return 0;
   }
+  if (cmd == "unsealed") {
+    // A 64 KiB buffer it never seals: its ref printed, then it waits to be
+    // killed.
+    absl::StatusOr<shmtensor::Buffer> buf =
+        client->Create({.size_bytes = 65536});
+    if (!buf.ok()) return Fail(buf.status());
+    const std::vector<uint8_t> ones(65536, 0x11);
+    if (absl::Status s = buf->CopyFrom(ones.data(), ones.size()); !s.ok()) {
+      return Fail(s);
+    }
+    Say("ref " + RefToHex(buf->info().ref));
+    while (true) pause();
+  }
+  if (cmd == "stock") {
+    // Puts 64 KiB objects (object i of byte i) until it holds stock, keeps
+    // the refs of the last three (printed), takes one more buffer and
+    // leaves it unsealed, says how much stock it holds, then waits to be
+    // killed.
+    std::vector<shmtensor::SealedRef> refs;
+    std::vector<uint8_t> bytes(65536);
+    for (int i = 0; i < 24; ++i) {
+      std::memset(bytes.data(), i, bytes.size());
+      absl::StatusOr<shmtensor::SealedRef> ref =
+          client->Put(bytes.data(), {.size_bytes = bytes.size()});
+      if (!ref.ok()) return Fail(ref.status());
+      refs.push_back(*std::move(ref));
+      if (refs.size() > 3) refs.erase(refs.begin());
+    }
+    for (int i = 0; i < 3; ++i) {
+      Say(absl::StrCat("ref ", RefToHex(refs[i].ref()), " ", 21 + i));
+    }
+    absl::StatusOr<shmtensor::Buffer> unsealed =
+        client->Create({.size_bytes = 65536});
+    if (!unsealed.ok()) return Fail(unsealed.status());
+    absl::StatusOr<shmtensor::StoreStats> st = client->Stats();
+    if (!st.ok()) return Fail(st.status());
+    Say(absl::StrCat("stock ", st->stock_objects));
+    while (true) pause();
+  }
   if (cmd == "offer-and-exit") {
     // A 64 KiB object of 0x6F, offered from a view, then every handle
     // dropped and the process gone.

@@ -100,7 +100,8 @@ std::unique_ptr<Subprocess> DaemonTest::Child(
 uint64_t DaemonTest::Used() {
   absl::StatusOr<StoreStats> s = client_->Stats();
   EXPECT_TRUE(s.ok()) << s.status();
-  return s.ok() ? s->pools[0].used_bytes : ~uint64_t{0};
+  return s.ok() ? s->pools[0].used_bytes - s->pools[0].stock_bytes
+                : ~uint64_t{0};
 }
 
 }  // namespace shmtensor::testing

@@ -33,7 +33,8 @@ class DaemonTest : public ::testing::Test {
   Client Connect();
   // Runs `st_child <command[0]> <address> <command[1:]...>`.
   std::unique_ptr<Subprocess> Child(const std::vector<std::string>& command);
-  // Bytes in use in the daemon's first pool.
+  // Bytes in use in the daemon's first pool by objects, the clients' stock
+  // (buffers granted ahead of their puts: PoolUsage::stock_bytes) left out.
   uint64_t Used();
 
   std::unique_ptr<DaemonProcess> daemon_;

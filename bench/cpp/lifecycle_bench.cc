@@ -29,7 +29,11 @@
 // (4 KiB pages), and in a tmpfs mounted huge=always (2 MiB pages; mounted for
 // the run when the bench may, i.e. as root, or given with --huge-dir DIR).
 //
+//  7. The fast path: put from the stock with a one-way seal, get in one
+//     round trip or none (a share), GetMany, each against its bound.
+//
 // Usage: lifecycle_bench [--quick] [--monitoring (section 4 only)]
+// [--fast-path (section 7 only)]
 // [--huge-dir DIR | --no-huge]. Starts its own shmtensord (from the build
 // tree) on a private socket with a 2 GiB pool, and stops it at the end.
 #include <fcntl.h>
@@ -339,8 +343,11 @@ const std::vector<uint64_t>& LifecycleSizes() {
 
 void PrintLifecycleLegend() {
   std::printf(
-      "lifecycle = create, fill, seal, get, release view, release ref: "
-      "%d round trips + 2 one-way messages\n"
+      "lifecycle = create, fill, seal, get, release view, release ref, in "
+      "one client: the budget counts %d round trips + 2 one-way messages, "
+      "as before the stock (create from the stock, the seal one way and the "
+      "get a share of the creator's lease take none now: section 7 has the "
+      "fast path against its own bounds)\n"
       "vs 3 RTT+fill: overhead / (3 bare round trips with the same copy "
       "between them, minus the copy, run alternately with the lifecycles): "
       "the budget in the lifecycle's own cache conditions, drift "
@@ -364,8 +371,8 @@ void BenchLifecycle(const Target& target, int iters) {
   BenchLifecycleTable(c, sizes, std::vector<ProtectCost>(sizes.size()),
                       Fill::kCopyFrom, rtt, iters);
   std::printf(
-      "via Client::Put (pwrite copy-in, no writable range, no page-table "
-      "change; same 3 round trips):\n");
+      "via Client::Put (from the stock, mapped copy-in, one-way seal; the "
+      "budget still counts 3 round trips):\n");
   std::printf("%-8s %9s %9s %12s %15s %10s\n", "size", "p50 us", "p99 us",
               "memcpy us", "overhead/3 RTT", "minflt/op");
   for (uint64_t bytes : sizes) {
@@ -705,13 +712,125 @@ void BenchClearing(int reps) {
       "ratio is the clear against memset of private memory)\n");
 }
 
+// Section 7: the fast path (docs/shm_layout.md, "Stock and one-way seals")
+// between two sessions (a producer and a consumer client), each figure
+// against its bound measured in the same loop:
+//  - lifecycle: put (stock, mapped copy-in, one-way seal), get in the other
+//    session (one round trip), release both (one way), against one bare
+//    round trip plus the same copy into private memory (1 RTT + copy);
+//  - put alone against the copy alone (memcpy into private memory already
+//    faulted in), + 5 us;
+//  - a get of an object the session holds a view of (a share: no call);
+//  - GetMany of 64 objects against one bare round trip.
+void BenchFastPath(const DaemonProcess& daemon, int iters) {
+  std::printf(
+      "\n== 7. Fast path: put without a round trip, get in one, many per "
+      "call (two sessions, pool in a memfd) ==\n");
+  Client producer = Check(Client::Connect({.address = daemon.address(),
+                                           .client_name = "fast-producer"}),
+                          "connect");
+  Client consumer = Check(Client::Connect({.address = daemon.address(),
+                                           .client_name = "fast-consumer"}),
+                          "connect");
+  const double rtt = MeasureRtt(consumer, iters);
+  std::printf("%-8s %12s %14s %8s %10s %10s %12s %12s\n", "size",
+              "lifecycle us", "1 RTT+copy us", "ratio", "put us", "copy us",
+              "put/(copy+5)", "get held us");
+  for (uint64_t bytes : LifecycleSizes()) {
+    std::vector<uint8_t> src(bytes, 0xab), dst(bytes, 0);
+    const int n = bytes >= (16u << 20) ? std::max(iters / 8, 20) : iters;
+    auto lifecycle = [&] {
+      shmtensor::SealedRef ref =
+          Check(producer.Put(src.data(), {.size_bytes = bytes}), "put");
+      std::optional<shmtensor::View> v = Check(consumer.Get(ref.ref()), "get");
+      if (static_cast<const uint8_t*>(v->data())[bytes - 1] != 0xab) {
+        Die("verify", absl::DataLossError("bytes differ"));
+      }
+      v.reset();
+      ref.Reset();
+    };
+    for (int i = 0; i < 20; ++i) lifecycle();
+    std::vector<double> life, bound, put, copy, held;
+    for (int i = 0; i < n; ++i) {
+      auto t0 = Clock::now();
+      Check(consumer.Stats(), "stats");
+      std::memcpy(dst.data(), src.data(), bytes);
+      auto t1 = Clock::now();
+      bound.push_back(Us(t1 - t0));
+      t0 = Clock::now();
+      lifecycle();
+      t1 = Clock::now();
+      life.push_back(Us(t1 - t0));
+      t0 = Clock::now();
+      std::memcpy(dst.data(), src.data(), bytes);
+      t1 = Clock::now();
+      copy.push_back(Us(t1 - t0));
+      t0 = Clock::now();
+      shmtensor::SealedRef ref =
+          Check(producer.Put(src.data(), {.size_bytes = bytes}), "put");
+      t1 = Clock::now();
+      put.push_back(Us(t1 - t0));
+      shmtensor::View first = Check(consumer.Get(ref.ref()), "get");
+      t0 = Clock::now();
+      shmtensor::View again = Check(consumer.Get(ref.ref()), "get held");
+      t1 = Clock::now();
+      held.push_back(Us(t1 - t0));
+    }
+    const double l = Summarize(life).p50, b = Summarize(bound).p50,
+                 p = Summarize(put).p50, c = Summarize(copy).p50;
+    std::printf("%-8s %12.1f %14.1f %8.2f %10.1f %10.1f %12.2f %12.2f\n",
+                SizeName(bytes).c_str(), l, b, l / b, p, c, p / (c + 5),
+                Summarize(held).p50);
+  }
+  for (uint64_t bytes : {uint64_t{4} << 10, uint64_t{64} << 10}) {
+    std::vector<std::vector<uint8_t>> data(64,
+                                           std::vector<uint8_t>(bytes, 0xcd));
+    std::vector<shmtensor::PutItem> items(64);
+    for (size_t k = 0; k < items.size(); ++k) {
+      items[k].data = data[k].data();
+      items[k].options.size_bytes = bytes;
+    }
+    std::vector<double> many, put_many, one_rtt;
+    for (int i = 0; i < std::max(iters / 10, 20); ++i) {
+      auto t0 = Clock::now();
+      std::vector<shmtensor::SealedRef> refs =
+          Check(producer.PutMany(items), "put_many");
+      auto t1 = Clock::now();
+      put_many.push_back(Us(t1 - t0));
+      std::vector<shmtensor::ObjectRef> wanted;
+      for (const auto& r : refs) wanted.push_back(r.ref());
+      t0 = Clock::now();
+      Check(consumer.Stats(), "stats");
+      t1 = Clock::now();
+      one_rtt.push_back(Us(t1 - t0));
+      t0 = Clock::now();
+      std::vector<absl::StatusOr<shmtensor::View>> views =
+          consumer.GetMany(wanted);
+      t1 = Clock::now();
+      for (const auto& v : views) Check(v.status(), "get_many");
+      many.push_back(Us(t1 - t0));
+    }
+    const double m = Summarize(many).p50, r = Summarize(one_rtt).p50;
+    std::printf(
+        "get_many(64 x %s): p50 %.1f us = %.2f round trips (bare RTT %.1f "
+        "us); put_many(64): p50 %.1f us\n",
+        SizeName(bytes).c_str(), m, m / r, r, Summarize(put_many).p50);
+  }
+  std::printf(
+      "(ratio: lifecycle over 1 RTT + copy, goal <= 1.2; put/(copy+5): goal "
+      "<= 1.2; get held: goal <= 5 us; get_many: goal <= 2 round trips. The "
+      "bare round trip: p50 %.1f us)\n",
+      rtt);
+}
+
 int main(int argc, char** argv) {
-  bool quick = false, monitoring_only = false, huge = true;
+  bool quick = false, monitoring_only = false, huge = true, fast_only = false;
   std::string huge_dir;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     quick |= a == "--quick";
     monitoring_only |= a == "--monitoring";
+    fast_only |= a == "--fast-path";
     huge &= a != "--no-huge";
     if (a == "--huge-dir" && i + 1 < argc) huge_dir = argv[++i];
   }
@@ -722,6 +841,10 @@ int main(int argc, char** argv) {
       "connect");
   std::printf("shmtensor lifecycle benchmark%s (daemon %s)\n",
               quick ? " --quick" : "", daemon.address().c_str());
+  if (fast_only) {
+    BenchFastPath(daemon, quick ? 200 : 2000);
+    return 0;
+  }
   if (!monitoring_only) {
     std::vector<Target> targets = {{"memfd (4 KiB pages)", "", &client}};
     // The same daemon with its pool on a tmpfs mounted huge=always (2 MiB
@@ -762,6 +885,8 @@ int main(int argc, char** argv) {
     for (const Target& t : targets) BenchCopyIn(t, quick ? 8 : 40);
     BenchScale(daemon, client, quick ? 200 : 2000, 64, 10000);
     BenchMonitoring(daemon, quick ? 3 : 8, quick ? 1.0 : 2.0);
+    // Before section 5, which marks the memory data() pointed into.
+    BenchFastPath(daemon, quick ? 200 : 2000);
     for (const Target& t : targets) {
       BenchPointerLifecycle(t, quick ? 200 : 2000);
     }

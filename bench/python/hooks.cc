@@ -73,6 +73,24 @@ class CppClient {
     return timed ? ThreadCpuUs() - t0 : 0;
   }
 
+  // Wall microseconds of `count` Gets of an object this client holds a
+  // view of (each a share of its lease), one by one: a list.
+  std::vector<double> GetsOfHeld(int64_t nbytes, int count) {
+    py::gil_scoped_release release;
+    std::vector<uint8_t> src(nbytes, 1);
+    SealedRef ref = Check(
+        client_.Put(src.data(), {.size_bytes = static_cast<uint64_t>(nbytes)}));
+    View first = Check(client_.Get(ref.ref()));
+    std::vector<double> out;
+    out.reserve(count);
+    for (int i = 0; i < count; ++i) {
+      const absl::Time t0 = absl::Now();
+      View v = Check(client_.Get(ref.ref()));
+      out.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
+    }
+    return out;
+  }
+
   // One lifecycle. Returns (wall us, [thread CPU us of each step: nothing
   // (the timer's own cost), create, fill, seal, get, read, release view,
   // release ref]).
@@ -123,7 +141,9 @@ void AddBenchHooks(py::module_& m) {
       .def(py::init<const std::string&>(), py::arg("address"))
       .def("lifecycles", &CppClient::Lifecycles, py::arg("nbytes"),
            py::arg("count"), py::arg("timed") = true)
-      .def("lifecycle", &CppClient::Lifecycle, py::arg("nbytes"));
+      .def("lifecycle", &CppClient::Lifecycle, py::arg("nbytes"))
+      .def("gets_of_held", &CppClient::GetsOfHeld, py::arg("nbytes"),
+           py::arg("count"));
 }
 
 }  // namespace shmtensor::python

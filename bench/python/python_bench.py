@@ -210,6 +210,46 @@ def instructions():
     return 0
 
 
+def fast_path(c, hooks, n):
+    """The fast path from Python (docs/shm_layout.md, "Stock and one-way
+    seals"): put of a 64 KiB array against np.copyto of it into private
+    memory (the copy alone, + 5 us: the goal is 1.2x of that), and a get of
+    an object this process holds a view of (a share of its lease) from
+    Python and from C++ (the goal: Python within 1.2x of C++). Wall time,
+    p50; the puts' refs go as they are made."""
+    src = np.ones(NBYTES // 4, dtype=np.float32)
+    dst = np.empty_like(src)
+    put, copy = [], []
+    for i in range(n + 100):
+        t0 = time.perf_counter_ns()
+        ref = c.put(src)
+        t1 = time.perf_counter_ns()
+        np.copyto(dst, src)
+        t2 = time.perf_counter_ns()
+        del ref
+        if i >= 100:
+            put.append((t1 - t0) / 1e3)
+            copy.append((t2 - t1) / 1e3)
+    ref = c.put(src)
+    first = c.get(ref)
+    held = []
+    for i in range(n + 100):
+        t0 = time.perf_counter_ns()
+        v = c.get(ref)
+        t1 = time.perf_counter_ns()
+        del v
+        if i >= 100:
+            held.append((t1 - t0) / 1e3)
+    del first, ref
+    cpp_held = hooks.gets_of_held(NBYTES, n)
+    med = statistics.median
+    return (f"fast path, 64 KiB, wall p50: put {med(put):.1f} us, copy alone "
+            f"{med(copy):.1f} us, put/(copy + 5 us) "
+            f"{med(put) / (med(copy) + 5):.2f} (goal <= 1.2); get of a held "
+            f"object: Python {med(held):.2f} us, C++ {med(cpp_held):.2f} us, "
+            f"{med(held) / med(cpp_held):.2f}x (goal <= 1.2)")
+
+
 def main():
     if "--instructions-child" in sys.argv:
         i = sys.argv.index("--instructions-child")
@@ -241,7 +281,9 @@ def main():
                 blocks_bare.append(b)
                 blocks_cpp.append(q)
                 blocks_ctl.append(k)
+        fast = fast_path(c, hooks, 500 if "--quick" in sys.argv else 3000)
     med = statistics.median
+    print(fast)
     print(f"64 KiB lifecycle, {iters} pairs (C++ and Python alternate); "
           f"thread CPU p50 per step, us")
     print(f"{'step':14} {'C++':>8} {'Python':>8} {'paired diff':>12}")

@@ -587,6 +587,29 @@ void Ledger::SetObjectState(uint32_t slot, uint32_t state, bool named) {
                    std::memory_order_release);
 }
 
+void Ledger::SetObjectLayout(uint32_t slot, uint64_t size,
+                             const std::string& layout) {
+  auto* r = At<L::ObjectRecord>(base_, tables_[L::kObjects], slot);
+  const size_t name_len = r->name_len;
+  char* bytes = (r->flags & L::kInExt) != 0
+                    ? At<L::ExtRecord>(base_, ext_offset_, slot)->bytes
+                    : r->bytes;
+  if ((r->flags & L::kInExt) == 0 &&
+      name_len + layout.size() > sizeof(r->bytes)) {
+    // Moves to the ext record: the name first, then the flag.
+    char* ext = At<L::ExtRecord>(base_, ext_offset_, slot)->bytes;
+    std::memcpy(ext, r->bytes, name_len);
+    bytes = ext;
+    std::memcpy(bytes + name_len, layout.data(), layout.size());
+    r->layout_len = static_cast<uint16_t>(layout.size());
+    r->flags = L::kInExt;
+  } else {
+    std::memcpy(bytes + name_len, layout.data(), layout.size());
+    r->layout_len = static_cast<uint16_t>(layout.size());
+  }
+  r->size = size;
+}
+
 void Ledger::FreeObject(uint32_t slot, uint32_t next_generation) {
   auto* r = At<L::ObjectRecord>(base_, tables_[L::kObjects], slot);
   r->word.store(0, std::memory_order_release);

@@ -177,6 +177,12 @@ class Ledger {
   // generation being `next_generation`.
   void PutObject(const LedgerObject& object);
   void SetObjectState(uint32_t slot, uint32_t state, bool named);
+  // An unsealed object's size and layout (a one-way seal gives a stock
+  // buffer its put's), before SetObjectState seals it. The record stays
+  // live: a successor reads the old or the new ones, or (a crash inside
+  // this call) a layout that may not parse, which it ignores for an
+  // unsealed object (docs/shm_layout.md, "The ledger").
+  void SetObjectLayout(uint32_t slot, uint64_t size, const std::string& layout);
   void FreeObject(uint32_t slot, uint32_t next_generation);
 
   // Leases and sessions. Add* fail RESOURCE_EXHAUSTED when the table is

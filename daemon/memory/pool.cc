@@ -55,6 +55,7 @@ Pool::Usage Pool::usage() const {
   u.objects = objects;
   u.leases = leases;
   u.cleared_bytes = cleared_bytes;
+  u.stock_bytes = stock_bytes;
   return u;
 }
 

@@ -101,6 +101,7 @@ class Pool {
     uint64_t objects = 0;
     uint64_t leases = 0;
     uint64_t cleared_bytes = 0;
+    uint64_t stock_bytes = 0;
   };
   Usage usage() const;
 
@@ -117,6 +118,8 @@ class Pool {
   uint64_t high_water_bytes = 0;  // Most bytes ever allocated at once.
   // Bytes cleared for a new object because another uid wrote them.
   uint64_t cleared_bytes = 0;
+  // Capacity of the stock buffers (made ahead of need, not sealed) in it.
+  uint64_t stock_bytes = 0;
 
  private:
   std::string name_;

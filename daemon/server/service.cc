@@ -84,7 +84,9 @@ absl::Status ApplyReleaseMessage(ObjectStore& store, uint64_t session_id,
                                  absl::Status* unknown) {
   const std::vector<uint64_t> ids(release.lease_ids().begin(),
                                   release.lease_ids().end());
-  absl::Status s = store.ReleaseBatch(session_id, release.seq(), ids);
+  const std::vector<v1::OneWaySeal> seals(release.seals().begin(),
+                                          release.seals().end());
+  absl::Status s = store.ReleaseBatch(session_id, release.seq(), ids, seals);
   if (absl::IsNotFound(s)) {
     *unknown = s;
     return absl::OkStatus();
@@ -145,6 +147,8 @@ class SessionReactor final
       account.held.assign(open.held_lease_ids().begin(),
                           open.held_lease_ids().end());
       account.releases_through = open.releases_through();
+      account.seals.assign(open.pending_seals().begin(),
+                           open.pending_seals().end());
     }
     absl::StatusOr<OpenedSession> opened =
         open.resume_session_id() != 0
@@ -508,42 +512,51 @@ grpc::ServerUnaryReactor* ObjectStoreService::HandleGet(
   const absl::Time deadline = BoundedDeadline(ctx, timeout);
   return Serve(
       ctx, req->session_id(), reply,
-      AfterReleases(
-          ctx, req,
-          [this, ctx, req, resp, timeout,
-           deadline](absl::Time* wake_at) -> std::optional<grpc::Status> {
-            absl::StatusOr<std::optional<Handout>> h;
-            if (req->target_case() == v1::GetRequest::kRef) {
-              absl::StatusOr<Handout> g =
-                  store_.Get(req->session_id(), req->ref(), req->offer_token());
-              if (!g.ok()) return ToGrpcStatus(ctx, g.status());
-              h = std::optional<Handout>(*std::move(g));
-            } else {
-              h = store_.TryGetByName(req->session_id(), req->name(), timeout,
-                                      absl::Now() >= deadline);
-            }
-            if (!h.ok()) return ToGrpcStatus(ctx, h.status());
-            if (!h->has_value()) {
-              *wake_at = deadline;
-              return std::nullopt;
-            }
-            resp->set_writable((*h)->writable);
-            FillHandout(**std::move(h), resp);
-            return grpc::Status::OK;
-          }));
+      AfterReleases(ctx, req,
+                    [this, ctx, req, resp, timeout, deadline](
+                        absl::Time* wake_at) -> std::optional<grpc::Status> {
+                      absl::StatusOr<std::optional<Handout>> h;
+                      if (req->target_case() == v1::GetRequest::kRef) {
+                        // A wait for a one-way seal on its way (timeout_ms >
+                        // 0).
+                        h = store_.TryGet(
+                            req->session_id(), req->ref(), req->offer_token(),
+                            req->timeout_ms() > 0, absl::Now() >= deadline);
+                      } else {
+                        h = store_.TryGetByName(req->session_id(), req->name(),
+                                                timeout,
+                                                absl::Now() >= deadline);
+                      }
+                      if (!h.ok()) return ToGrpcStatus(ctx, h.status());
+                      if (!h->has_value()) {
+                        *wake_at = deadline;
+                        return std::nullopt;
+                      }
+                      resp->set_writable((*h)->writable);
+                      FillHandout(**std::move(h), resp);
+                      return grpc::Status::OK;
+                    }));
 }
 
 grpc::ServerUnaryReactor* ObjectStoreService::HandleRelease(
     grpc::CallbackServerContext* ctx, const v1::ReleaseRequest* req,
     v1::ReleaseResponse* resp, const Reply& reply) {
-  if (absl::Status s = Authorize(ctx, req->session_id()); !s.ok()) {
-    return Answer(ctx, ToGrpcStatus(ctx, s), reply);
+  // After the session's releases (and one-way seals) sent before it: the
+  // seal of this very lease may be among them.
+  if (std::optional<grpc::Status> refused = Admit(ctx, req)) {
+    return Answer(ctx, *refused, reply);
   }
-  absl::StatusOr<bool> freed =
-      store_.Release(req->session_id(), req->lease_id());
-  if (!freed.ok()) return Answer(ctx, ToGrpcStatus(ctx, freed.status()), reply);
-  resp->set_freed(*freed);
-  return Answer(ctx, grpc::Status::OK, reply);
+  return Serve(
+      ctx, req->session_id(), reply,
+      AfterReleases(
+          ctx, req,
+          [this, ctx, req, resp](absl::Time*) -> std::optional<grpc::Status> {
+            absl::StatusOr<bool> freed =
+                store_.Release(req->session_id(), req->lease_id());
+            if (!freed.ok()) return ToGrpcStatus(ctx, freed.status());
+            resp->set_freed(*freed);
+            return grpc::Status::OK;
+          }));
 }
 
 grpc::ServerUnaryReactor* ObjectStoreService::HandleDelete(
@@ -603,15 +616,124 @@ grpc::ServerUnaryReactor* ObjectStoreService::HandleEndSession(
 grpc::ServerUnaryReactor* ObjectStoreService::HandleOffer(
     grpc::CallbackServerContext* ctx, const v1::OfferRequest* req,
     v1::OfferResponse* resp, const Reply& reply) {
-  if (absl::Status s = Authorize(ctx, req->session_id()); !s.ok()) {
-    return Answer(ctx, ToGrpcStatus(ctx, s), reply);
+  if (std::optional<grpc::Status> refused = Admit(ctx, req)) {
+    return Answer(ctx, *refused, reply);
   }
-  absl::StatusOr<OfferGrant> offer =
-      store_.Offer(req->session_id(), req->lease_id());
-  if (!offer.ok()) return Answer(ctx, ToGrpcStatus(ctx, offer.status()), reply);
-  *resp->mutable_ref() = offer->ref;
-  resp->set_offer_token(offer->token);
-  return Answer(ctx, grpc::Status::OK, reply);
+  return Serve(
+      ctx, req->session_id(), reply,
+      AfterReleases(
+          ctx, req,
+          [this, ctx, req, resp](absl::Time*) -> std::optional<grpc::Status> {
+            absl::StatusOr<OfferGrant> offer =
+                store_.Offer(req->session_id(), req->lease_id());
+            if (!offer.ok()) return ToGrpcStatus(ctx, offer.status());
+            *resp->mutable_ref() = offer->ref;
+            resp->set_offer_token(offer->token);
+            return grpc::Status::OK;
+          }));
+}
+
+grpc::ServerUnaryReactor* ObjectStoreService::HandleCreateMany(
+    grpc::CallbackServerContext* ctx, const v1::CreateManyRequest* req,
+    v1::CreateManyResponse* resp, const Reply& reply) {
+  if (std::optional<grpc::Status> refused = Admit(ctx, req)) {
+    return Answer(ctx, *refused, reply);
+  }
+  if (req->sizes_size() == 0 ||
+      static_cast<size_t>(req->sizes_size()) > ObjectStore::kMaxBatch) {
+    return Answer(ctx,
+                  grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                               absl::StrFormat("CreateMany of %d buffers: 1 to "
+                                               "%d per call",
+                                               req->sizes_size(),
+                                               ObjectStore::kMaxBatch)),
+                  reply);
+  }
+  const absl::Time deadline = BoundedDeadline(
+      ctx, req->stock() ? absl::ZeroDuration()
+                        : absl::Milliseconds(req->timeout_ms()));
+  return Serve(
+      ctx, req->session_id(), reply,
+      AfterReleases(
+          ctx, req,
+          [this, ctx, req, resp,
+           deadline](absl::Time* wake_at) -> std::optional<grpc::Status> {
+            CreateArgs args;
+            args.session_id = req->session_id();
+            args.pool = req->pool();
+            args.stock = req->stock();
+            // Resumed where the last try stopped: only the first one waits.
+            for (int i = resp->created_size(); i < req->sizes_size(); ++i) {
+              args.size_bytes = req->sizes(i);
+              const bool last_try = i > 0 || absl::Now() >= deadline;
+              absl::StatusOr<std::optional<Handout>> h =
+                  store_.TryCreate(args, last_try);
+              absl::Status failed = h.ok() ? absl::OkStatus() : h.status();
+              if (h.ok() && !h->has_value()) {
+                *wake_at = deadline;
+                return std::nullopt;
+              }
+              if (failed.ok()) failed = store_.ClearStale(args.session_id, **h);
+              if (!failed.ok()) {
+                if (i == 0) return ToGrpcStatus(ctx, failed);
+                resp->set_stopped_code(static_cast<int>(failed.code()));
+                resp->set_stopped_message(
+                    std::string(failed.message().substr(0, kMaxErrorBytes)));
+                break;
+              }
+              FillHandout(**std::move(h), resp->add_created());
+            }
+            return grpc::Status::OK;
+          }));
+}
+
+grpc::ServerUnaryReactor* ObjectStoreService::HandleGetMany(
+    grpc::CallbackServerContext* ctx, const v1::GetManyRequest* req,
+    v1::GetManyResponse* resp, const Reply& reply) {
+  if (std::optional<grpc::Status> refused = Admit(ctx, req)) {
+    return Answer(ctx, *refused, reply);
+  }
+  if (static_cast<size_t>(req->refs_size()) > ObjectStore::kMaxBatch) {
+    return Answer(
+        ctx,
+        grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                     absl::StrFormat("GetMany of %d refs, at most %d",
+                                     req->refs_size(), ObjectStore::kMaxBatch)),
+        reply);
+  }
+  auto refs = std::make_shared<std::vector<v1::ObjectRef>>(req->refs().begin(),
+                                                           req->refs().end());
+  const absl::Time deadline =
+      BoundedDeadline(ctx, absl::Milliseconds(req->timeout_ms()));
+  return Serve(
+      ctx, req->session_id(), reply,
+      AfterReleases(
+          ctx, req,
+          [this, ctx, req, resp, refs,
+           deadline](absl::Time* wake_at) -> std::optional<grpc::Status> {
+            absl::StatusOr<std::optional<std::vector<absl::StatusOr<Handout>>>>
+                got = store_.TryGetMany(req->session_id(), *refs,
+                                        req->timeout_ms() > 0,
+                                        absl::Now() >= deadline);
+            if (!got.ok()) return ToGrpcStatus(ctx, got.status());
+            if (!got->has_value()) {
+              *wake_at = deadline;
+              return std::nullopt;
+            }
+            for (absl::StatusOr<Handout>& h : **got) {
+              v1::GetManyResult* r = resp->add_results();
+              if (h.ok()) {
+                r->mutable_view()->set_writable(h->writable);
+                FillHandout(*std::move(h), r->mutable_view());
+              } else {
+                r->set_code(static_cast<int>(h.status().code()));
+                r->set_message(std::string(
+                    h.status().message().substr(0, kMaxErrorBytes)));
+                r->set_reason(ErrorReasonOf(h.status()));
+              }
+            }
+            return grpc::Status::OK;
+          }));
 }
 
 template <typename Req, typename Resp>
@@ -657,6 +779,8 @@ SHMTENSOR_RAW_METHOD(Delete)
 SHMTENSOR_RAW_METHOD(Stats)
 SHMTENSOR_RAW_METHOD(EndSession)
 SHMTENSOR_RAW_METHOD(Offer)
+SHMTENSOR_RAW_METHOD(CreateMany)
+SHMTENSOR_RAW_METHOD(GetMany)
 #undef SHMTENSOR_RAW_METHOD
 
 }  // namespace shmtensor::daemon

@@ -65,7 +65,12 @@ using ObjectStoreServiceBase = v1::ObjectStore::WithRawCallbackMethod_Session<
                         v1::ObjectStore::WithRawCallbackMethod_Stats<
                             v1::ObjectStore::WithRawCallbackMethod_EndSession<
                                 v1::ObjectStore::WithRawCallbackMethod_Offer<
-                                    v1::ObjectStore::Service>>>>>>>>>;
+                                    v1::ObjectStore::
+                                        WithRawCallbackMethod_CreateMany<
+                                            v1::ObjectStore::
+                                                WithRawCallbackMethod_GetMany<
+                                                    v1::ObjectStore::
+                                                        Service>>>>>>>>>>>;
 
 class ObjectStoreService final : public ObjectStoreServiceBase {
  public:
@@ -104,6 +109,12 @@ class ObjectStoreService final : public ObjectStoreServiceBase {
   grpc::ServerUnaryReactor* Offer(grpc::CallbackServerContext* ctx,
                                   const grpc::ByteBuffer* in,
                                   grpc::ByteBuffer* out) override;
+  grpc::ServerUnaryReactor* CreateMany(grpc::CallbackServerContext* ctx,
+                                       const grpc::ByteBuffer* in,
+                                       grpc::ByteBuffer* out) override;
+  grpc::ServerUnaryReactor* GetMany(grpc::CallbackServerContext* ctx,
+                                    const grpc::ByteBuffer* in,
+                                    grpc::ByteBuffer* out) override;
 
   // Serializes the call's response into the reply's bytes (and owns the
   // call's request and response).
@@ -182,6 +193,14 @@ class ObjectStoreService final : public ObjectStoreServiceBase {
                                         const v1::OfferRequest* req,
                                         v1::OfferResponse* resp,
                                         const Reply& reply);
+  grpc::ServerUnaryReactor* HandleCreateMany(grpc::CallbackServerContext* ctx,
+                                             const v1::CreateManyRequest* req,
+                                             v1::CreateManyResponse* resp,
+                                             const Reply& reply);
+  grpc::ServerUnaryReactor* HandleGetMany(grpc::CallbackServerContext* ctx,
+                                          const v1::GetManyRequest* req,
+                                          v1::GetManyResponse* resp,
+                                          const Reply& reply);
   // Logs a client's error, at most a few lines a second.
   void LogClientError(uint64_t session_id, const absl::Status& s);
 

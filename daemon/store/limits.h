@@ -47,6 +47,11 @@ struct StoreLimits {
   // end with their session.
   uint64_t max_offers_per_session = 16384;
   uint64_t offer_grace_ms = 300000;
+  // Capacity of the buffers one session may hold ahead of need, unsealed
+  // (its stock: CreateManyRequest.stock), so that no client hoards a pool
+  // for puts it may never make. Stock past it is not made (the client's
+  // puts then wait for a Create's round trip); 0: no limit.
+  uint64_t max_stock_bytes_per_client = uint64_t{128} << 20;
 };
 
 // RESOURCE_EXHAUSTED with reason LIMIT_EXCEEDED: a request would pass one of

@@ -366,6 +366,11 @@ absl::StatusOr<OpenedSession> ObjectStore::ResumeSession(
           "resume says its last release was seq %d, but seq %d was applied",
           account->releases_through, s.releases.applied()));
     }
+    if (account->seals.size() > kMaxPendingSeals) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("resume presents %d pending seals, at most %d",
+                          account->seals.size(), kMaxPendingSeals));
+    }
   }
   const bool was_detached = s.stream == 0;
   sessions_.Attach(s);
@@ -385,6 +390,19 @@ absl::StatusOr<OpenedSession> ObjectStore::ResumeSession(
 
 void ObjectStore::ReconcileLeases(Session& s, const LeaseAccount& account,
                                   OpenedSession* opened) {
+  // Seals first: one that arrived before the break is skipped (its lease
+  // is no unsealed write lease any more); an exclusive one gives its lease
+  // up, which the account no longer names.
+  for (const v1::OneWaySeal& seal : account.seals) {
+    absl::StatusOr<Lease*> lease = LookupLease(opened->id, seal.lease_id());
+    if (!lease.ok() || !(*lease)->write ||
+        objects_.object((*lease)->slot).state != State::kWriting) {
+      continue;
+    }
+    if (absl::Status r = ApplyOneWaySeal(opened->id, seal); !r.ok()) {
+      spdlog::warn("client {}: {}", s.client_id, std::string(r.message()));
+    }
+  }
   const absl::flat_hash_set<uint64_t> claimed(account.held.begin(),
                                               account.held.end());
   std::vector<uint64_t> drop;
@@ -546,13 +564,21 @@ absl::Status ObjectStore::Restore(LedgerState state) {
       obj.offset = lo.offset;
       obj.size = lo.size;
       obj.capacity = lo.capacity;
-      if (!obj.layout.ParseFromString(lo.layout)) {
-        return absl::FailedPreconditionError(absl::StrFormat(
-            "ledger refused: the layout of the object in slot %d does not "
-            "parse",
-            lo.slot));
-      }
       obj.state = static_cast<State>(lo.state);
+      if (!obj.layout.ParseFromString(lo.layout)) {
+        // A one-way seal cut short by a crash (Ledger::SetObjectLayout):
+        // the object is unsealed, and its creator's resume seals it again
+        // with the layout (OpenSession.pending_seals) or it goes.
+        if (obj.state == State::kWriting) {
+          obj.layout.Clear();
+          obj.size = obj.capacity;
+        } else {
+          return absl::FailedPreconditionError(absl::StrFormat(
+              "ledger refused: the layout of the object in slot %d does not "
+              "parse",
+              lo.slot));
+        }
+      }
       if (lo.named) {
         if (ValidateName(lo.name).ok() && !objects_.Named(lo.name)) {
           obj.name = lo.name;
@@ -863,6 +889,11 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::TryCreate(
     const CreateArgs& args, bool last_try) {
   absl::StatusOr<uint64_t> bytes = RequestedBytes(args.size_bytes, args.layout);
   if (!bytes.ok()) return bytes.status();
+  if (args.stock && (!args.name.empty() || args.shared_writable ||
+                     args.layout.dtype() != v1::DTYPE_UNSPECIFIED)) {
+    return absl::InvalidArgumentError(
+        "stock buffers are untyped and unnamed, never shared-writable");
+  }
   if (!args.name.empty()) {
     if (absl::Status s = ValidateName(args.name); !s.ok()) return s;
     if (args.shared_writable) {
@@ -915,6 +946,14 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::TryCreate(
       !s.ok()) {
     return s;
   }
+  if (args.stock && limits_.max_stock_bytes_per_client > 0 &&
+      (*session)->stock_bytes + capacity > limits_.max_stock_bytes_per_client) {
+    return LimitExceededError(absl::StrFormat(
+        "client %d holds %d bytes of stock (buffers made ahead of its puts); "
+        "%d more would pass limits.max_stock_bytes_per_client = %d",
+        (*session)->client_id, (*session)->stock_bytes, capacity,
+        limits_.max_stock_bytes_per_client));
+  }
   uint64_t offset = 0;
   if (capacity > 0) {
     std::optional<uint64_t> got =
@@ -936,6 +975,12 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::TryCreate(
   obj.creator = args.session_id;
   obj.created = absl::Now();
   if (args.shared_writable) obj.state = State::kSharedWritable;
+  obj.stock = args.stock;
+  if (args.stock) {
+    ++(*session)->stock_objects;
+    (*session)->stock_bytes += capacity;
+    pool.stock_bytes += capacity;
+  }
   obj.serial = next_serial_++;
   const uint32_t slot = objects_.Add(std::move(obj));
   JournalNewObject(slot);
@@ -986,12 +1031,26 @@ absl::Status ObjectStore::ClearStale(uint64_t session_id,
 absl::StatusOr<SealResult> ObjectStore::Seal(uint64_t session_id,
                                              uint64_t lease_id,
                                              bool exclusive) {
+  SealArgs args;
+  args.exclusive = exclusive;
+  return Seal(session_id, lease_id, args);
+}
+
+absl::StatusOr<SealResult> ObjectStore::Seal(uint64_t session_id,
+                                             uint64_t lease_id,
+                                             const SealArgs& args) {
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return ShuttingDownError();
+  return SealLocked(session_id, lease_id, args);
+}
+
+absl::StatusOr<SealResult> ObjectStore::SealLocked(uint64_t session_id,
+                                                   uint64_t lease_id,
+                                                   const SealArgs& args) {
   absl::StatusOr<Lease*> lease = FindLease(session_id, lease_id);
   if (!lease.ok()) return lease.status();
   const uint32_t slot = (*lease)->slot;
-  const Object& obj = objects_.object(slot);
+  Object& obj = objects_.object(slot);
   if (obj.state == State::kSharedWritable) {
     return absl::FailedPreconditionError(
         absl::StrFormat("%s is shared-writable: it is never sealed",
@@ -1003,18 +1062,41 @@ absl::StatusOr<SealResult> ObjectStore::Seal(uint64_t session_id,
         "already sealed",
         lease_id, RefString(objects_.MakeRef(slot))));
   }
+  const bool exclusive = args.exclusive;
   if (exclusive && !obj.name.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "object named '", obj.name,
         "' cannot be sealed for exclusive transfer; only unnamed objects can"));
   }
+  if (args.relayout) {
+    absl::StatusOr<uint64_t> bytes =
+        RequestedBytes(args.size_bytes, args.layout);
+    if (!bytes.ok()) return bytes.status();
+    if (*bytes > obj.capacity) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "seal of %s with %d bytes: its buffer holds %d",
+          RefString(objects_.MakeRef(slot)), *bytes, obj.capacity));
+    }
+    obj.size = *bytes;
+    obj.layout = args.layout;
+    if (ledger_ != nullptr) {
+      std::string layout;
+      obj.layout.SerializeToString(&layout);
+      if (layout.size() > kMaxLedgerLayoutBytes) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("layout of %d bytes, at most %d", layout.size(),
+                            kMaxLedgerLayoutBytes));
+      }
+      ledger_->SetObjectLayout(slot, obj.size, layout);
+    }
+  }
+  Unstock(slot);
   SealResult result;
   if (!exclusive) {
     objects_.SetState(slot, State::kSealed);
     JournalObject(slot);
     (*lease)->write = false;
     result.lease_id = lease_id;
-    if (!obj.name.empty()) Changed();
   } else {
     objects_.SetState(slot, State::kPendingTransfer);
     JournalObject(slot);
@@ -1022,18 +1104,109 @@ absl::StatusOr<SealResult> ObjectStore::Seal(uint64_t session_id,
     HoldTransfer(slot, true);
     DropLease(lease_id);  // Cannot free: the transfer now holds the object.
   }
+  // Wakes the Gets waiting for this seal (by name, or by ref).
+  Changed();
   result.ref = objects_.MakeRef(slot);
   return result;
+}
+
+void ObjectStore::Unstock(uint32_t slot) {
+  Object& obj = objects_.object(slot);
+  if (!obj.stock) return;
+  obj.stock = false;
+  pools_[obj.pool]->stock_bytes -= obj.capacity;
+  if (Session* s = sessions_.FindOrNull(obj.creator); s != nullptr) {
+    --s->stock_objects;
+    s->stock_bytes -= obj.capacity;
+  }
+}
+
+absl::Status ObjectStore::ApplyOneWaySeal(uint64_t session_id,
+                                          const v1::OneWaySeal& seal) {
+  SealArgs args;
+  args.exclusive = seal.exclusive();
+  args.relayout = seal.size_bytes() != 0 || seal.has_layout();
+  args.size_bytes = seal.size_bytes();
+  args.layout = seal.layout();
+  absl::StatusOr<SealResult> r = SealLocked(session_id, seal.lease_id(), args);
+  if (r.ok()) return absl::OkStatus();
+  // Refused: a write lease of an unsealed object goes with its object, so
+  // that a Get waiting for the seal fails instead of waiting on.
+  absl::StatusOr<Lease*> lease = LookupLease(session_id, seal.lease_id());
+  if (lease.ok() && (*lease)->write &&
+      objects_.object((*lease)->slot).state == State::kWriting) {
+    DropLease(seal.lease_id());
+    Changed();
+  }
+  return absl::NotFoundError(absl::StrFormat(
+      "one-way seal of lease %d refused (the object is discarded): %s",
+      seal.lease_id(), r.status().message()));
 }
 
 absl::StatusOr<Handout> ObjectStore::Get(uint64_t session_id,
                                          const v1::ObjectRef& ref,
                                          uint64_t offer_token) {
+  absl::StatusOr<std::optional<Handout>> h =
+      TryGet(session_id, ref, offer_token, /*wait=*/false, /*last_try=*/true);
+  if (!h.ok()) return h.status();
+  return **std::move(h);
+}
+
+absl::StatusOr<std::optional<Handout>> ObjectStore::TryGet(
+    uint64_t session_id, const v1::ObjectRef& ref, uint64_t offer_token,
+    bool wait, bool last_try) {
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return ShuttingDownError();
+  return GetLocked(session_id, ref, offer_token, wait, last_try);
+}
+
+absl::StatusOr<std::optional<std::vector<absl::StatusOr<Handout>>>>
+ObjectStore::TryGetMany(uint64_t session_id,
+                        const std::vector<v1::ObjectRef>& refs, bool wait,
+                        bool last_try) {
+  if (refs.size() > kMaxBatch) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "GetMany of %d refs, at most %d", refs.size(), kMaxBatch));
+  }
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return ShuttingDownError();
+  if (wait && !last_try) {
+    for (const v1::ObjectRef& ref : refs) {
+      absl::StatusOr<uint32_t> slot = objects_.ResolveRef(ref);
+      if (slot.ok() && objects_.object(*slot).state == State::kWriting) {
+        return std::nullopt;  // Nothing taken: all or none wait.
+      }
+    }
+  }
+  std::vector<absl::StatusOr<Handout>> out;
+  out.reserve(refs.size());
+  for (const v1::ObjectRef& ref : refs) {
+    absl::StatusOr<std::optional<Handout>> h =
+        GetLocked(session_id, ref, 0, wait, /*last_try=*/true);
+    if (h.ok()) {
+      out.push_back(**std::move(h));
+    } else {
+      out.push_back(h.status());
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::optional<Handout>> ObjectStore::GetLocked(
+    uint64_t session_id, const v1::ObjectRef& ref, uint64_t offer_token,
+    bool wait, bool last_try) {
   absl::StatusOr<Session*> session = sessions_.Find(session_id);
   if (!session.ok()) return session.status();
   absl::StatusOr<uint32_t> slot = objects_.ResolveRef(ref);
+  if (!slot.ok() && wait && offer_token == 0 &&
+      IsStaleReference(slot.status())) {
+    return WithReason(
+        absl::NotFoundError(absl::StrCat(
+            slot.status().message(),
+            " (or it was never sealed: its creator discarded it, or its "
+            "session ended, before the seal)")),
+        kReasonStaleReference);
+  }
   if (!slot.ok()) {
     if (offer_token == 0 || !IsStaleReference(slot.status()) ||
         ref.daemon_epoch() != epoch_) {
@@ -1061,8 +1234,15 @@ absl::StatusOr<Handout> ObjectStore::Get(uint64_t session_id,
   }
   switch (obj.state) {
     case State::kWriting:
-      return absl::FailedPreconditionError(
-          absl::StrCat(RefString(ref), " is not sealed yet"));
+      if (!wait) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(RefString(ref), " is not sealed yet"));
+      }
+      if (!last_try) return std::nullopt;
+      return absl::DeadlineExceededError(absl::StrCat(
+          RefString(ref),
+          " was not sealed within the wait: its creator has not sent the "
+          "seal (it still holds it writable)"));
     case State::kTaken:
       return WithReason(
           absl::FailedPreconditionError(absl::StrCat(
@@ -1239,8 +1419,9 @@ absl::StatusOr<bool> ObjectStore::Release(uint64_t session_id,
   return DropLease(lease_id);
 }
 
-absl::Status ObjectStore::ReleaseBatch(uint64_t session_id, uint64_t seq,
-                                       const std::vector<uint64_t>& lease_ids) {
+absl::Status ObjectStore::ReleaseBatch(
+    uint64_t session_id, uint64_t seq, const std::vector<uint64_t>& lease_ids,
+    const std::vector<v1::OneWaySeal>& seals) {
   absl::MutexLock lock(&mu_);
   absl::StatusOr<Session*> session = sessions_.Find(session_id);
   if (!session.ok()) return session.status();
@@ -1249,6 +1430,13 @@ absl::Status ObjectStore::ReleaseBatch(uint64_t session_id, uint64_t seq,
   // Applied already, from the copy a unary request carried.
   if (!*due) return absl::OkStatus();
   Changed();
+  absl::Status refused;
+  for (const v1::OneWaySeal& seal : seals) {
+    if (absl::Status r = ApplyOneWaySeal(session_id, seal);
+        !r.ok() && refused.ok()) {
+      refused = r;
+    }
+  }
   std::vector<uint64_t> unknown;
   for (uint64_t id : lease_ids) {
     // Applied even while shutting down (releases in flight when SIGTERM
@@ -1262,7 +1450,7 @@ absl::Status ObjectStore::ReleaseBatch(uint64_t session_id, uint64_t seq,
   if (ledger_ != nullptr) {
     ledger_->SetReleasesApplied((*session)->client_id, seq);
   }
-  if (unknown.empty()) return absl::OkStatus();
+  if (unknown.empty()) return refused;
   // At most 8 ids named: the message is logged, and a client can send
   // millions.
   const size_t named = std::min<size_t>(unknown.size(), 8);
@@ -1352,6 +1540,7 @@ v1::StatsResponse ObjectStore::Stats(uint64_t session_id,
     ps->set_free_bytes(usage.free_bytes);
     ps->set_largest_free_bytes(usage.largest_free_bytes);
     ps->set_objects(usage.objects);
+    ps->set_stock_bytes(usage.stock_bytes);
   }
   out.set_sessions(sessions_.size());
   out.set_objects(objects_.live());
@@ -1365,6 +1554,20 @@ v1::StatsResponse ObjectStore::Stats(uint64_t session_id,
   out.set_fork_holds(holds);
   out.set_offers(session_id == 0 ? offers_.size()
                                  : offers_.CountOf(session_id));
+  uint64_t stock_objects = 0, stock_bytes = 0;
+  if (session_id != 0) {
+    if (session != nullptr) {
+      stock_objects = session->stock_objects;
+      stock_bytes = session->stock_bytes;
+    }
+  } else {
+    for (const auto& [id, s] : sessions_.all()) {
+      stock_objects += s.stock_objects;
+      stock_bytes += s.stock_bytes;
+    }
+  }
+  out.set_stock_objects(stock_objects);
+  out.set_stock_bytes(stock_bytes);
   out.set_uptime_ms(absl::ToInt64Milliseconds(absl::Now() - start_time_));
   return out;
 }
@@ -1445,6 +1648,7 @@ bool ObjectStore::DropLease(uint64_t lease_id) {
   --pools_[obj.pool]->leases;
   if (lease.write && obj.state == State::kWriting) {
     // An unsealed object is discarded: its name was never visible.
+    Unstock(lease.slot);
     objects_.Unbind(lease.slot);
     JournalObject(lease.slot);
   }
@@ -1457,6 +1661,7 @@ bool ObjectStore::MaybeFree(uint32_t slot) {
       obj.state == State::kPendingTransfer) {
     return false;
   }
+  Unstock(slot);
   Pool& pool = *pools_[obj.pool];
   if (obj.capacity > 0) pool.allocator().Free(obj.offset, obj.capacity);
   --pool.objects;

@@ -102,7 +102,11 @@ struct OpenedSession {
 struct LeaseAccount {
   std::vector<uint64_t> held;     // Every lease it holds; duplicates ignored.
   uint64_t releases_through = 0;  // Seq of the last ReleaseLeases it sent.
+  // The one-way seals of its releases not seen applied
+  // (OpenSession.pending_seals), at most kMaxPendingSeals.
+  std::vector<v1::OneWaySeal> seals;
 };
+inline constexpr size_t kMaxPendingSeals = 4096;
 
 // What the descriptor socket may hand a session's process: its host pools
 // and its access to each.
@@ -136,7 +140,20 @@ struct CreateArgs {
   absl::Duration timeout = absl::ZeroDuration();
   // Never sealed; every Get of it is writable (CreateRequest.shared_writable).
   bool shared_writable = false;
+  // Made ahead of need (CreateManyRequest.stock): untyped, unnamed, counted
+  // against limits.max_stock_bytes_per_client (LIMIT_EXCEEDED past it).
+  bool stock = false;
   CancelledFn cancelled;  // May be empty.
+};
+
+// What a seal gives an unsealed object besides its state: with `relayout`,
+// the size and layout it is sealed with (OneWaySeal.size_bytes, layout),
+// which must fit its capacity.
+struct SealArgs {
+  bool exclusive = false;
+  bool relayout = false;
+  uint64_t size_bytes = 0;
+  v1::Layout layout;
 };
 
 // What Create and Get hand out: where the bytes are and the lease on them.
@@ -314,12 +331,31 @@ class ObjectStore {
   absl::Status ClearStale(uint64_t session_id, const Handout& handout);
   absl::StatusOr<SealResult> Seal(uint64_t session_id, uint64_t lease_id,
                                   bool exclusive);
+  // Seal with a new size and layout (SealArgs). INVALID_ARGUMENT naming the
+  // values for a layout that is invalid or does not fit the capacity.
+  absl::StatusOr<SealResult> Seal(uint64_t session_id, uint64_t lease_id,
+                                  const SealArgs& args);
   // A lease on the object `ref` names. With a nonzero `offer_token` of an
   // offer of that object, the new lease takes the offer's pin over (the
   // offer ends); a token that pins nothing (taken, expired, another
   // object's) changes nothing, but words a stale ref's error.
   absl::StatusOr<Handout> Get(uint64_t session_id, const v1::ObjectRef& ref,
                               uint64_t offer_token = 0);
+  // Get that, with `wait`, says "not yet" (nullopt) for an object not
+  // sealed yet (its one-way seal is on its way), until `last_try`, which
+  // then fails DEADLINE_EXCEEDED naming the ref. An object its creator
+  // discarded meanwhile (or whose session ended) is a stale ref: NOT_FOUND.
+  absl::StatusOr<std::optional<Handout>> TryGet(uint64_t session_id,
+                                                const v1::ObjectRef& ref,
+                                                uint64_t offer_token, bool wait,
+                                                bool last_try);
+  // TryGet of every ref under one lock: "not yet" while any of them waits
+  // for its seal (and nothing is taken then), else one result per ref.
+  // Most refs a call takes.
+  static constexpr size_t kMaxBatch = 1024;
+  absl::StatusOr<std::optional<std::vector<absl::StatusOr<Handout>>>>
+  TryGetMany(uint64_t session_id, const std::vector<v1::ObjectRef>& refs,
+             bool wait, bool last_try);
   // [P19] Pins the object of the session's read lease `lease_id` for a
   // receiver in another process (offer_table.h) and returns its ref and the
   // offer's token. FAILED_PRECONDITION for a lease that is not a read lease
@@ -353,8 +389,12 @@ class ObjectStore {
   // skipped (OK, nothing dropped): the other copy came first.
   // INVALID_ARGUMENT when `seq` is past the next one due;
   // FAILED_PRECONDITION (SESSION_ENDED) when the session is not open.
+  // `seals` (ReleaseLeases.seals) are applied first, in order; one the
+  // store refuses discards its object (its Get waiters fail) and is named
+  // in the returned NOT_FOUND too.
   absl::Status ReleaseBatch(uint64_t session_id, uint64_t seq,
-                            const std::vector<uint64_t>& lease_ids);
+                            const std::vector<uint64_t>& lease_ids,
+                            const std::vector<v1::OneWaySeal>& seals = {});
   // Blocks until the session applied every ReleaseLeases through `seq`
   // (returns at once for seq 0). Fails SESSION_ENDED if the session ends
   // first, DEADLINE_EXCEEDED naming both seqs after `timeout`.
@@ -462,6 +502,23 @@ class ObjectStore {
   // request refused), for a request Allowed refused.
   absl::Status AccessError(const Session& s, uint32_t pool_id,
                            absl::string_view what) const;
+
+  // Seal under the lock (both Seal forms, one-way seals).
+  absl::StatusOr<SealResult> SealLocked(uint64_t session_id, uint64_t lease_id,
+                                        const SealArgs& args)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A one-way seal: SealLocked, and when refused, the write lease dropped
+  // (the object discarded) if it is one. Returns the refusal.
+  absl::Status ApplyOneWaySeal(uint64_t session_id, const v1::OneWaySeal& seal)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Get under the lock; nullopt: not sealed yet, and `wait`.
+  absl::StatusOr<std::optional<Handout>> GetLocked(uint64_t session_id,
+                                                   const v1::ObjectRef& ref,
+                                                   uint64_t offer_token,
+                                                   bool wait, bool last_try)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The object in `slot` leaves the stock (sealed or discarded).
+  void Unstock(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // The lease `lease_id` of session `session_id`; UNAVAILABLE while
   // shutting down, else as LookupLease.

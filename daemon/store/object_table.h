@@ -71,6 +71,9 @@ class ObjectTable {
     uint64_t serial = 0;  // Creation order, for oldest-first listings.
     // Random, per object: a ref must carry it (ObjectRef.nonce).
     uint64_t nonce = 0;
+    // Made ahead of need (CreateManyRequest.stock) and not sealed yet:
+    // counted in its creator's Session::stock_bytes.
+    bool stock = false;
   };
 
   // `epoch` (the daemon instance's id) goes into every ref; `random` draws

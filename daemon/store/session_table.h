@@ -82,6 +82,10 @@ class SessionTable {
     // (the ledger's); descriptor_secret is empty then.
     std::string descriptor_secret_hash;
     bool descriptors_granted = false;  // GrantDescriptors answered it.
+    // Its stock: unsealed objects it made ahead of need (Object::stock),
+    // and their capacity (limits.max_stock_bytes_per_client).
+    uint64_t stock_objects = 0;
+    uint64_t stock_bytes = 0;
   };
 
   // `random` draws session ids and descriptor secrets, and is called only

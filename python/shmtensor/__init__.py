@@ -134,9 +134,13 @@ class Client(_core.Client):
     def put(self, obj, name=None, exclusive=False, timeout=None, device=None):
         """Copies an array or tensor in and seals it; returns the ref.
 
-        Into host memory the copy goes in through the kernel (pwrite): the
-        new object is never writable in this process, not even for an
-        instant.
+        Into host memory the copy goes through this process's writable
+        mapping of the pool (the range stays open, and faulted in, for the
+        next object of its size: nothing points into it) and an unnamed
+        object is sealed one way: with the client's stock of buffers (see
+        docs/shm_layout.md, "Stock and one-way seals") a put makes no round
+        trip to the daemon. The ref is valid at once: a get of it elsewhere
+        waits for the seal.
 
         device: where the object goes. None: a CUDA tensor goes to a CUDA
         pool of its own device when the daemon has one (a device-to-device
@@ -154,6 +158,32 @@ class Client(_core.Client):
         lacks, raises InvalidArgumentError saying what to do. Anything else
         NumPy can make an array of (lists, scalars) is stored as that array.
         """
+        ptr, shape, code, nbytes, keep, target, stream = self._source(
+            obj, device)
+        ref = self._put(ptr, shape, code, nbytes, name or "",
+                        bool(exclusive), timeout, target or "cpu", stream)
+        del keep
+        return ref
+
+    def put_many(self, objs, exclusive=False, timeout=None):
+        """put() of every array or tensor in `objs` into host memory, in at
+        most one round trip for all (none when the stock has their buffers)
+        and one message for their seals; returns their refs, in order. All
+        or nothing: on an error no object is left. A CUDA tensor, or a list
+        with one, is put one by one (put()'s rules)."""
+        sources = [self._source(o, None) for o in objs]
+        if any((s[5] or "cpu") != "cpu" for s in sources):
+            return [self.put(o, exclusive=exclusive, timeout=timeout)
+                    for o in objs]
+        keep = [s[4] for s in sources]
+        refs = self._put_many([(s[0], s[1], s[2], s[3]) for s in sources],
+                              bool(exclusive), timeout)
+        del keep
+        return refs
+
+    def _source(self, obj, device):
+        """(ptr, shape, dtype code, nbytes, keep, target, stream) of what
+        put() copies: C-contiguous data at ptr, alive while `keep` is."""
         torch = _dtypes._torch()
         target = None if device is None else _device_name(device)
         stream = 0
@@ -191,10 +221,7 @@ class Client(_core.Client):
                 a = a.copy(order="C")
             shape, nbytes, ptr, keep = (list(a.shape), a.nbytes,
                                         a.__array_interface__["data"][0], a)
-        ref = self._put(ptr, shape, code, nbytes, name or "",
-                        bool(exclusive), timeout, target or "cpu", stream)
-        del keep
-        return ref
+        return ptr, shape, code, nbytes, keep, target, stream
 
 
 

@@ -4,14 +4,20 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "client/call_canceller.h"
 #include "python/src/py_objects.h"
 #include "python/src/py_support.h"
 #include "shmtensor/errors.h"
@@ -164,50 +170,77 @@ Device DeviceOf(PyObject* device) {
   return Check(ParseDevice(name.cast<std::string>()));
 }
 
-// Runs `attempt(wait)` in slices of at most one second until it succeeds,
-// fails with something other than `retry_code` (or with a limit error:
-// LIMIT_EXCEEDED is RESOURCE_EXHAUSTED too, but no wait lifts it), or
-// `timeout` has passed,
-// so that a long wait (timeout=None waits without limit) still answers
-// Ctrl-C. The GIL is released while an attempt runs.
+// Runs `attempt(wait)` and returns what it got, raising its error. A wait
+// is one call to the daemon, which answers when it can (memory freed, a
+// name sealed) or at the end of `timeout` (None: never), and formats the
+// pool's holder report once, when the wait fails. With `try_first`, an
+// attempt that does not wait comes first, on this thread (what a stock
+// buffer or free memory answers at once); only if it fails with
+// `retry_code` (not a limit: LIMIT_EXCEEDED is RESOURCE_EXHAUSTED too, but
+// no wait lifts it) does the waiting call follow. The waiting call runs on
+// a helper thread while this one answers signals every 100 ms: Ctrl-C
+// cancels the call (internal::CallCanceller) and raises. The GIL is
+// released while an attempt runs.
 template <typename T, typename Attempt>
-T WaitInSlices(absl::Duration timeout, absl::StatusCode retry_code,
-               Attempt attempt) {
-  const bool forever = timeout == absl::InfiniteDuration();
-  const absl::Time deadline =
-      forever ? absl::InfiniteFuture() : absl::Now() + timeout;
-  while (true) {
-    const absl::Duration slice =
-        forever ? absl::Seconds(1)
-                : std::clamp(deadline - absl::Now(), absl::ZeroDuration(),
-                             absl::Seconds(1));
-    std::optional<absl::StatusOr<T>> r;
+T WaitInterruptibly(absl::Duration timeout, absl::StatusCode retry_code,
+                    bool try_first, Attempt attempt) {
+  std::optional<absl::StatusOr<T>> r;
+  if (try_first || timeout <= absl::ZeroDuration()) {
     {
       ReleaseGil release;
-      r = attempt(slice);
+      r = attempt(absl::ZeroDuration());
     }
     if (r->ok() || r->status().code() != retry_code ||
-        IsLimitExceeded(r->status())) {
+        IsLimitExceeded(r->status()) || timeout <= absl::ZeroDuration()) {
       return Check(*std::move(r));
     }
-    if (!forever && absl::Now() >= deadline) {
-      if (timeout <= absl::Seconds(1)) return Check(*std::move(r));
-      throw StatusError{absl::Status(
-          r->status().code(),
-          absl::StrCat(r->status().message(), " (waited ",
-                       absl::FormatDuration(timeout), " in all)"))};
-    }
-    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
   }
+  internal::CallCanceller canceller;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::thread worker([&] {
+    internal::ScopedCanceller scope(&canceller);
+    absl::StatusOr<T> got = attempt(timeout);
+    std::lock_guard<std::mutex> lock(mu);
+    r = std::move(got);
+    done = true;
+    cv.notify_all();
+  });
+  bool interrupted = false;
+  while (true) {
+    {
+      ReleaseGil release;
+      std::unique_lock<std::mutex> lock(mu);
+      if (cv.wait_for(lock, std::chrono::milliseconds(100),
+                      [&] { return done; })) {
+        break;
+      }
+    }
+    if (PyErr_CheckSignals() != 0) {
+      interrupted = true;
+      canceller.Cancel();
+      break;
+    }
+  }
+  {
+    ReleaseGil release;
+    worker.join();
+    if (interrupted) r.reset();  // What it got just before goes.
+  }
+  if (interrupted) throw py::error_already_set();
+  return Check(*std::move(r));
 }
 
 PyObject* NewBufferFor(Client& c, CreateOptions& o, PyObject* timeout) {
-  return NewBuffer(WaitInSlices<Buffer>(Timeout(timeout),
-                                        absl::StatusCode::kResourceExhausted,
-                                        [&](absl::Duration slice) {
-                                          o.timeout = slice;
-                                          return c.Create(o);
-                                        }))
+  return NewBuffer(WaitInterruptibly<Buffer>(
+                       Timeout(timeout), absl::StatusCode::kResourceExhausted,
+                       /*try_first=*/true,
+                       [&](absl::Duration wait) {
+                         CreateOptions with = o;
+                         with.timeout = wait;
+                         return c.Create(with);
+                       }))
       .release()
       .ptr();
 }
@@ -263,9 +296,10 @@ PyObject* ClientGet(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
     if (PyUnicode_Check(a[0])) {
       const std::string name = Text("name", a[0]);
       return NewView(
-                 WaitInSlices<View>(
+                 WaitInterruptibly<View>(
                      Timeout(a[1]), absl::StatusCode::kDeadlineExceeded,
-                     [&](absl::Duration slice) { return c.Get(name, slice); }))
+                     /*try_first=*/false,
+                     [&](absl::Duration wait) { return c.Get(name, wait); }))
           .release()
           .ptr();
     }
@@ -338,6 +372,7 @@ py::dict StatsDict(const StoreStats& s) {
     pd["largest_free_bytes"] = p.largest_free_bytes;
     pd["huge_page_size"] = p.huge_page_size;
     pd["objects"] = p.objects;
+    pd["stock_bytes"] = p.stock_bytes;
     pools.append(pd);
   }
   d["pools"] = pools;
@@ -348,6 +383,8 @@ py::dict StatsDict(const StoreStats& s) {
   d["pending_transfers"] = s.pending_transfers;
   d["fork_holds"] = s.fork_holds;
   d["offers"] = s.offers;
+  d["stock_objects"] = s.stock_objects;
+  d["stock_bytes"] = s.stock_bytes;
   return d;
 }
 
@@ -405,15 +442,92 @@ PyObject* ClientPut(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
     const CudaStream stream =
         a[8] == nullptr ? 0 : ArgAs<CudaStream>(kFn, "stream", a[8]);
     // The caller keeps `src` alive and unchanged for this call.
-    return NewObjectRef(WaitInSlices<SealedRef>(
+    return NewObjectRef(WaitInterruptibly<SealedRef>(
                             timeout, absl::StatusCode::kResourceExhausted,
-                            [&](absl::Duration slice) {
-                              o.timeout = slice;
+                            /*try_first=*/true,
+                            [&](absl::Duration wait) {
+                              CreateOptions with = o;
+                              with.timeout = wait;
                               return c.Put(reinterpret_cast<const void*>(src),
-                                           o, exclusive, stream);
+                                           with, exclusive, stream);
                             }))
         .release()
         .ptr();
+  });
+}
+
+// _put_many(items, exclusive, timeout): items a list of (src, shape,
+// dtype, nbytes) for host objects, checked and converted by the package's
+// put_many(), which keeps each `src` alive and unchanged for the call.
+PyObject* ClientPutMany(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
+                        PyObject* kwnames) {
+  return Guarded([&] {
+    constexpr const char* kFn = "_put_many()";
+    PyObject* a[3];
+    BindArgs(kFn, args, nargs, kwnames, {"items", "exclusive", "timeout"}, 3,
+             a);
+    Client& c = Self(self);
+    using Item = std::tuple<uintptr_t, std::vector<int64_t>, int, uint64_t>;
+    const auto raw = ArgAs<std::vector<Item>>(kFn, "items", a[0]);
+    const bool exclusive = Truth(a[1], false);
+    const absl::Duration timeout = Timeout(a[2]);
+    std::vector<PutItem> items(raw.size());
+    for (size_t i = 0; i < raw.size(); ++i) {
+      items[i].data = reinterpret_cast<const void*>(std::get<0>(raw[i]));
+      items[i].options.shape = std::get<1>(raw[i]);
+      items[i].options.dtype = static_cast<DType>(std::get<2>(raw[i]));
+      items[i].options.size_bytes = std::get<3>(raw[i]);
+    }
+    std::vector<SealedRef> refs = WaitInterruptibly<std::vector<SealedRef>>(
+        timeout, absl::StatusCode::kResourceExhausted, /*try_first=*/true,
+        [&](absl::Duration wait) {
+          std::vector<PutItem> with = items;
+          for (PutItem& item : with) item.options.timeout = wait;
+          return c.PutMany(with, exclusive);
+        });
+    py::list out(refs.size());
+    for (size_t i = 0; i < refs.size(); ++i) {
+      out[i] = NewObjectRef(std::move(refs[i]));
+    }
+    return out.release().ptr();
+  });
+}
+
+// get_many(refs, writable=True): one round trip for all.
+PyObject* ClientGetMany(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
+                        PyObject* kwnames) {
+  return Guarded([&] {
+    PyObject* a[2];
+    BindArgs("get_many()", args, nargs, kwnames, {"refs", "writable"}, 1, a);
+    Client& c = Self(self);
+    py::object seq = py::reinterpret_steal<py::object>(
+        PySequence_Fast(a[0], "get_many() takes a sequence of ObjectRefs"));
+    if (!seq) throw py::error_already_set();
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.ptr());
+    PyObject** objs = PySequence_Fast_ITEMS(seq.ptr());
+    std::vector<ObjectRef> refs(n);
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      const ObjectRef* r = ParsedRefOf(objs[i]);
+      if (r == nullptr) {
+        throw py::type_error(absl::StrCat("get_many() takes ObjectRefs; item ",
+                                          i, " is a ",
+                                          Py_TYPE(objs[i])->tp_name));
+      }
+      refs[i] = *r;
+    }
+    const bool writable = Truth(a[1], true);
+    std::vector<absl::StatusOr<View>> views;
+    {
+      ReleaseGil release;
+      views = c.GetMany(refs, writable);
+    }
+    // The first failure raises; the views got drop with the list.
+    for (absl::StatusOr<View>& v : views) Check(v.status());
+    py::list out(views.size());
+    for (size_t i = 0; i < views.size(); ++i) {
+      out[i] = NewView(*std::move(views[i]));
+    }
+    return out.release().ptr();
   });
 }
 
@@ -487,6 +601,16 @@ PyMethodDef kClientMethods[] = {
      "stream=0)\n--\n\n"
      "Creates on `device`, copies `nbytes` from address `src` (host memory, "
      "or for a CUDA pool device memory, copied on `stream`), seals."},
+    {"_put_many", FastMethod(ClientPutMany), METH_FASTCALL | METH_KEYWORDS,
+     "_put_many(items, exclusive, timeout)\n--\n\n"
+     "Puts host objects given as (src, shape, dtype, nbytes), in at most "
+     "one round trip for all; returns their ObjectRefs."},
+    {"get_many", FastMethod(ClientGetMany), METH_FASTCALL | METH_KEYWORDS,
+     "get_many(refs, writable=True)\n--\n\n"
+     "get(ref, writable) of every ObjectRef in `refs`, in one round trip "
+     "(none for objects this process already holds a view or ref of: those "
+     "share it). Returns the views in order; the first failure raises (the "
+     "views got are dropped)."},
     {"delete", ClientDelete, METH_O,
      "delete(name)\n--\n\n"
      "Unbinds `name`. The memory is freed once nothing uses it (deferred "

@@ -70,7 +70,10 @@ def client(daemon):
 
 
 def used(client):
-    return client.stats()["pools"][0]["used_bytes"]
+    """Bytes of the first pool held by objects: the clients' stock (buffers
+    granted ahead of their puts, stats' stock_bytes) left out."""
+    pool = client.stats()["pools"][0]
+    return pool["used_bytes"] - pool["stock_bytes"]
 
 
 def wait_until(predicate, timeout=1.0):

@@ -82,6 +82,15 @@ struct ClientOptions {
   // else 10 s. A daemon that stopped cleanly (its socket is gone) ends the
   // session within about half a second.
   std::optional<absl::Duration> resume_timeout;
+  // Writable memory the client keeps granted ahead of its creates and puts
+  // of unnamed host objects (its stock: docs/shm_layout.md, "Stock and
+  // one-way seals"), so that they make no round trip: buffers of the sizes
+  // this process keeps asking for, refilled in the background, given back
+  // after 2 s unused. At most an eighth of a pool; a size past a quarter of
+  // the budget has none; the daemon bounds it too
+  // (limits.max_stock_bytes_per_client). 0: no stock (each such create or
+  // put makes one round trip).
+  uint64_t stock_bytes = uint64_t{64} << 20;
 };
 
 struct CreateOptions {
@@ -108,6 +117,12 @@ struct CreateOptions {
   bool shared_writable = false;
 };
 
+// One object of Client::PutMany: `data` as Put's, `options` as Create's.
+struct PutItem {
+  const void* data = nullptr;
+  CreateOptions options;
+};
+
 struct PoolUsage {
   std::string name;
   uint64_t size_bytes = 0;
@@ -117,6 +132,9 @@ struct PoolUsage {
   uint64_t objects = 0;
   // Huge page size backing the pool (2 MiB on x86-64), 0 for base pages.
   uint64_t huge_page_size = 0;
+  // Bytes of used_bytes that sessions hold as stock (ClientOptions::
+  // stock_bytes): granted ahead of their puts, not sealed yet.
+  uint64_t stock_bytes = 0;
 };
 
 struct StoreStats {
@@ -132,6 +150,9 @@ struct StoreStats {
   // Objects this client offered to another process (View::Offer) that no
   // one took yet.
   uint64_t offers = 0;
+  // This client's stock (ClientOptions::stock_bytes): buffers and bytes.
+  uint64_t stock_objects = 0;
+  uint64_t stock_bytes = 0;
 };
 
 // A session with shmtensord. Copies share the session. The session ends when
@@ -164,17 +185,39 @@ class Client {
   // cudaMemcpyAsync on `stream` (after the work queued there, which is how a
   // producer's writes to `data` are ordered before the copy) and waited for.
   // `exclusive` as in Buffer::Seal.
+  // A host object is copied into this process's writable mapping of the
+  // pool (the range stays open and faulted in for the next object of its
+  // size, see WriteRevocation) and, unnamed, sealed one way (Buffer::Seal):
+  // with the client's stock, a put makes no round trip at all.
   absl::StatusOr<SealedRef> Put(const void* data, const CreateOptions& options,
                                 bool exclusive = false,
                                 CudaStream stream = kLegacyDefaultStream);
+  // Put of every item, host pools only, in at most one round trip for all
+  // the unnamed ones (none when the stock has their buffers) and one
+  // stream message for their seals; a named item costs Put's two. All or
+  // nothing: on an error no item is left (those made are discarded).
+  absl::StatusOr<std::vector<SealedRef>> PutMany(
+      const std::vector<PutItem>& items, bool exclusive = false);
+
+  // Get of every ref in one round trip (Get(ref, writable) each; a ref of an
+  // object this process holds a read lease of takes a share of it and asks
+  // the daemon nothing). Each result stands alone. Objects not sealed yet
+  // are waited for together (as Get).
+  std::vector<absl::StatusOr<View>> GetMany(const std::vector<ObjectRef>& refs,
+                                            bool writable = true);
 
   // A view of a sealed object. Read-only, or writable for the one consumer of
-  // an exclusive transfer. NOT_FOUND with IsStaleReference for a ref whose
-  // object is gone; FAILED_PRECONDITION with IsAlreadyTaken for a second take.
-  // `writable` = false takes an exclusive transfer (the object is this
-  // client's alone) but maps it read-only, which skips opening a writable
-  // range: cheaper when the consumer only reads. Shared objects are always
-  // read-only.
+  // an exclusive transfer. A shared object this process holds a read lease
+  // of already (a view, its own put's SealedRef) is a share of that lease:
+  // no round trip, and the lease goes with its last holder. An object whose
+  // one-way seal has not reached the daemon yet is waited for, up to 10 s
+  // (DEADLINE_EXCEEDED after; NOT_FOUND with IsStaleReference at once
+  // when its creator discards it or ends first). NOT_FOUND with
+  // IsStaleReference for a ref whose object is gone; FAILED_PRECONDITION with
+  // IsAlreadyTaken for a second take. `writable` = false takes an exclusive
+  // transfer (the object is this client's alone) but maps it read-only, which
+  // skips opening a writable range: cheaper when the consumer only reads.
+  // Shared objects are always read-only.
   absl::StatusOr<View> Get(const ObjectRef& ref, bool writable = true);
 
   // The receiving half of sending an object by reference: a read-only view

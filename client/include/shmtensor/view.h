@@ -135,7 +135,11 @@ class View {
 class Buffer {
  public:
   Buffer() = default;
-  Buffer(ObjectInfo info, std::shared_ptr<internal::Lease> lease);
+  // `named`: the object has a name (CreateOptions::name), which its seal
+  // makes visible before Seal returns (a unary Seal); an unnamed one is
+  // sealed one way (see Seal).
+  Buffer(ObjectInfo info, std::shared_ptr<internal::Lease> lease,
+         bool named = false);
   Buffer(Buffer&&) = default;
   Buffer& operator=(Buffer&&) = default;
   // Not copyable: there is one writer.
@@ -183,6 +187,11 @@ class Buffer {
   // CUDA: first waits for the producer's GPU work (see client.h): on
   // `stream`, or for all of this process's work on the device by default.
   // FAILED_PRECONDITION if already sealed or discarded.
+  // An unnamed object is sealed one way, without waiting for the daemon
+  // (docs/shm_layout.md, "Stock and one-way seals"): the ref is valid at
+  // once, and a Get of it that reaches the daemon before the seal waits for
+  // it. A named one waits for the daemon, so its name is visible to every
+  // process when Seal returns.
   absl::StatusOr<SealedRef> Seal(
       bool exclusive = false, CudaStream stream = kLegacyDefaultStream,
       std::optional<WriteRevocation> revocation = std::nullopt);
@@ -203,6 +212,7 @@ class Buffer {
  private:
   ObjectInfo info_;
   std::shared_ptr<internal::Lease> lease_;
+  bool named_ = false;
 };
 
 }  // namespace shmtensor

@@ -1,0 +1,256 @@
+#include "client/stock.h"
+
+#include <algorithm>
+#include <optional>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+#include "client/client_core.h"
+
+namespace shmtensor::internal {
+namespace {
+
+// How often the refill thread looks for idle classes when nothing wakes it.
+constexpr absl::Duration kTick = absl::Milliseconds(250);
+// Longest wait of the fork handler for a refill call on its way.
+constexpr absl::Duration kForkWait = absl::Seconds(2);
+
+}  // namespace
+
+Stock::Stock(ClientCore& core, uint64_t budget_bytes, absl::Duration idle)
+    : core_(core), budget_(budget_bytes), idle_(idle) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+Stock::~Stock() { Stop(); }
+
+void Stock::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Stock::PauseForFork() {
+  fork_pending_.store(true, std::memory_order_seq_cst);
+  const absl::Time deadline = absl::Now() + kForkWait;
+  while (in_call_.load(std::memory_order_seq_cst) && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+}
+
+void Stock::ResumeAfterFork() {
+  fork_pending_.store(false, std::memory_order_seq_cst);
+}
+
+size_t Stock::buffers() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t n = 0;
+  for (const Class& c : classes_) n += c.buffers.size();
+  return n;
+}
+
+uint64_t Stock::bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t n = 0;
+  for (const Class& c : classes_) n += c.buffers.size() * c.capacity;
+  return n;
+}
+
+uint64_t Stock::BudgetFor(const v1::PoolInfo& pool) const {
+  return std::min(budget_, pool.size_bytes() / 8);
+}
+
+Stock::Class& Stock::ClassOf(const v1::PoolInfo& pool, uint64_t capacity,
+                             std::vector<uint64_t>* evicted) {
+  for (Class& c : classes_) {
+    if (c.pool_id == pool.pool_id() && c.capacity == capacity) return c;
+  }
+  if (classes_.size() == kMaxClasses) {
+    auto lru = std::min_element(classes_.begin(), classes_.end(),
+                                [](const Class& a, const Class& b) {
+                                  return a.last_take < b.last_take;
+                                });
+    for (const StockBuffer& b : lru->buffers) evicted->push_back(b.lease_id);
+    classes_.erase(lru);
+  }
+  Class c;
+  c.pool_id = pool.pool_id();
+  c.pool = pool.name();
+  c.capacity = capacity;
+  c.target = static_cast<uint32_t>(std::clamp<uint64_t>(
+      BudgetFor(pool) / 4 / capacity, 1, uint64_t{kMaxPerClass}));
+  c.last_take = absl::Now();
+  classes_.push_back(std::move(c));
+  return classes_.back();
+}
+
+absl::StatusOr<StockBuffer> Stock::Take(const v1::PoolInfo& pool,
+                                        uint64_t bytes) {
+  const uint64_t page = std::max<uint64_t>(pool.page_size(), 1);
+  const uint64_t capacity = (bytes + page - 1) / page * page;
+  if (bytes == 0 || capacity > BudgetFor(pool) / 4) {
+    return absl::NotFoundError(absl::StrFormat(
+        "%d bytes: past what the stock serves in pool '%s' (a quarter of its "
+        "%d bytes)",
+        bytes, pool.name(), BudgetFor(pool)));
+  }
+  uint32_t want = 0;
+  std::vector<uint64_t> evicted;
+  std::optional<StockBuffer> hit;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Class& c = ClassOf(pool, capacity, &evicted);
+    c.last_take = absl::Now();
+    if (c.takes < UINT32_MAX) ++c.takes;
+    while (!c.buffers.empty() && !hit.has_value()) {
+      StockBuffer b = std::move(c.buffers.front());
+      c.buffers.pop_front();
+      // A resume may have refused it since (its lease is no longer held).
+      if (core_.Holds(b.lease_id)) hit = std::move(b);
+    }
+    if (hit.has_value() && c.buffers.size() < (c.want() + 1) / 2) {
+      refill_due_ = true;
+      wake_.notify_one();
+    }
+    want = c.want();
+  }
+  GiveBack(evicted);
+  if (hit.has_value()) return *std::move(hit);
+  // A miss: this buffer and the class's refill in one round trip.
+  absl::StatusOr<std::vector<StockBuffer>> made =
+      Make(pool.name(), capacity, want);
+  if (!made.ok()) return made.status();
+  if (made->empty()) {
+    return absl::ResourceExhaustedError("the daemon made no stock buffer");
+  }
+  StockBuffer first = std::move(made->front());
+  std::vector<uint64_t> surplus;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Class& c = ClassOf(pool, capacity, &surplus);
+    for (size_t i = 1; i < made->size(); ++i) {
+      if (c.buffers.size() < c.want()) {
+        c.buffers.push_back(std::move((*made)[i]));
+      } else {
+        surplus.push_back((*made)[i].lease_id);
+      }
+    }
+  }
+  GiveBack(surplus);
+  return first;
+}
+
+absl::StatusOr<std::vector<StockBuffer>> Stock::Make(const std::string& pool,
+                                                     uint64_t capacity,
+                                                     uint32_t count) {
+  v1::CreateManyRequest req;
+  req.set_session_id(core_.session_id());
+  req.set_pool(pool);
+  req.set_stock(true);
+  for (uint32_t i = 0; i < count; ++i) req.add_sizes(capacity);
+  v1::CreateManyResponse resp;
+  uint64_t generation = 0;
+  if (absl::Status s = core_.CallAfterReleases(
+          &v1::ObjectStore::Stub::CreateMany, std::move(req), &resp,
+          kRpcDeadline, &generation);
+      !s.ok()) {
+    return s;
+  }
+  std::vector<StockBuffer> out;
+  out.reserve(resp.created_size());
+  for (v1::CreateResponse& c : *resp.mutable_created()) {
+    // Not held (a resume began meanwhile): HoldLease released it.
+    if (!core_.HoldLease(c.lease_id(), generation).ok()) continue;
+    StockBuffer b;
+    b.lease_id = c.lease_id();
+    b.ref = std::move(*c.mutable_ref());
+    b.placement = std::move(*c.mutable_placement());
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
+void Stock::GiveBack(const std::vector<uint64_t>& lease_ids) {
+  for (uint64_t id : lease_ids) core_.ReleaseLease(id).IgnoreError();
+}
+
+void Stock::Loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    wake_.wait_for(lock, absl::ToChronoNanoseconds(kTick),
+                   [this] { return stopping_ || refill_due_; });
+    if (stopping_) break;
+    refill_due_ = false;
+    // Idle classes give their buffers back.
+    const absl::Time now = absl::Now();
+    std::vector<uint64_t> idle;
+    for (auto it = classes_.begin(); it != classes_.end();) {
+      if (now - it->last_take >= idle_) {
+        for (const StockBuffer& b : it->buffers) idle.push_back(b.lease_id);
+        it = classes_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    // One class under half its target is refilled per turn.
+    std::string pool;
+    uint32_t pool_id = 0;
+    uint64_t capacity = 0;
+    uint32_t count = 0;
+    for (const Class& c : classes_) {
+      if (c.takes >= 2 && c.buffers.size() < (c.want() + 1) / 2) {
+        pool = c.pool;
+        pool_id = c.pool_id;
+        capacity = c.capacity;
+        count = c.want() - static_cast<uint32_t>(c.buffers.size());
+        refill_due_ = true;  // Look again for the others.
+        break;
+      }
+    }
+    if (idle.empty() && count == 0) continue;
+    // The calls below go without the lock, and never across a fork.
+    lock.unlock();
+    while (true) {
+      in_call_.store(true, std::memory_order_seq_cst);
+      if (!fork_pending_.load(std::memory_order_seq_cst)) break;
+      in_call_.store(false, std::memory_order_seq_cst);
+      while (fork_pending_.load(std::memory_order_seq_cst)) {
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+    }
+    GiveBack(idle);
+    std::vector<uint64_t> surplus;
+    if (count > 0) {
+      absl::StatusOr<std::vector<StockBuffer>> made =
+          Make(pool, capacity, count);
+      lock.lock();
+      if (!made.ok()) {
+        // At the daemon's stock limit, or the pool is full: not now.
+        refill_due_ = false;
+      } else {
+        Class* c = nullptr;
+        for (Class& k : classes_) {
+          if (k.pool_id == pool_id && k.capacity == capacity) c = &k;
+        }
+        for (StockBuffer& b : *made) {
+          if (c != nullptr && c->buffers.size() < c->want()) {
+            c->buffers.push_back(std::move(b));
+          } else {
+            surplus.push_back(b.lease_id);
+          }
+        }
+        if (made->empty()) refill_due_ = false;
+      }
+      lock.unlock();
+      GiveBack(surplus);
+    }
+    in_call_.store(false, std::memory_order_seq_cst);
+    lock.lock();
+  }
+}
+
+}  // namespace shmtensor::internal

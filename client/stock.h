@@ -1,0 +1,137 @@
+// A session's stock: untyped writable buffers the daemon granted ahead of
+// need (CreateManyRequest.stock), so that Create and Put of an unnamed host
+// object take one without a round trip, and seal it one way
+// (docs/shm_layout.md, "Stock and one-way seals").
+//
+// Policy, decided here only:
+//  - Classes: a buffer serves puts of its size class, the size rounded up
+//    to the pool's page size (puts of one size recycle one range, which
+//    stays faulted in and open in this process's writable mapping). At most
+//    kMaxClasses classes; the least recently used goes first.
+//  - How many: the budget of a pool is the client's, at most an eighth of
+//    the pool; a class keeps up to budget / 4 / capacity buffers, 1 to
+//    kMaxPerClass, and fewer while it is new: its n-th take asks for at
+//    most n (a size asked for once takes one buffer, and leaves no stock).
+//    A size past budget / 4 has no stock (its put makes one round trip for
+//    its buffer).
+//  - When: a take that misses makes the buffer and the class's refill in
+//    the same round trip; a take that leaves the class under half its
+//    target wakes the refill thread, which refills it in the background.
+//  - Return: a class not taken from for `idle` gives its buffers back
+//    (their release discards them), as the session's end does all.
+//  - Bound: the daemon's limits.max_stock_bytes_per_client, whatever this
+//    asks; past it the stock stops growing (the take falls back).
+// Each buffer's lease is held (ClientCore::HoldLease) from its grant on, so
+// a resume presents it.
+//
+// Fork: the refill thread makes gRPC calls, which must not be in flight
+// across fork() (fork_guard.h): PauseForFork waits for the call on its way
+// (bounded) and holds the next back until ResumeAfterFork.
+//
+// Thread safety: thread-safe.
+#ifndef SHMTENSOR_CLIENT_STOCK_H_
+#define SHMTENSOR_CLIENT_STOCK_H_
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "shmtensor/v1/shmtensor.pb.h"
+
+namespace shmtensor::internal {
+
+class ClientCore;
+
+// One stock buffer: its write lease and where it is.
+struct StockBuffer {
+  uint64_t lease_id = 0;
+  v1::ObjectRef ref;
+  v1::Placement placement;  // size_bytes: its capacity, untyped.
+};
+
+class Stock {
+ public:
+  static constexpr size_t kMaxClasses = 16;
+  static constexpr uint32_t kMaxPerClass = 8;
+
+  // `core` owns the stock and outlives it. `budget_bytes` > 0.
+  Stock(ClientCore& core, uint64_t budget_bytes, absl::Duration idle);
+  // Stop().
+  ~Stock();
+
+  Stock(const Stock&) = delete;
+  Stock& operator=(const Stock&) = delete;
+
+  // A buffer of `pool` (a host pool the session may write) for an object
+  // of `bytes` (> 0): from the stock when it has one of the class; else
+  // made, with the class's refill, in one CreateMany round trip.
+  // NOT_FOUND when `bytes` is past what the stock serves; the daemon's
+  // errors (LIMIT_EXCEEDED at its stock limit, RESOURCE_EXHAUSTED when the
+  // pool is full: stock never waits) otherwise. The caller then makes its
+  // buffer without the stock.
+  absl::StatusOr<StockBuffer> Take(const v1::PoolInfo& pool, uint64_t bytes);
+
+  // Stops the refill thread (waiting for its call on the way) and gives
+  // nothing back: the session's end discards the buffers. Idempotent.
+  void Stop();
+  // fork() handlers (see the file comment).
+  void PauseForFork();
+  void ResumeAfterFork();
+
+  // Buffers held now, and their capacity.
+  size_t buffers() const;
+  uint64_t bytes() const;
+
+ private:
+  struct Class {
+    uint32_t pool_id = 0;
+    std::string pool;
+    uint64_t capacity = 0;
+    uint32_t target = 1;  // Its most buffers.
+    uint32_t takes = 0;   // Takes so far (the stock it asks for grows).
+    std::deque<StockBuffer> buffers;
+    absl::Time last_take;
+    // How many buffers it wants now.
+    uint32_t want() const { return std::min(target, std::max(takes, 1u)); }
+  };
+  // The budget for `pool`.
+  uint64_t BudgetFor(const v1::PoolInfo& pool) const;
+  // The class of (pool_id, capacity), made (evicting the least recently
+  // used past kMaxClasses: its buffers go to *evicted) if new. mu_ held.
+  Class& ClassOf(const v1::PoolInfo& pool, uint64_t capacity,
+                 std::vector<uint64_t>* evicted);
+  // One CreateMany(stock) of `count` buffers of `capacity` in `pool`; the
+  // buffers whose leases were entered as held. Without mu_.
+  absl::StatusOr<std::vector<StockBuffer>> Make(const std::string& pool,
+                                                uint64_t capacity,
+                                                uint32_t count);
+  // Releases the leases of buffers given back. Without mu_.
+  void GiveBack(const std::vector<uint64_t>& lease_ids);
+  void Loop();
+
+  ClientCore& core_;
+  const uint64_t budget_;
+  const absl::Duration idle_;
+  mutable std::mutex mu_;
+  std::condition_variable wake_;
+  std::vector<Class> classes_;  // Guarded by mu_.
+  bool stopping_ = false;       // Guarded by mu_.
+  bool refill_due_ = false;     // Guarded by mu_.
+  // Fork: the thread sets in_call_ and then checks fork_pending_; the
+  // prepare handler sets fork_pending_ and then waits for !in_call_.
+  std::atomic<bool> in_call_{false};
+  std::atomic<bool> fork_pending_{false};
+  std::thread thread_;
+};
+
+}  // namespace shmtensor::internal
+
+#endif  // SHMTENSOR_CLIENT_STOCK_H_

@@ -1,0 +1,323 @@
+// The fast path (docs/shm_layout.md, "Stock and one-way seals"): puts that
+// take a buffer from the client's stock and seal it one way, gets that wait
+// for a seal on its way or share a lease the process holds, and the batched
+// PutMany/GetMany. Each test is the way a guarantee could break under it:
+// a get racing a seal, a creator that dies or never seals, a share kept
+// while everything else lets go, a hoarding stock, a hostile seal.
+#include <signal.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <fstream>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "client/client_core.h"
+#include "client/lease.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "shmtensor/client.h"
+#include "shmtensor/errors.h"
+#include "shmtensor/v1/shmtensor.grpc.pb.h"
+#include "tests/ref_hex.h"
+#include "tests/test_util.h"
+
+namespace shmtensor {
+namespace {
+
+constexpr uint64_t kObject = 64 << 10;
+
+bool AllBytes(const View& v, uint8_t value) {
+  const auto* p = static_cast<const uint8_t*>(v.data());
+  for (uint64_t i = 0; i < v.size_bytes(); ++i) {
+    if (p[i] != value) return false;
+  }
+  return true;
+}
+
+// "ref <hex> [...]" from a child: the ref.
+ObjectRef RefOfLine(const std::string& line) {
+  std::vector<std::string> f = absl::StrSplit(line, ' ');
+  EXPECT_GE(f.size(), 2u) << line;
+  absl::StatusOr<ObjectRef> ref = testing::RefFromHex(f.size() > 1 ? f[1] : "");
+  EXPECT_TRUE(ref.ok()) << line;
+  return ref.value_or(ObjectRef{});
+}
+
+class FastPathTest : public testing::DaemonTest {};
+
+// A get that reaches the daemon before the creator's seal (the ref went
+// ahead of it) waits for the seal, and then sees the sealed bytes. (Before
+// one-way seals it failed FAILED_PRECONDITION at once.)
+TEST_F(FastPathTest, AGetRacingTheSealWaitsForIt) {
+  Client consumer = Connect();
+  absl::StatusOr<Buffer> buf = client_->Create({.size_bytes = kObject});
+  ASSERT_TRUE(buf.ok()) << buf.status();
+  const ObjectRef ref = buf->info().ref;
+  std::atomic<bool> done{false};
+  absl::StatusOr<View> got = absl::UnknownError("not yet");
+  std::thread getter([&] {
+    got = consumer.Get(ref);
+    done = true;
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_FALSE(done.load()) << got.status();  // Waiting for the seal.
+  const std::vector<uint8_t> sevens(kObject, 7);
+  ASSERT_TRUE(buf->CopyFrom(sevens.data(), sevens.size()).ok());
+  absl::StatusOr<SealedRef> sealed = buf->Seal();
+  ASSERT_TRUE(sealed.ok()) << sealed.status();
+  EXPECT_EQ(sealed->ref(), ref);  // The ref was valid from the start.
+  getter.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_FALSE(got->writable());
+  EXPECT_TRUE(AllBytes(*got, 7));
+}
+
+// A creator that discards the buffer, or is SIGKILLed, before it seals:
+// the waiting get fails at once, as a stale ref, never waits on or sees
+// the bytes.
+TEST_F(FastPathTest, AGetOfABufferNeverSealedFailsWhenItsCreatorLetsGo) {
+  Client consumer = Connect();
+  {
+    absl::StatusOr<Buffer> buf = client_->Create({.size_bytes = kObject});
+    ASSERT_TRUE(buf.ok()) << buf.status();
+    const ObjectRef ref = buf->info().ref;
+    absl::StatusOr<View> got = absl::UnknownError("not yet");
+    std::thread getter([&] { got = consumer.Get(ref); });
+    absl::SleepFor(absl::Milliseconds(200));
+    const absl::Time discarded = absl::Now();
+    ASSERT_TRUE(buf->Discard().ok());
+    getter.join();
+    EXPECT_LT(absl::Now() - discarded, absl::Seconds(2));
+    ASSERT_FALSE(got.ok());
+    EXPECT_TRUE(IsStaleReference(got.status())) << got.status();
+    EXPECT_TRUE(absl::StrContains(got.status().message(), "never sealed"))
+        << got.status();
+  }
+  std::unique_ptr<testing::Subprocess> child = Child({"unsealed"});
+  absl::StatusOr<std::string> line = child->ReadLine();
+  ASSERT_TRUE(line.ok()) << line.status();
+  const ObjectRef ref = RefOfLine(*line);
+  absl::StatusOr<View> got = absl::UnknownError("not yet");
+  std::thread getter([&] { got = consumer.Get(ref); });
+  absl::SleepFor(absl::Milliseconds(200));
+  const absl::Time killed = absl::Now();
+  child->Signal(SIGKILL);
+  child->Wait();
+  getter.join();
+  EXPECT_LT(absl::Now() - killed, absl::Seconds(2));
+  ASSERT_FALSE(got.ok());
+  EXPECT_TRUE(IsStaleReference(got.status())) << got.status();
+  EXPECT_EQ(Used(), 0u);
+}
+
+// A creator SIGKILLed while it holds stock, sealed objects and a buffer
+// taken from the stock: the daemon reclaims all but what readers hold, and
+// no reader sees its bytes change however the memory is reused.
+TEST_F(FastPathTest, ACreatorKilledWithStockLosesItAndReadersKeepTheirBytes) {
+  std::unique_ptr<testing::Subprocess> child = Child({"stock"});
+  std::vector<std::pair<View, uint8_t>> views;
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<std::string> line = child->ReadLine();
+    ASSERT_TRUE(line.ok()) << line.status();
+    absl::StatusOr<View> v = client_->Get(RefOfLine(*line));
+    ASSERT_TRUE(v.ok()) << v.status() << " " << *line;
+    views.emplace_back(*std::move(v), static_cast<uint8_t>(21 + i));
+  }
+  absl::StatusOr<std::string> stock = child->ReadLine();
+  ASSERT_TRUE(stock.ok()) << stock.status();
+  ASSERT_TRUE(absl::StartsWith(*stock, "stock ")) << *stock;
+  EXPECT_NE(*stock, "stock 0");  // It held stock when killed.
+  EXPECT_GT(client_->Stats()->pools[0].stock_bytes, 0u);
+  child->Signal(SIGKILL);
+  child->Wait();
+  const absl::Time killed = absl::Now();
+  StoreStats after;
+  do {
+    after = *client_->Stats();
+    if (after.pools[0].used_bytes == 3 * kObject) break;
+    absl::SleepFor(absl::Milliseconds(5));
+  } while (absl::Now() - killed < absl::Seconds(1));
+  EXPECT_EQ(after.pools[0].used_bytes, 3 * kObject);  // The views' only.
+  EXPECT_EQ(after.pools[0].stock_bytes, 0u);
+  // The freed memory goes round again, under this process's puts.
+  std::vector<uint8_t> junk(kObject, 0xEE);
+  for (int i = 0; i < 64; ++i) {
+    ASSERT_TRUE(client_->Put(junk.data(), {.size_bytes = kObject}).ok());
+  }
+  for (const auto& [v, byte] : views) EXPECT_TRUE(AllBytes(v, byte));
+}
+
+// A get of an object the process holds a view of is a share of that view's
+// lease: no round trip, no second lease; it keeps the bytes when every
+// other holder (the first view, the creator's ref) has gone, and the
+// object goes with it.
+TEST_F(FastPathTest, AShareOutlivesTheOtherHoldersAndTheObjectGoesWithIt) {
+  Client consumer = Connect();
+  std::vector<uint8_t> fives(kObject, 5);
+  absl::StatusOr<SealedRef> ref =
+      client_->Put(fives.data(), {.size_bytes = kObject});
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  std::optional<View> first = *consumer.Get(ref->ref());
+  const uint64_t leases = client_->Stats()->leases;
+  absl::StatusOr<View> second = consumer.Get(ref->ref());
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->data(), first->data());
+  EXPECT_EQ(client_->Stats()->leases, leases);  // Shared, not a new lease.
+  // A ref with another nonce is no share of it: the daemon refuses it.
+  ObjectRef forged = ref->ref();
+  forged.nonce ^= 1;
+  EXPECT_EQ(consumer.Get(forged).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(first->Release().ok());  // Not the last holder: nothing sent.
+  first.reset();
+  ASSERT_TRUE(ref->Release().ok());
+  std::vector<uint8_t> junk(kObject, 0xEE);
+  for (int i = 0; i < 32; ++i) {
+    ASSERT_TRUE(client_->Put(junk.data(), {.size_bytes = kObject}).ok());
+  }
+  EXPECT_TRUE(AllBytes(*second, 5));
+  EXPECT_EQ(Used(), kObject);
+  ASSERT_TRUE(second->Release().ok());  // The last: waits for the daemon.
+  EXPECT_EQ(Used(), 0u);
+  // Gone: a get of its ref is refused by the daemon, never a share.
+  EXPECT_TRUE(IsStaleReference(consumer.Get(ref->ref()).status()));
+}
+
+// A one-way seal the daemon must refuse (a layout past the buffer's
+// capacity, as a hostile or broken client may send) discards the object:
+// its waiting get fails instead of waiting on or seeing a wrong size.
+TEST_F(FastPathTest, ARefusedOneWaySealDiscardsItsObject) {
+  Client consumer = Connect();
+  absl::StatusOr<Buffer> buf = client_->Create({.size_bytes = kObject});
+  ASSERT_TRUE(buf.ok()) << buf.status();
+  const ObjectRef ref = buf->info().ref;
+  absl::StatusOr<View> got = absl::UnknownError("not yet");
+  std::thread getter([&] { got = consumer.Get(ref); });
+  absl::SleepFor(absl::Milliseconds(100));
+  ObjectInfo too_big = buf->info();
+  too_big.size_bytes = 64 * kObject;
+  ASSERT_TRUE(buf->lease()
+                  ->core()
+                  .SendSeals({internal::OneWaySealOf(buf->lease()->id(),
+                                                     too_big, false)})
+                  .ok());
+  getter.join();
+  ASSERT_FALSE(got.ok());
+  EXPECT_TRUE(IsStaleReference(got.status())) << got.status();
+}
+
+// PutMany and GetMany move many objects in a round trip each; each get
+// result stands alone (a stale ref fails, its neighbours do not), and a
+// PutMany that fails leaves nothing.
+TEST_F(FastPathTest, ManyObjectsPerRoundTrip) {
+  Client consumer = Connect();
+  std::vector<std::vector<uint8_t>> data(64);
+  std::vector<PutItem> items(64);
+  for (size_t i = 0; i < items.size(); ++i) {
+    data[i].assign(4096 * (1 + i % 5), static_cast<uint8_t>(i));
+    items[i].data = data[i].data();
+    items[i].options.size_bytes = data[i].size();
+  }
+  absl::StatusOr<std::vector<SealedRef>> refs = client_->PutMany(items);
+  ASSERT_TRUE(refs.ok()) << refs.status();
+  std::vector<ObjectRef> wanted;
+  for (const SealedRef& r : *refs) wanted.push_back(r.ref());
+  ObjectRef forged = wanted[3];
+  forged.nonce ^= 1;
+  wanted.push_back(forged);
+  std::vector<absl::StatusOr<View>> views = consumer.GetMany(wanted);
+  ASSERT_EQ(views.size(), 65u);
+  for (size_t i = 0; i < 64; ++i) {
+    ASSERT_TRUE(views[i].ok()) << i << " " << views[i].status();
+    EXPECT_EQ(views[i]->size_bytes(), data[i].size());
+    EXPECT_TRUE(AllBytes(*views[i], static_cast<uint8_t>(i))) << i;
+  }
+  // A nonce the daemon never drew: refused, alone.
+  EXPECT_EQ(views[64].status().code(), absl::StatusCode::kInvalidArgument)
+      << views[64].status();
+  // A second GetMany of what it holds shares every lease: no new one.
+  const uint64_t leases = client_->Stats()->leases;
+  wanted.pop_back();
+  std::vector<absl::StatusOr<View>> again = consumer.GetMany(wanted);
+  for (const auto& v : again) ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(client_->Stats()->leases, leases);
+  views.clear();
+  again.clear();
+  refs->clear();
+  EXPECT_EQ(Used(), 0u);
+  // All or nothing: an item whose layout needs more than its bytes.
+  items[10].options.dtype = DType::kFloat64;
+  items[10].options.shape = {1 << 20};
+  absl::StatusOr<std::vector<SealedRef>> bad = client_->PutMany(items);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_TRUE(absl::StrContains(bad.status().message(), "item 10"))
+      << bad.status();
+  EXPECT_EQ(Used(), 0u);
+}
+
+// A stock cannot hoard the pool: the daemon bounds it per client
+// (limits.max_stock_bytes_per_client) whatever the client asks, operators
+// see it, and an idle client gives it back.
+class StockLimitTest : public testing::DaemonTest {
+  std::vector<std::string> DaemonArgs() override {
+    const std::string path = ::testing::TempDir() + "/stock_limit.toml";
+    std::ofstream(path) << "[limits]\nmax_stock_bytes_per_client = "
+                           "\"256KiB\"\n[[pool]]\nname = \"p\"\nsize = "
+                           "\"64MiB\"\n";
+    return {"--config", path};
+  }
+};
+
+TEST_F(StockLimitTest, StockIsBoundedShownAndGivenBackWhenIdle) {
+  absl::StatusOr<Client> greedy = Client::Connect(
+      {.address = daemon_->address(), .stock_bytes = uint64_t{1} << 30});
+  ASSERT_TRUE(greedy.ok()) << greedy.status();
+  std::vector<uint8_t> bytes(kObject, 1);
+  uint64_t most = 0;
+  for (int i = 0; i < 40; ++i) {
+    ASSERT_TRUE(greedy->Put(bytes.data(), {.size_bytes = kObject}).ok());
+    most = std::max(most, greedy->Stats()->stock_bytes);
+  }
+  EXPECT_GT(most, 0u);
+  EXPECT_LE(most, 256u << 10);
+  const v1::ListClientsResponse clients =
+      testing::MonitorClients(daemon_->address());
+  bool shown = false;
+  for (const v1::ClientStatus& c : clients.clients()) {
+    if (c.client_id() != greedy->client_id()) continue;
+    shown = c.stock_objects() > 0 && c.stock_bytes() <= (256u << 10);
+  }
+  EXPECT_TRUE(shown) << clients.DebugString();
+  {
+    // Asked for directly, the daemon stops at the limit and says which.
+    Client plain =
+        *Client::Connect({.address = daemon_->address(), .stock_bytes = 0});
+    auto stub = v1::ObjectStore::NewStub(grpc::CreateChannel(
+        daemon_->address(), grpc::InsecureChannelCredentials()));
+    v1::CreateManyRequest req;
+    req.set_session_id(plain.session_id());
+    req.set_stock(true);
+    for (int i = 0; i < 10; ++i) req.add_sizes(kObject);
+    v1::CreateManyResponse resp;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub->CreateMany(&ctx, req, &resp).ok());
+    EXPECT_EQ(resp.created_size(), 4);
+    EXPECT_EQ(resp.stopped_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_TRUE(absl::StrContains(resp.stopped_message(),
+                                  "limits.max_stock_bytes_per_client"))
+        << resp.stopped_message();
+  }
+  // Idle for longer than the stock's idle time: all given back.
+  absl::SleepFor(absl::Seconds(3));
+  EXPECT_EQ(greedy->Stats()->stock_objects, 0u);
+  EXPECT_EQ(Used(), 0u);
+}
+
+}  // namespace
+}  // namespace shmtensor
