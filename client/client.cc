@@ -246,7 +246,7 @@ absl::StatusOr<Created> CreateObject(
 // caller makes it with a Create).
 std::optional<Buffer> StockBufferFor(
     const std::shared_ptr<internal::ClientCore>& core,
-    const CreateOptions& options) {
+    const CreateOptions& options, bool make_on_miss = true) {
   internal::Stock* stock = core->stock();
   if (stock == nullptr || options.shared_writable || !options.name.empty() ||
       options.device.is_cuda()) {
@@ -264,7 +264,8 @@ std::optional<Buffer> StockBufferFor(
     return std::nullopt;
   }
   for (int attempt = 0; attempt < 2; ++attempt) {
-    absl::StatusOr<internal::StockBuffer> b = stock->Take(*pool, *bytes);
+    absl::StatusOr<internal::StockBuffer> b =
+        stock->Take(*pool, *bytes, make_on_miss);
     if (!b.ok()) return std::nullopt;
     v1::Placement placement = b->placement;
     placement.set_size_bytes(*bytes);
@@ -324,23 +325,12 @@ absl::StatusOr<SealedRef> Client::Put(const void* data,
   if (!c.ok()) return c.status();
   const v1::CreateResponse& created = c->resp;
   std::shared_ptr<internal::Lease>& lease = c->lease;
-  if (lease->device().is_cuda()) {
-    // Device to device (or host to device), complete before the seal.
-    if (absl::Status s = internal::cuda::CopyAndWait(
-            lease->device().index, lease->data(), data,
-            created.placement().size_bytes(), stream);
-        !s.ok()) {
-      return s;
-    }
-  } else {
-    absl::StatusOr<internal::PoolMapping*> m =
-        core_->Mapping(created.placement().pool_id());
-    if (!m.ok()) return m.status();
-    if (absl::Status s = (*m)->Write(created.placement().offset(), data,
-                                     created.placement().size_bytes());
-        !s.ok()) {
-      return s;
-    }
+  // Device to device (or host to device), complete before the seal.
+  if (absl::Status s = internal::cuda::CopyAndWait(
+          lease->device().index, lease->data(), data,
+          created.placement().size_bytes(), stream);
+      !s.ok()) {
+    return s;
   }
   v1::SealRequest seal;
   seal.set_session_id(core_->session_id());
@@ -410,7 +400,9 @@ absl::StatusOr<std::vector<SealedRef>> Client::PutMany(
           o.shared_writable ? "a shared-writable object is never sealed"
                             : "host pools only (Put a CUDA object alone)"));
     }
-    if (std::optional<Buffer> b = StockBufferFor(core_, o)) {
+    // Hits only: the misses are made together below.
+    if (std::optional<Buffer> b =
+            StockBufferFor(core_, o, /*make_on_miss=*/false)) {
       bufs[i] = *std::move(b);
       continue;
     }

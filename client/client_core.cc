@@ -763,7 +763,11 @@ absl::Status ClientCore::SendLocked(v1::ReleaseLeases message) {
   *req.mutable_release() = std::move(message);
   std::shared_ptr<Connection> conn = CurrentConnection();
   if (conn == nullptr) return Ended();
-  if (!conn->session->Write(req)) {
+  // A hung-up connection may still take the write (into its buffers, for
+  // nobody): ask the socket first, so that a process that makes no call
+  // after its daemon was replaced (its gets are shares) still resumes, and
+  // its releases reach the daemon that holds its leases.
+  if (Broken(*conn) || !conn->session->Write(req)) {
     // The connection broke: resume. A daemon that reconciles drops the
     // released leases (the account no longer names them) but keeps the
     // write leases being sealed here (it does), so the seals go again;

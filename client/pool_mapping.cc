@@ -267,35 +267,4 @@ absl::Status PoolMapping::EnsureWritableLocked() {
   return absl::OkStatus();
 }
 
-absl::Status PoolMapping::Write(uint64_t offset, const void* data,
-                                uint64_t size) {
-  if (offset > info_.size_bytes() || size > info_.size_bytes() - offset) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "write of %d bytes at %d is outside pool '%s' (%d bytes)", size, offset,
-        info_.name(), info_.size_bytes()));
-  }
-  int fd;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (rw_fd_ < 0) {
-      return ReadOnlyError(info_);
-    }
-    fd = rw_fd_;  // Never closed while the mapping lives.
-  }
-  const auto* p = static_cast<const uint8_t*>(data);
-  while (size > 0) {
-    const ssize_t n = pwrite(fd, p, size, static_cast<off_t>(offset));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      return absl::InternalError(absl::StrFormat(
-          "pwrite into pool '%s' at %d: %s", info_.name(), offset,
-          n < 0 ? std::strerror(errno) : "wrote nothing"));
-    }
-    p += n;
-    offset += n;
-    size -= n;
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace shmtensor::internal

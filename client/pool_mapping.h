@@ -7,8 +7,8 @@
 // as long as any of them uses it (never per object):
 //  - read-only: mmap(PROT_READ) of the first descriptor received. Every
 //    read view points here; a write through it faults.
-//  - writable, made on first need: mmap(PROT_READ) of an O_RDWR descriptor
-//    (kept for pwrite too), which only a session with write access to the
+//  - writable, made on first need: mmap(PROT_READ) of an O_RDWR descriptor,
+//    which only a session with write access to the
 //    pool ever receives; without one, writable use fails PERMISSION_DENIED,
 //    and no mapping of an O_RDONLY descriptor can be made writable. Only
 //    the ranges of buffers this process may write (its unsealed buffers, and
@@ -97,11 +97,6 @@ class PoolMapping {
   uint64_t protect_calls() const {
     return protect_calls_.load(std::memory_order_relaxed);
   }
-
-  // Copies `size` bytes to `offset` with pwrite(2) on the segment: no
-  // writable mapping, no page-table change, no fault in this process. For
-  // Client::Put, whose buffer is never exposed for writing.
-  absl::Status Write(uint64_t offset, const void* data, uint64_t size);
 
  private:
   PoolMapping(v1::PoolInfo info, uint8_t* ro, int ro_fd)

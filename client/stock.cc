@@ -89,7 +89,7 @@ Stock::Class& Stock::ClassOf(const v1::PoolInfo& pool, uint64_t capacity,
 }
 
 absl::StatusOr<StockBuffer> Stock::Take(const v1::PoolInfo& pool,
-                                        uint64_t bytes) {
+                                        uint64_t bytes, bool make_on_miss) {
   const uint64_t page = std::max<uint64_t>(pool.page_size(), 1);
   const uint64_t capacity = (bytes + page - 1) / page * page;
   if (bytes == 0 || capacity > BudgetFor(pool) / 4) {
@@ -112,7 +112,8 @@ absl::StatusOr<StockBuffer> Stock::Take(const v1::PoolInfo& pool,
       // A resume may have refused it since (its lease is no longer held).
       if (core_.Holds(b.lease_id)) hit = std::move(b);
     }
-    if (hit.has_value() && c.buffers.size() < (c.want() + 1) / 2) {
+    if ((hit.has_value() || !make_on_miss) &&
+        c.buffers.size() < (c.want() + 1) / 2) {
       refill_due_ = true;
       wake_.notify_one();
     }
@@ -120,6 +121,9 @@ absl::StatusOr<StockBuffer> Stock::Take(const v1::PoolInfo& pool,
   }
   GiveBack(evicted);
   if (hit.has_value()) return *std::move(hit);
+  if (!make_on_miss) {
+    return absl::NotFoundError("the stock has no buffer of this size now");
+  }
   // A miss: this buffer and the class's refill in one round trip.
   absl::StatusOr<std::vector<StockBuffer>> made =
       Make(pool.name(), capacity, want);

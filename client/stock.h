@@ -72,12 +72,15 @@ class Stock {
 
   // A buffer of `pool` (a host pool the session may write) for an object
   // of `bytes` (> 0): from the stock when it has one of the class; else
-  // made, with the class's refill, in one CreateMany round trip.
+  // made, with the class's refill, in one CreateMany round trip (unless
+  // `make_on_miss` is false: NOT_FOUND then, and the refill thread is
+  // woken; for a caller that makes its misses together, PutMany).
   // NOT_FOUND when `bytes` is past what the stock serves; the daemon's
   // errors (LIMIT_EXCEEDED at its stock limit, RESOURCE_EXHAUSTED when the
   // pool is full: stock never waits) otherwise. The caller then makes its
   // buffer without the stock.
-  absl::StatusOr<StockBuffer> Take(const v1::PoolInfo& pool, uint64_t bytes);
+  absl::StatusOr<StockBuffer> Take(const v1::PoolInfo& pool, uint64_t bytes,
+                                   bool make_on_miss = true);
 
   // Stops the refill thread (waiting for its call on the way) and gives
   // nothing back: the session's end discards the buffers. Idempotent.

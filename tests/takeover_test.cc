@@ -206,7 +206,9 @@ void ExpectEmptied(const std::string& address) {
   while (UsedBytes(address) != 0 && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(20));
   }
-  EXPECT_EQ(UsedBytes(address), 0u);
+  EXPECT_EQ(UsedBytes(address), 0u)
+      << testing::MonitorObjects(address).DebugString().substr(0, 3000)
+      << testing::MonitorClients(address).DebugString().substr(0, 3000);
 }
 
 uint64_t UsedBytes(const std::string& address) {

@@ -719,7 +719,8 @@ void BenchClearing(int reps) {
 //    session (one round trip), release both (one way), against one bare
 //    round trip plus the same copy into private memory (1 RTT + copy);
 //  - put alone against the copy alone (memcpy into private memory already
-//    faulted in), + 5 us;
+//    faulted in), + 5 us, and against the copy into a mapped pool buffer
+//    held open (Buffer::CopyFrom: the copy-in speed of the pool's pages);
 //  - a get of an object the session holds a view of (a share: no call);
 //  - GetMany of 64 objects against one bare round trip.
 void BenchFastPath(const DaemonProcess& daemon, int iters) {
@@ -733,9 +734,9 @@ void BenchFastPath(const DaemonProcess& daemon, int iters) {
                                            .client_name = "fast-consumer"}),
                           "connect");
   const double rtt = MeasureRtt(consumer, iters);
-  std::printf("%-8s %12s %14s %8s %10s %10s %12s %12s\n", "size",
+  std::printf("%-8s %12s %14s %8s %10s %10s %12s %12s %14s %12s\n", "size",
               "lifecycle us", "1 RTT+copy us", "ratio", "put us", "copy us",
-              "put/(copy+5)", "get held us");
+              "put/(copy+5)", "pool copy us", "put/(pool+5)", "get held us");
   for (uint64_t bytes : LifecycleSizes()) {
     std::vector<uint8_t> src(bytes, 0xab), dst(bytes, 0);
     const int n = bytes >= (16u << 20) ? std::max(iters / 8, 20) : iters;
@@ -750,7 +751,18 @@ void BenchFastPath(const DaemonProcess& daemon, int iters) {
       ref.Reset();
     };
     for (int i = 0; i < 20; ++i) lifecycle();
-    std::vector<double> life, bound, put, copy, held;
+    // The copy-in speed of a mapped pool buffer (item 4's bound): CopyFrom
+    // into one buffer held open, faulted in.
+    shmtensor::Buffer pool_buf = Check(
+        producer.Create({.size_bytes = bytes, .name = "pool-copy"}), "create");
+    Check(pool_buf.CopyFrom(src.data(), bytes), "copy");
+    std::vector<double> life, bound, put, copy, held, pool_copy;
+    long put_faults = 0;
+    shmtensor::internal::PoolMapping* mapping =
+        Check(pool_buf.lease()->core().Mapping(
+                  pool_buf.lease()->placement().pool_id()),
+              "mapping");
+    const uint64_t protects0 = mapping->protect_calls();
     for (int i = 0; i < n; ++i) {
       auto t0 = Clock::now();
       Check(consumer.Stats(), "stats");
@@ -766,9 +778,15 @@ void BenchFastPath(const DaemonProcess& daemon, int iters) {
       t1 = Clock::now();
       copy.push_back(Us(t1 - t0));
       t0 = Clock::now();
+      Check(pool_buf.CopyFrom(src.data(), bytes), "copy");
+      t1 = Clock::now();
+      pool_copy.push_back(Us(t1 - t0));
+      const long faults0 = MinorFaults();
+      t0 = Clock::now();
       shmtensor::SealedRef ref =
           Check(producer.Put(src.data(), {.size_bytes = bytes}), "put");
       t1 = Clock::now();
+      put_faults += MinorFaults() - faults0;
       put.push_back(Us(t1 - t0));
       shmtensor::View first = Check(consumer.Get(ref.ref()), "get");
       t0 = Clock::now();
@@ -777,10 +795,16 @@ void BenchFastPath(const DaemonProcess& daemon, int iters) {
       held.push_back(Us(t1 - t0));
     }
     const double l = Summarize(life).p50, b = Summarize(bound).p50,
-                 p = Summarize(put).p50, c = Summarize(copy).p50;
-    std::printf("%-8s %12.1f %14.1f %8.2f %10.1f %10.1f %12.2f %12.2f\n",
-                SizeName(bytes).c_str(), l, b, l / b, p, c, p / (c + 5),
-                Summarize(held).p50);
+                 p = Summarize(put).p50, c = Summarize(copy).p50,
+                 pc = Summarize(pool_copy).p50;
+    std::printf(
+        "%-8s %12.1f %14.1f %8.2f %10.1f %10.1f %12.2f %12.1f %14.2f "
+        "%12.2f\n",
+        SizeName(bytes).c_str(), l, b, l / b, p, c, p / (c + 5), pc,
+        p / (pc + 5), Summarize(held).p50);
+    std::printf("         put: %.2f minor faults, %.2f mprotect per put\n",
+                double(put_faults) / n,
+                double(mapping->protect_calls() - protects0) / n);
   }
   for (uint64_t bytes : {uint64_t{4} << 10, uint64_t{64} << 10}) {
     std::vector<std::vector<uint8_t>> data(64,

@@ -5,6 +5,7 @@ import gc
 import json
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import textwrap
@@ -298,6 +299,43 @@ def test_put_many_and_get_many_move_many_objects_per_call(client, daemon):
     with pytest.raises(shmtensor.InvalidArgumentError):
         client.put_many([np.ones(4), np.ones(4, dtype=">f8")])
     assert used(client) == 0
+
+
+WAITER = textwrap.dedent("""
+    import shmtensor
+    c = shmtensor.connect()
+    full = c.create_bytes(c.stats()["pools"][0]["size_bytes"])  # All of it.
+    print("full", flush=True)
+    try:
+        c.create_bytes(1 << 20, timeout=None)  # Waits for memory.
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+""")
+
+
+def _waiters(address):
+    from shmtensor import _commands
+    out = subprocess.run([_commands.binary("shmtensorctl"), "--address",
+                          address, "status", "--json"],
+                         capture_output=True, text=True, timeout=10)
+    return int(json.loads(out.stdout)["waiters"])
+
+
+def test_a_wait_for_memory_is_one_call_that_ctrl_c_cancels(daemon):
+    # The wait is one call the daemon parks (it answers when memory is
+    # there), made on a helper thread while the caller answers signals:
+    # Ctrl-C raises at once and the parked call ends with it.
+    from conftest import spawn_python
+    p = spawn_python(WAITER, daemon.address)
+    try:
+        assert p.stdout.readline().strip() == "full", p.stderr.read()
+        assert wait_until(lambda: _waiters(daemon.address) == 1, 5.0)
+        p.send_signal(signal.SIGINT)
+        assert p.stdout.readline().strip() == "interrupted", p.stderr.read()
+        assert wait_until(lambda: _waiters(daemon.address) == 0, 2.0)
+    finally:
+        p.kill()
+        p.wait()
 
 
 def test_a_get_of_a_held_object_shares_its_lease(client, daemon):

@@ -179,16 +179,14 @@ class Client {
 
   // Copies `options`' bytes from `data` into a new object and seals it, in
   // one call (size from size_bytes, or from the layout). Host pool: `data` is
-  // host memory, copied in with pwrite(2): the buffer is never mapped
-  // writable in this process, so no page-table change and no window for a
-  // stray write. CUDA pool: `data` is device (or host) memory, copied with
+  // host memory, copied into this process's writable mapping of the pool
+  // (no pointer is handed out, so the range stays open and faulted in for
+  // the next object of its size, see WriteRevocation) and, unnamed, sealed
+  // one way (Buffer::Seal): with the client's stock, a put makes no round
+  // trip at all. CUDA pool: `data` is device (or host) memory, copied with
   // cudaMemcpyAsync on `stream` (after the work queued there, which is how a
-  // producer's writes to `data` are ordered before the copy) and waited for.
-  // `exclusive` as in Buffer::Seal.
-  // A host object is copied into this process's writable mapping of the
-  // pool (the range stays open and faulted in for the next object of its
-  // size, see WriteRevocation) and, unnamed, sealed one way (Buffer::Seal):
-  // with the client's stock, a put makes no round trip at all.
+  // producer's writes to `data` are ordered before the copy) and waited
+  // for, then sealed with a Seal round trip. `exclusive` as in Buffer::Seal.
   absl::StatusOr<SealedRef> Put(const void* data, const CreateOptions& options,
                                 bool exclusive = false,
                                 CudaStream stream = kLegacyDefaultStream);
