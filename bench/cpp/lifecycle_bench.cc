@@ -840,6 +840,24 @@ void BenchFastPath(const DaemonProcess& daemon, int iters) {
         "us); put_many(64): p50 %.1f us\n",
         SizeName(bytes).c_str(), m, m / r, r, Summarize(put_many).p50);
   }
+  {
+    // What the one-way seal's stream write costs by itself: an empty
+    // ReleaseLeases (no seal, no release) on the producer's stream.
+    shmtensor::Buffer b =
+        Check(producer.Create({.size_bytes = 4096, .name = "stream-probe"}),
+              "create");
+    shmtensor::internal::ClientCore& core = b.lease()->core();
+    std::vector<double> writes;
+    for (int i = 0; i < iters; ++i) {
+      const auto t0 = Clock::now();
+      Check(core.SendSeals({}), "stream write");
+      writes.push_back(Us(Clock::now() - t0));
+    }
+    std::printf(
+        "one stream message (what a put's one-way seal pays to send it): p50 "
+        "%.1f us\n",
+        Summarize(writes).p50);
+  }
   std::printf(
       "(ratio: lifecycle over 1 RTT + copy, goal <= 1.2; put/(copy+5): goal "
       "<= 1.2; get held: goal <= 5 us; get_many: goal <= 2 round trips. The "
