@@ -407,6 +407,14 @@ grpc::ServerUnaryReactor* ObjectStoreService::Serve(
 }
 
 template <typename Request>
+grpc::ServerUnaryReactor* ObjectStoreService::ServeAfterReleases(
+    grpc::CallbackServerContext* ctx, const Request* req, const Reply& reply,
+    Attempt attempt) {
+  return Serve(ctx, req->session_id(), reply,
+               AfterReleases(ctx, req, std::move(attempt)));
+}
+
+template <typename Request>
 ObjectStoreService::Attempt ObjectStoreService::AfterReleases(
     grpc::CallbackServerContext* ctx, const Request* req, Attempt then) {
   const absl::Time releases_deadline = BoundedDeadline(ctx, kMaxReleaseWait);
@@ -459,26 +467,24 @@ grpc::ServerUnaryReactor* ObjectStoreService::HandleCreate(
   args->shared_writable = req->shared_writable();
   const absl::Time deadline =
       BoundedDeadline(ctx, absl::Milliseconds(req->timeout_ms()));
-  return Serve(
-      ctx, req->session_id(), reply,
-      AfterReleases(ctx, req,
-                    [this, ctx, resp, args, deadline](
-                        absl::Time* wake_at) -> std::optional<grpc::Status> {
-                      absl::StatusOr<std::optional<Handout>> h =
-                          store_.TryCreate(*args, absl::Now() >= deadline);
-                      if (!h.ok()) return ToGrpcStatus(ctx, h.status());
-                      if (!h->has_value()) {
-                        *wake_at = deadline;
-                        return std::nullopt;
-                      }
-                      if (absl::Status s =
-                              store_.ClearStale(args->session_id, **h);
-                          !s.ok()) {
-                        return ToGrpcStatus(ctx, s);
-                      }
-                      FillHandout(**std::move(h), resp);
-                      return grpc::Status::OK;
-                    }));
+  return ServeAfterReleases(
+      ctx, req, reply,
+      [this, ctx, resp, args,
+       deadline](absl::Time* wake_at) -> std::optional<grpc::Status> {
+        absl::StatusOr<std::optional<Handout>> h =
+            store_.TryCreate(*args, absl::Now() >= deadline);
+        if (!h.ok()) return ToGrpcStatus(ctx, h.status());
+        if (!h->has_value()) {
+          *wake_at = deadline;
+          return std::nullopt;
+        }
+        if (absl::Status s = store_.ClearStale(args->session_id, **h);
+            !s.ok()) {
+          return ToGrpcStatus(ctx, s);
+        }
+        FillHandout(**std::move(h), resp);
+        return grpc::Status::OK;
+      });
 }
 
 grpc::ServerUnaryReactor* ObjectStoreService::HandleSeal(
@@ -510,32 +516,29 @@ grpc::ServerUnaryReactor* ObjectStoreService::HandleGet(
   }
   const absl::Duration timeout = absl::Milliseconds(req->timeout_ms());
   const absl::Time deadline = BoundedDeadline(ctx, timeout);
-  return Serve(
-      ctx, req->session_id(), reply,
-      AfterReleases(ctx, req,
-                    [this, ctx, req, resp, timeout, deadline](
-                        absl::Time* wake_at) -> std::optional<grpc::Status> {
-                      absl::StatusOr<std::optional<Handout>> h;
-                      if (req->target_case() == v1::GetRequest::kRef) {
-                        // A wait for a one-way seal on its way (timeout_ms >
-                        // 0).
-                        h = store_.TryGet(
-                            req->session_id(), req->ref(), req->offer_token(),
+  return ServeAfterReleases(
+      ctx, req, reply,
+      [this, ctx, req, resp, timeout,
+       deadline](absl::Time* wake_at) -> std::optional<grpc::Status> {
+        absl::StatusOr<std::optional<Handout>> h;
+        if (req->target_case() == v1::GetRequest::kRef) {
+          // A wait for a one-way seal on its way (timeout_ms >
+          // 0).
+          h = store_.TryGet(req->session_id(), req->ref(), req->offer_token(),
                             req->timeout_ms() > 0, absl::Now() >= deadline);
-                      } else {
-                        h = store_.TryGetByName(req->session_id(), req->name(),
-                                                timeout,
-                                                absl::Now() >= deadline);
-                      }
-                      if (!h.ok()) return ToGrpcStatus(ctx, h.status());
-                      if (!h->has_value()) {
-                        *wake_at = deadline;
-                        return std::nullopt;
-                      }
-                      resp->set_writable((*h)->writable);
-                      FillHandout(**std::move(h), resp);
-                      return grpc::Status::OK;
-                    }));
+        } else {
+          h = store_.TryGetByName(req->session_id(), req->name(), timeout,
+                                  absl::Now() >= deadline);
+        }
+        if (!h.ok()) return ToGrpcStatus(ctx, h.status());
+        if (!h->has_value()) {
+          *wake_at = deadline;
+          return std::nullopt;
+        }
+        resp->set_writable((*h)->writable);
+        FillHandout(**std::move(h), resp);
+        return grpc::Status::OK;
+      });
 }
 
 grpc::ServerUnaryReactor* ObjectStoreService::HandleRelease(
@@ -546,17 +549,15 @@ grpc::ServerUnaryReactor* ObjectStoreService::HandleRelease(
   if (std::optional<grpc::Status> refused = Admit(ctx, req)) {
     return Answer(ctx, *refused, reply);
   }
-  return Serve(
-      ctx, req->session_id(), reply,
-      AfterReleases(
-          ctx, req,
-          [this, ctx, req, resp](absl::Time*) -> std::optional<grpc::Status> {
-            absl::StatusOr<bool> freed =
-                store_.Release(req->session_id(), req->lease_id());
-            if (!freed.ok()) return ToGrpcStatus(ctx, freed.status());
-            resp->set_freed(*freed);
-            return grpc::Status::OK;
-          }));
+  return ServeAfterReleases(
+      ctx, req, reply,
+      [this, ctx, req, resp](absl::Time*) -> std::optional<grpc::Status> {
+        absl::StatusOr<bool> freed =
+            store_.Release(req->session_id(), req->lease_id());
+        if (!freed.ok()) return ToGrpcStatus(ctx, freed.status());
+        resp->set_freed(*freed);
+        return grpc::Status::OK;
+      });
 }
 
 grpc::ServerUnaryReactor* ObjectStoreService::HandleDelete(
@@ -565,19 +566,17 @@ grpc::ServerUnaryReactor* ObjectStoreService::HandleDelete(
   if (std::optional<grpc::Status> refused = Admit(ctx, req)) {
     return Answer(ctx, *refused, reply);
   }
-  return Serve(
-      ctx, req->session_id(), reply,
-      AfterReleases(
-          ctx, req,
-          [this, ctx, req, resp](absl::Time*) -> std::optional<grpc::Status> {
-            absl::StatusOr<bool> freed =
-                store_.Delete(req->session_id(), req->name());
-            if (!freed.ok()) {
-              return ToGrpcStatus(ctx, freed.status());
-            }
-            resp->set_freed(*freed);
-            return grpc::Status::OK;
-          }));
+  return ServeAfterReleases(
+      ctx, req, reply,
+      [this, ctx, req, resp](absl::Time*) -> std::optional<grpc::Status> {
+        absl::StatusOr<bool> freed =
+            store_.Delete(req->session_id(), req->name());
+        if (!freed.ok()) {
+          return ToGrpcStatus(ctx, freed.status());
+        }
+        resp->set_freed(*freed);
+        return grpc::Status::OK;
+      });
 }
 
 grpc::ServerUnaryReactor* ObjectStoreService::HandleStats(
@@ -594,13 +593,12 @@ grpc::ServerUnaryReactor* ObjectStoreService::HandleStats(
   if (std::optional<grpc::Status> refused = Admit(ctx, req)) {
     return Answer(ctx, *refused, reply);
   }
-  return Serve(ctx, req->session_id(), reply,
-               AfterReleases(ctx, req,
-                             [this, req, resp](
-                                 absl::Time*) -> std::optional<grpc::Status> {
-                               *resp = store_.Stats(req->session_id());
-                               return grpc::Status::OK;
-                             }));
+  return ServeAfterReleases(
+      ctx, req, reply,
+      [this, req, resp](absl::Time*) -> std::optional<grpc::Status> {
+        *resp = store_.Stats(req->session_id());
+        return grpc::Status::OK;
+      });
 }
 
 grpc::ServerUnaryReactor* ObjectStoreService::HandleEndSession(
@@ -619,18 +617,16 @@ grpc::ServerUnaryReactor* ObjectStoreService::HandleOffer(
   if (std::optional<grpc::Status> refused = Admit(ctx, req)) {
     return Answer(ctx, *refused, reply);
   }
-  return Serve(
-      ctx, req->session_id(), reply,
-      AfterReleases(
-          ctx, req,
-          [this, ctx, req, resp](absl::Time*) -> std::optional<grpc::Status> {
-            absl::StatusOr<OfferGrant> offer =
-                store_.Offer(req->session_id(), req->lease_id());
-            if (!offer.ok()) return ToGrpcStatus(ctx, offer.status());
-            *resp->mutable_ref() = offer->ref;
-            resp->set_offer_token(offer->token);
-            return grpc::Status::OK;
-          }));
+  return ServeAfterReleases(
+      ctx, req, reply,
+      [this, ctx, req, resp](absl::Time*) -> std::optional<grpc::Status> {
+        absl::StatusOr<OfferGrant> offer =
+            store_.Offer(req->session_id(), req->lease_id());
+        if (!offer.ok()) return ToGrpcStatus(ctx, offer.status());
+        *resp->mutable_ref() = offer->ref;
+        resp->set_offer_token(offer->token);
+        return grpc::Status::OK;
+      });
 }
 
 grpc::ServerUnaryReactor* ObjectStoreService::HandleCreateMany(
@@ -652,39 +648,37 @@ grpc::ServerUnaryReactor* ObjectStoreService::HandleCreateMany(
   const absl::Time deadline = BoundedDeadline(
       ctx, req->stock() ? absl::ZeroDuration()
                         : absl::Milliseconds(req->timeout_ms()));
-  return Serve(
-      ctx, req->session_id(), reply,
-      AfterReleases(
-          ctx, req,
-          [this, ctx, req, resp,
-           deadline](absl::Time* wake_at) -> std::optional<grpc::Status> {
-            CreateArgs args;
-            args.session_id = req->session_id();
-            args.pool = req->pool();
-            args.stock = req->stock();
-            // Resumed where the last try stopped: only the first one waits.
-            for (int i = resp->created_size(); i < req->sizes_size(); ++i) {
-              args.size_bytes = req->sizes(i);
-              const bool last_try = i > 0 || absl::Now() >= deadline;
-              absl::StatusOr<std::optional<Handout>> h =
-                  store_.TryCreate(args, last_try);
-              absl::Status failed = h.ok() ? absl::OkStatus() : h.status();
-              if (h.ok() && !h->has_value()) {
-                *wake_at = deadline;
-                return std::nullopt;
-              }
-              if (failed.ok()) failed = store_.ClearStale(args.session_id, **h);
-              if (!failed.ok()) {
-                if (i == 0) return ToGrpcStatus(ctx, failed);
-                resp->set_stopped_code(static_cast<int>(failed.code()));
-                resp->set_stopped_message(
-                    std::string(failed.message().substr(0, kMaxErrorBytes)));
-                break;
-              }
-              FillHandout(**std::move(h), resp->add_created());
-            }
-            return grpc::Status::OK;
-          }));
+  return ServeAfterReleases(
+      ctx, req, reply,
+      [this, ctx, req, resp,
+       deadline](absl::Time* wake_at) -> std::optional<grpc::Status> {
+        CreateArgs args;
+        args.session_id = req->session_id();
+        args.pool = req->pool();
+        args.stock = req->stock();
+        // Resumed where the last try stopped: only the first one waits.
+        for (int i = resp->created_size(); i < req->sizes_size(); ++i) {
+          args.size_bytes = req->sizes(i);
+          const bool last_try = i > 0 || absl::Now() >= deadline;
+          absl::StatusOr<std::optional<Handout>> h =
+              store_.TryCreate(args, last_try);
+          absl::Status failed = h.ok() ? absl::OkStatus() : h.status();
+          if (h.ok() && !h->has_value()) {
+            *wake_at = deadline;
+            return std::nullopt;
+          }
+          if (failed.ok()) failed = store_.ClearStale(args.session_id, **h);
+          if (!failed.ok()) {
+            if (i == 0) return ToGrpcStatus(ctx, failed);
+            resp->set_stopped_code(static_cast<int>(failed.code()));
+            resp->set_stopped_message(
+                std::string(failed.message().substr(0, kMaxErrorBytes)));
+            break;
+          }
+          FillHandout(**std::move(h), resp->add_created());
+        }
+        return grpc::Status::OK;
+      });
 }
 
 grpc::ServerUnaryReactor* ObjectStoreService::HandleGetMany(
@@ -705,35 +699,33 @@ grpc::ServerUnaryReactor* ObjectStoreService::HandleGetMany(
                                                            req->refs().end());
   const absl::Time deadline =
       BoundedDeadline(ctx, absl::Milliseconds(req->timeout_ms()));
-  return Serve(
-      ctx, req->session_id(), reply,
-      AfterReleases(
-          ctx, req,
-          [this, ctx, req, resp, refs,
-           deadline](absl::Time* wake_at) -> std::optional<grpc::Status> {
-            absl::StatusOr<std::optional<std::vector<absl::StatusOr<Handout>>>>
-                got = store_.TryGetMany(req->session_id(), *refs,
-                                        req->timeout_ms() > 0,
-                                        absl::Now() >= deadline);
-            if (!got.ok()) return ToGrpcStatus(ctx, got.status());
-            if (!got->has_value()) {
-              *wake_at = deadline;
-              return std::nullopt;
-            }
-            for (absl::StatusOr<Handout>& h : **got) {
-              v1::GetManyResult* r = resp->add_results();
-              if (h.ok()) {
-                r->mutable_view()->set_writable(h->writable);
-                FillHandout(*std::move(h), r->mutable_view());
-              } else {
-                r->set_code(static_cast<int>(h.status().code()));
-                r->set_message(std::string(
-                    h.status().message().substr(0, kMaxErrorBytes)));
-                r->set_reason(ErrorReasonOf(h.status()));
-              }
-            }
-            return grpc::Status::OK;
-          }));
+  return ServeAfterReleases(
+      ctx, req, reply,
+      [this, ctx, req, resp, refs,
+       deadline](absl::Time* wake_at) -> std::optional<grpc::Status> {
+        absl::StatusOr<std::optional<std::vector<absl::StatusOr<Handout>>>>
+            got = store_.TryGetMany(req->session_id(), *refs,
+                                    req->timeout_ms() > 0,
+                                    absl::Now() >= deadline);
+        if (!got.ok()) return ToGrpcStatus(ctx, got.status());
+        if (!got->has_value()) {
+          *wake_at = deadline;
+          return std::nullopt;
+        }
+        for (absl::StatusOr<Handout>& h : **got) {
+          v1::GetManyResult* r = resp->add_results();
+          if (h.ok()) {
+            r->mutable_view()->set_writable(h->writable);
+            FillHandout(*std::move(h), r->mutable_view());
+          } else {
+            r->set_code(static_cast<int>(h.status().code()));
+            r->set_message(
+                std::string(h.status().message().substr(0, kMaxErrorBytes)));
+            r->set_reason(ErrorReasonOf(h.status()));
+          }
+        }
+        return grpc::Status::OK;
+      });
 }
 
 template <typename Req, typename Resp>

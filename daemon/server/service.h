@@ -142,6 +142,14 @@ class ObjectStoreService final : public ObjectStoreServiceBase {
   template <typename Request>
   Attempt AfterReleases(grpc::CallbackServerContext* ctx, const Request* req,
                         Attempt then);
+  // Serve of `attempt` once the request's releases were applied
+  // (AfterReleases): how every call of a session that can observe its
+  // releases and one-way seals is answered.
+  template <typename Request>
+  grpc::ServerUnaryReactor* ServeAfterReleases(grpc::CallbackServerContext* ctx,
+                                               const Request* req,
+                                               const Reply& reply,
+                                               Attempt attempt);
   // Answers with `attempt` now, or parks the call (counted against the
   // waiter limits) until it can; `reply` serializes the response on OK.
   grpc::ServerUnaryReactor* Serve(grpc::CallbackServerContext* ctx,
