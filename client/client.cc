@@ -187,6 +187,8 @@ void Client::KeepAliveUntilExit() {
   internal::ClientCore::KeepAliveUntilExit();
 }
 
+void Client::FlushAll() { internal::ClientCore::FlushAll(); }
+
 absl::StatusOr<Client> Client::Connect(const ClientOptions& options) {
   const std::string address =
       options.address.empty() ? DefaultAddress() : options.address;

@@ -82,6 +82,7 @@ void ClientCore::PrepareFork() {
     if (!core->inherited() && core->stock_ != nullptr) {
       core->stock_->PauseForFork();
     }
+    if (!core->inherited()) core->writer_->PauseForFork();
     if (core->inherited() || !core->has_host_pools_ ||
         core->live_leases_.load(std::memory_order_relaxed) <= 0 ||
         fork_hold_count == kMaxForkHolds) {
@@ -121,6 +122,7 @@ void ClientCore::AfterForkInParent() {
     if (!core->inherited() && core->stock_ != nullptr) {
       core->stock_->ResumeAfterFork();
     }
+    if (!core->inherited()) core->writer_->ResumeAfterFork();
   }
   RegistryMu().unlock();
   delete cores;  // May destroy a core another thread let go meanwhile.
@@ -148,8 +150,27 @@ void ClientCore::KeepAliveUntilExit() {
       if (!core->inherited()) core->FlushGpuReleases();
       // No call of its refill thread may overlap the exit.
       if (!core->inherited() && core->stock_ != nullptr) core->stock_->Stop();
+      // What its writer thread has not written yet goes out (bounded).
+      if (!core->inherited()) {
+        core->FlushStream(absl::Now() + absl::Seconds(2));
+      }
       kept->push_back(core);
     }
+  }
+}
+
+void ClientCore::FlushAll() {
+  std::vector<std::shared_ptr<ClientCore>> cores;
+  {
+    std::lock_guard<std::mutex> lock(RegistryMu());
+    for (const std::weak_ptr<ClientCore>& w : Registry()) {
+      std::shared_ptr<ClientCore> core = w.lock();
+      if (core != nullptr && !core->inherited()) cores.push_back(core);
+    }
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(2);
+  for (const std::shared_ptr<ClientCore>& core : cores) {
+    core->FlushStream(deadline);
   }
 }
 
@@ -244,6 +265,30 @@ absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::Connect(
     absl::Duration connect_timeout, WriteRevocation write_revocation,
     std::optional<uid_t> daemon_uid, bool read_only,
     std::optional<absl::Duration> resume_timeout, uint64_t stock_bytes) {
+  const absl::Time deadline = absl::Now() + connect_timeout;
+  while (true) {
+    absl::StatusOr<std::shared_ptr<ClientCore>> core =
+        ConnectOnce(address, client_name, deadline, write_revocation,
+                    daemon_uid, read_only, resume_timeout, stock_bytes);
+    // A daemon that went after the session opened, before this process
+    // had its pools (it was being replaced): again, on its successor (the
+    // failed attempt's core ended its session, resumed there).
+    if (core.ok() || !absl::IsUnavailable(core.status()) ||
+        absl::Now() + absl::Milliseconds(20) >= deadline) {
+      return core;
+    }
+    struct stat st;
+    absl::StatusOr<std::string> path = SocketPathOf(address);
+    if (!path.ok() || lstat(path->c_str(), &st) != 0) return core;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
+absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::ConnectOnce(
+    const std::string& address, const std::string& client_name,
+    absl::Time deadline, WriteRevocation write_revocation,
+    std::optional<uid_t> daemon_uid, bool read_only,
+    std::optional<absl::Duration> resume_timeout, uint64_t stock_bytes) {
   absl::StatusOr<std::string> path = SocketPathOf(address);
   if (!path.ok()) return path.status();
   static std::once_flag fork_handlers;
@@ -277,10 +322,9 @@ absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::Connect(
     }
     core->resume_timeout_ = absl::Seconds(seconds);
   }
-  const absl::Time deadline = absl::Now() + connect_timeout;
   v1::SessionOpened opened;
   absl::StatusOr<std::shared_ptr<Connection>> conn =
-      core->OpenConnection(0, connect_timeout, &opened);
+      core->OpenConnection(0, deadline - absl::Now(), &opened);
   // A connection the daemon dropped before the session opened (it was
   // being replaced: its successor serves the same socket) is tried again,
   // with back-off, within connect_timeout.
@@ -356,6 +400,8 @@ absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::Connect(
     writes_host = writes_host || (info.kind() == v1::MEMORY_KIND_HOST &&
                                   info.access() == v1::POOL_ACCESS_READ_WRITE);
   }
+  core->writer_ = std::make_unique<StreamWriter>(
+      [c = core.get()] { return c->WriteOne(); });
   if (stock_bytes > 0 && writes_host) {
     core->stock_ = std::make_unique<Stock>(*core, stock_bytes, kStockIdle);
   }
@@ -368,7 +414,8 @@ ClientCore::~ClientCore() {
     // The parent's gRPC objects: never touch them in the child.
     new std::shared_ptr<Connection>(std::move(conn_));
     releaser_.release();  // Its thread is the parent's.
-    stock_.release();     // So is this one's.
+    stock_.release();     // So is this one's,
+    writer_.release();    // and this one's.
     return;
   }
   // Its thread makes calls: stopped before anything it uses goes. Its
@@ -378,6 +425,9 @@ ClientCore::~ClientCore() {
   // daemon would drop those leases at once, with the GPU maybe still on
   // them).
   releaser_.reset();
+  // Every release and seal queued goes out before the session ends (an
+  // object sealed one way and not yet written would go with it).
+  if (writer_ != nullptr) writer_->Stop();
   if (CurrentConnection() == nullptr) return;
   // Ends the session at once; without it the daemon would keep the leases
   // until this process exits (a broken stream is no proof of a clean end).
@@ -450,6 +500,9 @@ absl::Status ClientCore::ResumeLocked(const std::shared_ptr<Connection>& broken,
   // here on a lease a call on the old one returns is not the session's
   // (HoldLease), and every release sent so far is in releases_through
   // (write_mu_ is held, so none is being sent).
+  // Both under held_mu_ and releases_mu_: a release leaves held_ and is
+  // queued under both (ReleaseLease), so the account either names its
+  // lease or counts its message in releases_through, never neither.
   v1::OpenSession account;
   account.set_present_leases(true);
   {
@@ -457,10 +510,9 @@ absl::Status ClientCore::ResumeLocked(const std::shared_ptr<Connection>& broken,
     ++held_generation_;
     account.mutable_held_lease_ids()->Reserve(held_.size());
     for (const auto& [id, lease] : held_) account.add_held_lease_ids(id);
-  }
-  {
-    std::lock_guard<std::mutex> lock(releases_mu_);
+    std::lock_guard<std::mutex> releases(releases_mu_);
     account.set_releases_through(releases_sent_);
+    frozen_through_ = releases_sent_;
     // Seals the daemon may not have applied: it applies those still due.
     for (const v1::ReleaseLeases& message : unconfirmed_releases_) {
       for (const v1::OneWaySeal& seal : message.seals()) {
@@ -503,16 +555,24 @@ absl::Status ClientCore::ResumeLocked(const std::shared_ptr<Connection>& broken,
         "the daemon restarted (another instance answers)");
   }
   if (failed.ok() && opened.leases_reconciled()) {
-    // Every release sent is settled; the leases the daemon does not hold
-    // are dropped here (never released: their bytes may be reused).
+    // Every message through the account's releases_through is settled
+    // (its seals were presented, its released leases not); those queued
+    // since go on the new stream. The leases the daemon does not hold are
+    // dropped here (never released: their bytes may be reused).
     {
       std::lock_guard<std::mutex> lock(releases_mu_);
-      unconfirmed_releases_.clear();
+      const uint64_t through = account.releases_through();
+      while (!unconfirmed_releases_.empty() &&
+             unconfirmed_releases_.front().seq() <= through) {
+        unconfirmed_releases_.pop_front();
+      }
+      written_through_ = std::max(written_through_, through);
     }
     DropRefused(opened);
   } else if (failed.ok()) {
     // A daemon that does not reconcile: send again what it had not
-    // applied, in order, before any other release (write_mu_ is held).
+    // applied, in order, before any other message (write_mu_ is held, so
+    // the writer thread waits).
     std::lock_guard<std::mutex> lock(releases_mu_);
     for (const v1::ReleaseLeases& message : unconfirmed_releases_) {
       if (message.seq() <= opened.releases_applied()) continue;
@@ -523,6 +583,7 @@ absl::Status ClientCore::ResumeLocked(const std::shared_ptr<Connection>& broken,
         break;
       }
     }
+    if (failed.ok()) written_through_ = releases_sent_;
   }
   std::shared_ptr<Connection> old;
   std::lock_guard<std::mutex> lock(conn_mu_);
@@ -681,8 +742,9 @@ absl::Status ClientCore::HoldLease(uint64_t lease_id, uint64_t generation) {
   // A resume began after the call was sent and did not present the lease:
   // the daemon dropped it, or (a stream replaced while its daemon served
   // on) may still grant it; release it to be sure.
-  std::lock_guard<std::mutex> lock(write_mu_);
-  SendReleaseLocked(lease_id).IgnoreError();
+  v1::ReleaseLeases release;
+  release.add_lease_ids(lease_id);
+  if (EnqueueLocked(std::move(release)).ok()) AfterEnqueue();
   return absl::UnavailableError(absl::StrCat(
       "the connection to shmtensord at ", address_, " broke while lease ",
       lease_id,
@@ -732,19 +794,18 @@ void ClientCore::DropRefused(const v1::SessionOpened& opened) {
 
 absl::Status ClientCore::ReleaseLease(uint64_t lease_id) {
   if (absl::Status s = CheckOwner(); !s.ok()) return s;
-  std::lock_guard<std::mutex> lock(write_mu_);
   {
+    // Leaves held_ and is queued at once for a resume's account (see
+    // ResumeLocked).
     std::lock_guard<std::mutex> held(held_mu_);
     // Lost (a resume found the daemon does not hold it): nothing to send.
     if (held_.erase(lease_id) == 0) return absl::OkStatus();
+    v1::ReleaseLeases release;
+    release.add_lease_ids(lease_id);
+    if (absl::Status s = EnqueueLocked(std::move(release)); !s.ok()) return s;
   }
-  return SendReleaseLocked(lease_id);
-}
-
-absl::Status ClientCore::SendReleaseLocked(uint64_t lease_id) {
-  v1::ReleaseLeases message;
-  message.add_lease_ids(lease_id);
-  return SendLocked(std::move(message));
+  AfterEnqueue();
+  return absl::OkStatus();
 }
 
 absl::Status ClientCore::SendSeals(std::vector<v1::OneWaySeal> seals) {
@@ -752,44 +813,113 @@ absl::Status ClientCore::SendSeals(std::vector<v1::OneWaySeal> seals) {
   v1::ReleaseLeases message;
   message.mutable_seals()->Reserve(static_cast<int>(seals.size()));
   for (v1::OneWaySeal& seal : seals) *message.add_seals() = std::move(seal);
-  std::lock_guard<std::mutex> lock(write_mu_);
-  return SendLocked(std::move(message));
+  if (absl::Status s = EnqueueLocked(std::move(message)); !s.ok()) return s;
+  AfterEnqueue();
+  return absl::OkStatus();
 }
 
-absl::Status ClientCore::SendLocked(v1::ReleaseLeases message) {
-  v1::SessionRequest req;
-  const uint64_t seq = releases_sent_ + 1;
-  message.set_seq(seq);
-  *req.mutable_release() = std::move(message);
+bool ClientCore::FlushStream(absl::Time deadline) {
+  return writer_->Flush(deadline);
+}
+
+absl::Status ClientCore::EnqueueLocked(v1::ReleaseLeases message) {
+  if (CurrentConnection() == nullptr) return Ended();
+  std::lock_guard<std::mutex> lock(releases_mu_);
+  // Joins the last message while nobody has seen it (no request carried or
+  // counted it, the writer has not taken it, no resume accounted for it):
+  // a burst of releases goes as one message. The daemon applies a
+  // message's seals, in order, before its releases, which keeps the order
+  // they were made in (a lease is never released before it is sealed).
+  if (!unconfirmed_releases_.empty() && releases_sent_ > frozen_through_) {
+    v1::ReleaseLeases& last = unconfirmed_releases_.back();
+    if (last.lease_ids_size() + last.seals_size() + message.lease_ids_size() +
+            message.seals_size() <=
+        static_cast<int>(kMaxJoined)) {
+      last.mutable_lease_ids()->MergeFrom(message.lease_ids());
+      for (v1::OneWaySeal& seal : *message.mutable_seals()) {
+        *last.add_seals() = std::move(seal);
+      }
+      return absl::OkStatus();
+    }
+  }
+  message.set_seq(++releases_sent_);
+  unconfirmed_releases_.push_back(std::move(message));
+  return absl::OkStatus();
+}
+
+void ClientCore::AfterEnqueue() {
+  writer_->Kick();
+  uint64_t unwritten;
+  {
+    std::lock_guard<std::mutex> lock(releases_mu_);
+    unwritten = releases_sent_ - written_through_;
+  }
+  // The writer drains what it was kicked for, or gives up with the session
+  // (WriteOne): the wait ends either way.
+  if (unwritten > kMaxUnwritten) writer_->Flush(absl::InfiniteFuture());
+}
+
+bool ClientCore::WriteOne() {
+  // The messages queued and not yet written, oldest first, up to a batch:
+  // written together, gRPC holding all but the last (buffer_hint) so that
+  // they go in one send and wake the daemon once.
+  std::vector<v1::SessionRequest> batch;
+  {
+    std::lock_guard<std::mutex> lock(releases_mu_);
+    // A message confirmed applied (a request carried it) left the queue
+    // and need not be written.
+    auto next = std::upper_bound(
+        unconfirmed_releases_.begin(), unconfirmed_releases_.end(),
+        written_through_,
+        [](uint64_t seq, const v1::ReleaseLeases& m) { return seq < m.seq(); });
+    if (next == unconfirmed_releases_.end()) {
+      written_through_ = releases_sent_;
+      return false;
+    }
+    const size_t n = std::min<size_t>(
+        kMaxWrittenTogether, std::distance(next, unconfirmed_releases_.end()));
+    batch.resize(n);
+    for (size_t i = 0; i < n; ++i, ++next) {
+      *batch[i].mutable_release() = *next;
+    }
+    frozen_through_ = std::max(frozen_through_, batch.back().release().seq());
+  }
+  std::lock_guard<std::mutex> lock(write_mu_);
   std::shared_ptr<Connection> conn = CurrentConnection();
-  if (conn == nullptr) return Ended();
+  size_t first = 0;
+  {
+    std::lock_guard<std::mutex> releases(releases_mu_);
+    // Ended: nothing goes any more (the daemon dropped every lease).
+    if (conn == nullptr) {
+      written_through_ = releases_sent_;
+      return false;
+    }
+    // Those a resume since wrote again on the new stream, or settled.
+    while (first < batch.size() &&
+           batch[first].release().seq() <= written_through_) {
+      ++first;
+    }
+  }
+  if (first == batch.size()) return true;
   // A hung-up connection may still take the write (into its buffers, for
   // nobody): ask the socket first, so that a process that makes no call
   // after its daemon was replaced (its gets are shares) still resumes, and
   // its releases reach the daemon that holds its leases.
-  if (Broken(*conn) || !conn->session->Write(req)) {
-    // The connection broke: resume. A daemon that reconciles drops the
-    // released leases (the account no longer names them) but keeps the
-    // write leases being sealed here (it does), so the seals go again;
-    // another gets this message again on the new stream, after those it
-    // had not applied.
-    bool reconciled = false;
-    if (absl::Status s = ResumeLocked(conn, &reconciled); !s.ok()) return s;
-    if (reconciled) {
-      if (req.release().seals_size() == 0) return absl::OkStatus();
-      req.mutable_release()->clear_lease_ids();
-      // The reconciliation settled every seq through releases_sent_.
-    }
-    conn = CurrentConnection();
-    if (conn == nullptr || !conn->session->Write(req)) return Ended();
+  bool broken = Broken(*conn);
+  for (size_t i = first; !broken && i < batch.size(); ++i) {
+    grpc::WriteOptions options;
+    if (i + 1 < batch.size()) options.set_buffer_hint();
+    broken = !conn->session->Write(batch[i], options);
   }
-  // Published only once written: a call that sends this seq as
-  // releases_through must find the message ahead of it on the wire (or
-  // carry its copy).
-  std::lock_guard<std::mutex> releases_lock(releases_mu_);
-  releases_sent_ = seq;
-  unconfirmed_releases_.push_back(std::move(*req.mutable_release()));
-  return absl::OkStatus();
+  if (broken) {
+    // The resume writes these messages again, or settles them, with every
+    // other one queued; a failed one ends the session (next turn).
+    ResumeLocked(conn).IgnoreError();
+    return true;
+  }
+  std::lock_guard<std::mutex> releases(releases_mu_);
+  written_through_ = std::max(written_through_, batch.back().release().seq());
+  return true;
 }
 
 bool ClientCore::Holds(uint64_t lease_id) {

@@ -58,6 +58,7 @@
 #include "client/cuda_pool_mapping.h"
 #include "client/gpu_releaser.h"
 #include "client/pool_mapping.h"
+#include "client/stream_writer.h"
 #include "shmtensor/device.h"
 #include "shmtensor/v1/shmtensor.grpc.pb.h"
 #include "shmtensor/view.h"
@@ -99,6 +100,8 @@ class ClientCore {
   // overlaps the process's static destructors (exit() after the
   // interpreter is gone) it crashes inside gRPC. Thread-safe.
   static void KeepAliveUntilExit();
+  // Flushes every core of this process (FlushStream), 2 s in all at most.
+  static void FlushAll();
 
   // Not copyable or movable: leases point to it.
   ClientCore(const ClientCore&) = delete;
@@ -196,17 +199,25 @@ class ClientCore {
   }
 
   // Drops a lease at the daemon without waiting for it: one ReleaseLeases
-  // message on the session stream (see the proto). A broken stream is
+  // message on the session stream (see the proto), queued for the
+  // session's writer thread (stream_writer.h) and published at once: from
+  // here on every request carries it or finds it on the stream ahead of it
+  // (CallAfterReleases), and a resume accounts for it. A broken stream is
   // resumed and the release sent on the new one; FAILED_PRECONDITION when
   // the session has ended (the daemon then dropped the lease itself).
   absl::Status ReleaseLease(uint64_t lease_id);
   // Seals without waiting for the daemon: one ReleaseLeases message
-  // carrying `seals` (in order), on the session stream, ordered with the
+  // carrying `seals` (in order), queued as ReleaseLease's, ordered with the
   // releases (docs/shm_layout.md, "Stock and one-way seals"). Until a
   // call confirms it applied, requests carry its copy and a resume
   // presents its seals (OpenSession.pending_seals), so a seal is never
   // lost to a broken connection. Errors as ReleaseLease.
   absl::Status SendSeals(std::vector<v1::OneWaySeal> seals);
+  // Waits (until `deadline`) for the writer thread to have written every
+  // message queued so far: before a process ends by a path that runs no
+  // destructor (an exit hook; the session's own end flushes). False on the
+  // deadline.
+  bool FlushStream(absl::Time deadline);
 
   // Lease shares: a Get of an object this process holds a read lease on
   // (a view, a SealedRef) shares that lease instead of asking the daemon.
@@ -273,6 +284,12 @@ class ClientCore {
   };
 
   ClientCore() = default;
+  // One attempt of Connect, until `deadline`.
+  static absl::StatusOr<std::shared_ptr<ClientCore>> ConnectOnce(
+      const std::string& address, const std::string& client_name,
+      absl::Time deadline, WriteRevocation write_revocation,
+      std::optional<uid_t> daemon_uid, bool read_only,
+      std::optional<absl::Duration> resume_timeout, uint64_t stock_bytes);
   // Connects a socket (daemon_socket.h), makes the channel and stub over it
   // and opens the session stream: a new session (resume_id 0) or a resumed
   // one. Fills session_id_ etc. for a new session; returns the daemon's
@@ -302,14 +319,21 @@ class ClientCore {
                             bool* reconciled = nullptr);
   // The leases a reconciling resume refused: marked lost and no longer held.
   void DropRefused(const v1::SessionOpened& opened);
-  // Sends one ReleaseLeases for `lease_id` (write_mu_ is held), resuming
-  // once if the stream broke.
-  absl::Status SendReleaseLocked(uint64_t lease_id);
-  // Sends `message` with the next seq (write_mu_ is held), resuming once if
-  // the stream broke: after a reconciling resume its seals are sent again
-  // (the account kept their write leases), its releases are not (the
-  // account dropped them).
-  absl::Status SendLocked(v1::ReleaseLeases message);
+  // Gives `message` the next seq and publishes it (unconfirmed_releases_,
+  // releases_sent_) for the writer thread to write; releases_mu_ is taken
+  // here, held_mu_ may be held by the caller (lock order). FAILED_
+  // PRECONDITION (or UNAVAILABLE) when the session has ended.
+  absl::Status EnqueueLocked(v1::ReleaseLeases message);
+  // Kicks the writer for what EnqueueLocked queued, and holds the caller
+  // back while more than kMaxUnwritten messages wait for it (the caller
+  // holds no lock of this core).
+  void AfterEnqueue();
+  // On the writer thread: writes the oldest messages queued and not yet
+  // written (nor settled by a resume, nor confirmed applied), up to
+  // kMaxWrittenTogether in one send, resuming the session if the stream
+  // broke (the resume writes again, or settles, every message queued so
+  // far). False when none is left.
+  bool WriteOne();
   // The error of every call once the session ended (reason SESSION_ENDED):
   // UNAVAILABLE when the daemon is gone, FAILED_PRECONDITION otherwise.
   absl::Status Ended() const;
@@ -320,6 +344,7 @@ class ClientCore {
   void StampReleases(Request* req) {
     std::lock_guard<std::mutex> lock(releases_mu_);
     req->set_releases_through(releases_sent_);
+    frozen_through_ = releases_sent_;  // Its content is final now.
     size_t n = 0;
     for (const v1::ReleaseLeases& message : unconfirmed_releases_) {
       if (n++ == kMaxCarriedReleases) break;
@@ -363,14 +388,30 @@ class ClientCore {
   uint64_t client_id_ = 0;
   uint64_t epoch_ = 0;
   // Serialises writes on the session stream (gRPC allows one outstanding
-  // write) and resumes.
+  // write: the writer thread's, and a resume's) and resumes.
   std::mutex write_mu_;
   // What requests carry of the releases (StampReleases). Its own lock, so
   // that a request never waits behind a stream write.
   std::mutex releases_mu_;
-  // Seq of the last ReleaseLeases sent. Written under write_mu_ and
-  // releases_mu_ (so read under either).
+  // Seq of the last ReleaseLeases queued (published). Guarded by
+  // releases_mu_.
   uint64_t releases_sent_ = 0;
+  // Seq through which every message queued was written on the current
+  // stream, settled by a resume, or confirmed applied. Guarded by
+  // releases_mu_; advanced by the writer thread and by resumes.
+  uint64_t written_through_ = 0;
+  // How many queued messages may wait for the writer before the thread
+  // that queues waits too (bounds the queue when the daemon reads slowly).
+  static constexpr uint64_t kMaxUnwritten = 1024;
+  // Seq through which the messages are final: a request counted them
+  // (StampReleases), the writer took them, or a resume accounted for them.
+  // A later release or seal joins the last message only past it.
+  // Guarded by releases_mu_.
+  uint64_t frozen_through_ = 0;
+  // Most releases and seals one message carries when they join it.
+  static constexpr size_t kMaxJoined = 256;
+  // How many queued messages the writer sends in one go (WriteOne).
+  static constexpr size_t kMaxWrittenTogether = 64;
   // (seq, lease id) of the releases sent and not yet confirmed applied,
   // oldest first: all of them, since a resumed session sends again those
   // the daemon had not applied. A request carries the oldest
@@ -380,7 +421,8 @@ class ClientCore {
   std::deque<v1::ReleaseLeases> unconfirmed_releases_;
   // The leases held (HoldLease), each with its Lease once made (null
   // before), and the generation: bumped by each resume as it takes its
-  // account of them. Lock order: write_mu_, then held_mu_.
+  // account of them. Lock order: write_mu_, then held_mu_, then
+  // releases_mu_.
   std::mutex held_mu_;
   absl::flat_hash_map<uint64_t, Lease*> held_;
   uint64_t held_generation_ = 0;
@@ -400,6 +442,9 @@ class ClientCore {
   };
   std::mutex shares_mu_;
   absl::flat_hash_map<uint64_t, Share> shares_;
+  // Writes the session stream's messages (WriteOne); stopped, after it
+  // wrote them all, before the session ends.
+  std::unique_ptr<StreamWriter> writer_;
   // Stopped first thing in the destructor (its thread makes calls).
   std::unique_ptr<Stock> stock_;
   // Made on the first CUDA release. Declared last: destroyed first, so it

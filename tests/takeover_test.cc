@@ -414,6 +414,86 @@ TEST(TakeOverTest, AResumeReconcilesTheClientsLeasesWithTheLedger) {
       << systemd.Log();
 }
 
+// Releases and one-way seals never wait for the daemon: made while none
+// answers (killed, its successor not yet started) they return at once,
+// queued for the client's writer thread, and reach the successor in order
+// once the writer has resumed the session: those queued before the
+// resume's account through it (the seals presented, the released leases
+// not), those queued after it on the new stream. Before the writer thread
+// the seals below waited for the resume, which no daemon answered.
+TEST(TakeOverTest, SealsAndReleasesMadeWhileNoDaemonAnswersReachItsSuccessor) {
+  const std::string address = FreshAddress();
+  FdStore systemd;
+  ASSERT_TRUE(systemd.Start(Args(address)).ok());
+  ASSERT_TRUE(systemd.WaitReady()) << systemd.Log();
+  ClientOptions options;
+  options.address = address;
+  options.resume_timeout = absl::Seconds(20);
+  options.stock_bytes = 0;  // Only the leases below.
+  Client c = *Client::Connect(options);
+  constexpr int kEach = 40;
+  CreateOptions co;
+  co.size_bytes = kObject;
+  std::vector<Buffer> unsealed;
+  std::vector<SealedRef> sealed;
+  for (int i = 0; i < kEach; ++i) {
+    unsealed.push_back(*c.Create(co));
+    ASSERT_TRUE(unsealed.back()
+                    .Fill([&](absl::Span<uint8_t> b) {
+                      std::memset(b.data(), i, b.size());
+                    })
+                    .ok());
+    std::vector<uint8_t> bytes(kObject, 0x80 + i);
+    sealed.push_back(*c.Put(bytes.data(), co));
+  }
+  ASSERT_TRUE(c.Stats().ok());  // Every seal applied.
+  const uint64_t client_id = c.client_id();
+  auto leases_now = [&]() -> uint64_t {
+    const v1::ListClientsResponse clients = testing::MonitorClients(address);
+    for (const v1::ClientStatus& s : clients.clients()) {
+      if (s.client_id() == client_id) return s.leases();
+    }
+    return UINT64_MAX;
+  };
+  ASSERT_EQ(leases_now(), 2u * kEach);
+
+  systemd.Kill();
+  std::vector<SealedRef> late;
+  for (Buffer& b : unsealed) {
+    absl::StatusOr<SealedRef> ref = b.Seal();
+    ASSERT_TRUE(ref.ok()) << ref.status();
+    late.push_back(*std::move(ref));
+  }
+  sealed.erase(sealed.begin(), sealed.begin() + kEach / 2);
+  ASSERT_TRUE(systemd.Start(Args(address)).ok());
+  ASSERT_TRUE(systemd.WaitReady()) << systemd.Log();
+  // The writer resumed (or this call does, failing once UNAVAILABLE).
+  absl::Status stats = c.Stats().status();
+  if (absl::IsUnavailable(stats)) stats = c.Stats().status();
+  ASSERT_TRUE(stats.ok()) << stats;
+  EXPECT_EQ(leases_now(), kEach + kEach / 2u);
+  // Another process's client reads each late object sealed with its bytes,
+  // and each sealed one kept.
+  Client other = *Client::Connect({.address = address});
+  for (int i = 0; i < kEach; ++i) {
+    absl::StatusOr<View> v = other.Get(late[i].ref());
+    ASSERT_TRUE(v.ok()) << i << ": " << v.status();
+    EXPECT_EQ(static_cast<const uint8_t*>(v->data())[kObject - 1], i);
+  }
+  for (int i = 0; i < kEach / 2; ++i) {
+    absl::StatusOr<View> v = other.Get(sealed[i].ref());
+    ASSERT_TRUE(v.ok()) << i << ": " << v.status();
+    EXPECT_EQ(static_cast<const uint8_t*>(v->data())[0], 0x80 + kEach / 2 + i);
+  }
+  late.clear();
+  sealed.clear();
+  ASSERT_TRUE(c.Stats().ok());
+  EXPECT_EQ(leases_now(), 0u);
+  ExpectEmptied(address);
+  EXPECT_FALSE(absl::StrContains(systemd.Log(), "holds no lease"))
+      << systemd.Log();
+}
+
 // A child forked while its parent held a view keeps the view's object
 // through a fork hold; the hold's connection is handed on, so the object
 // goes when the child exits, after the restart as before it.

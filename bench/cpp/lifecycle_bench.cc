@@ -841,22 +841,34 @@ void BenchFastPath(const DaemonProcess& daemon, int iters) {
         SizeName(bytes).c_str(), m, m / r, r, Summarize(put_many).p50);
   }
   {
-    // What the one-way seal's stream write costs by itself: an empty
-    // ReleaseLeases (no seal, no release) on the producer's stream.
+    // What a put's one-way seal pays to hand its message to the writer
+    // thread (an empty ReleaseLeases, no seal, no release): back to back
+    // (the writer is awake), and with the writer asleep for a while (the
+    // cross-CPU wake-up of an idle CPU; on a VM its cost grows with how
+    // long that CPU idled, as a put of a larger object lets it).
     shmtensor::Buffer b =
         Check(producer.Create({.size_bytes = 4096, .name = "stream-probe"}),
               "create");
     shmtensor::internal::ClientCore& core = b.lease()->core();
-    std::vector<double> writes;
-    for (int i = 0; i < iters; ++i) {
-      const auto t0 = Clock::now();
-      Check(core.SendSeals({}), "stream write");
-      writes.push_back(Us(Clock::now() - t0));
+    std::printf("hand-off of one stream message to the writer thread:");
+    for (int idle_us : {0, 100, 1000}) {
+      std::vector<double> writes;
+      for (int i = 0; i < iters; ++i) {
+        if (idle_us > 0) {
+          // Busy, as a copy is, so that only the writer's CPU idles.
+          const auto until = Clock::now() + std::chrono::microseconds(idle_us);
+          while (Clock::now() < until) {
+          }
+        }
+        const auto t0 = Clock::now();
+        Check(core.SendSeals({}), "stream write");
+        writes.push_back(Us(Clock::now() - t0));
+      }
+      std::printf(" p50 %.1f us (%d us since the last)", Summarize(writes).p50,
+                  idle_us);
+      if (idle_us == 0) std::printf(",");
     }
-    std::printf(
-        "one stream message (what a put's one-way seal pays to send it): p50 "
-        "%.1f us\n",
-        Summarize(writes).p50);
+    std::printf("\n");
   }
   std::printf(
       "(ratio: lifecycle over 1 RTT + copy, goal <= 1.2; put/(copy+5): goal "

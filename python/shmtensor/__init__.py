@@ -23,6 +23,7 @@ does not wait.
 """
 
 import atexit as _atexit
+import os as _os
 
 import numpy as _np
 
@@ -43,6 +44,21 @@ from .errors import (AlreadyExistsError, AlreadyTakenError,
 # process's static destructors (a crash after everything else had passed).
 # Their sessions end as the process exits.
 _atexit.register(_core._keep_clients_alive_until_exit)
+
+# A client writes its releases and one-way seals (put) from a thread of its
+# own, microseconds after the call returned. A multiprocessing child ends
+# with os._exit, which runs no atexit hook: its finalizers write what is
+# left, so a put just before the child ends is not lost with it.
+_flush_hooked_pid = None
+
+
+def _hook_flush_at_exit():
+    global _flush_hooked_pid
+    if _flush_hooked_pid == _os.getpid():
+        return
+    _flush_hooked_pid = _os.getpid()
+    from multiprocessing import util
+    util.Finalize(None, _core._flush_clients, exitpriority=0)
 
 __version__ = "0.1.0"
 __all__ = [
@@ -76,6 +92,7 @@ def connect(address=None, client_name=None, connect_timeout=5.0,
     gets PermissionDeniedError naming its uid.
     """
     resolved = _autostart.resolve(address)
+    _hook_flush_at_exit()
     try:
         return Client(resolved, client_name or "", float(connect_timeout),
                       bool(read_only))

@@ -109,6 +109,13 @@ PYBIND11_MODULE(_core, m) {
       },
       "For atexit: see Client::KeepAliveUntilExit (shmtensor/client.h).");
   m.def(
+      "_flush_clients",
+      [] {
+        py::gil_scoped_release release;
+        Client::FlushAll();
+      },
+      "For multiprocessing's exit: see Client::FlushAll (shmtensor/client.h).");
+  m.def(
       "_bind_package",
       [](py::handle buffer_class, py::handle view_class, py::handle dtype_code,
          py::handle dtype_cache, py::handle device_name) {

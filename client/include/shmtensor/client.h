@@ -173,6 +173,14 @@ class Client {
   // hands its gRPC channel's teardown to gRPC's threads, which must not
   // overlap the process's static destructors. Thread-safe.
   static void KeepAliveUntilExit();
+  // Releases and one-way seals (Buffer::Seal of an unnamed object, Put) are
+  // written to the daemon by a thread of each client, microseconds after
+  // the call that made them returned; a client's destruction and
+  // KeepAliveUntilExit write what is left. For a process that ends without
+  // either (os._exit after multiprocessing's finalizers, which the Python
+  // package hooks): waits until every client of this process wrote what it
+  // had queued, at most 2 s. Thread-safe.
+  static void FlushAll();
 
   // Allocates a writable buffer (see CreateOptions).
   absl::StatusOr<Buffer> Create(const CreateOptions& options);

@@ -1,0 +1,104 @@
+#include "client/stream_writer.h"
+
+#include <utility>
+
+#include "absl/time/clock.h"
+
+namespace shmtensor::internal {
+namespace {
+
+// Longest wait of the fork handler for a write on its way.
+constexpr absl::Duration kForkWait = absl::Seconds(2);
+
+}  // namespace
+
+StreamWriter::StreamWriter(absl::AnyInvocable<bool()> write_one)
+    : write_one_(std::move(write_one)) {
+  thread_ = std::thread([this] { Run(); });
+}
+
+StreamWriter::~StreamWriter() { Stop(); }
+
+void StreamWriter::Kick() {
+  kicked_.fetch_add(1, std::memory_order_seq_cst);
+  // Under the lock: the thread checks for kicks under it before it sleeps.
+  std::lock_guard<std::mutex> lock(mu_);
+  if (sleeping_) wake_.notify_one();
+}
+
+bool StreamWriter::Flush(absl::Time deadline) {
+  const uint64_t target = kicked_.load(std::memory_order_seq_cst);
+  std::unique_lock<std::mutex> lock(mu_);
+  while (written_ < target && running_) {
+    if (deadline == absl::InfiniteFuture()) {
+      written_cv_.wait(lock);
+      continue;
+    }
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) return false;
+    written_cv_.wait_for(lock, absl::ToChronoNanoseconds(left));
+  }
+  return written_ >= target;
+}
+
+void StreamWriter::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+void StreamWriter::PauseForFork() {
+  fork_pending_.store(true, std::memory_order_seq_cst);
+  const absl::Time deadline = absl::Now() + kForkWait;
+  while (in_write_.load(std::memory_order_seq_cst) && absl::Now() < deadline) {
+    absl::SleepFor(absl::Microseconds(100));
+  }
+}
+
+void StreamWriter::ResumeAfterFork() {
+  fork_pending_.store(false, std::memory_order_seq_cst);
+}
+
+void StreamWriter::Run() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    // Every kick up to here is written once write_one finds nothing left.
+    const uint64_t target = kicked_.load(std::memory_order_seq_cst);
+    if (target == written_) {
+      if (stopping_) break;
+      sleeping_ = true;
+      wake_.wait(lock, [&] {
+        return stopping_ || kicked_.load(std::memory_order_seq_cst) != written_;
+      });
+      sleeping_ = false;
+      continue;
+    }
+    lock.unlock();
+    while (true) {
+      // Never a write across fork().
+      in_write_.store(true, std::memory_order_seq_cst);
+      while (fork_pending_.load(std::memory_order_seq_cst)) {
+        in_write_.store(false, std::memory_order_seq_cst);
+        while (fork_pending_.load(std::memory_order_seq_cst)) {
+          absl::SleepFor(absl::Microseconds(100));
+        }
+        in_write_.store(true, std::memory_order_seq_cst);
+      }
+      const bool wrote = write_one_();
+      in_write_.store(false, std::memory_order_seq_cst);
+      if (!wrote) break;
+    }
+    lock.lock();
+    written_ = target;
+    written_cv_.notify_all();
+  }
+  // Flush waits only for a thread that runs: wake it to see this one gone.
+  running_ = false;
+  written_cv_.notify_all();
+}
+
+}  // namespace shmtensor::internal
