@@ -226,6 +226,7 @@ int Delete(const Options& o) {
 
 int main(int argc, char** argv) {
   CLI::App app{"shmtensorctl: inspect a running shmtensord"};
+  app.set_version_flag("--version", "shmtensorctl " SHMTENSOR_VERSION);
   app.require_subcommand(1);
   // Global flags go before or after the subcommand (shmtensorctl objects
   // --address X), as with kubectl and docker: subcommands made below

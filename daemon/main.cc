@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   CLI::App app{
       "shmtensord: shared-memory pools for zero-copy arrays and tensors"};
+  app.set_version_flag("--version", "shmtensord " SHMTENSOR_VERSION);
   std::string listen, pool_size, pool_dir, config_file, log_level,
       monitor_listen;
   app.add_option("--listen", listen,

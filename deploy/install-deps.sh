@@ -6,6 +6,7 @@ set -euo pipefail
 
 PACKAGES=(
   cmake g++ make pkg-config
+  help2man  # the man pages, from --help (man/)
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libcli11-dev libtomlplusplus-dev
   libboost-dev libssl-dev
