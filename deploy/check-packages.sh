@@ -22,11 +22,13 @@ apt-get install -y -q --no-install-recommends dpkg-dev debhelper lintian \
 
 out=$(mktemp -d /tmp/shmtensor-debs-XXXXXX)
 say "dpkg-buildpackage -us -uc -b"
-rm -f ../shmtensor_*.changes ../shmtensor_*.buildinfo ../shmtensord_*.deb \
-  ../libshmtensor*.deb
+products=(../shmtensor_*.changes ../shmtensor_*.buildinfo ../shmtensord_*.deb
+  ../shmtensord-dbgsym_*.deb ../libshmtensor*.deb)
+rm -f "${products[@]}"
 DEB_BUILD_OPTIONS="parallel=$(nproc)" dpkg-buildpackage -us -uc -b \
   >"$out/build.log" 2>&1 || { tail -40 "$out/build.log"; fail "build"; }
-mv ../shmtensord_*.deb ../libshmtensor*.deb ../shmtensor_*.changes "$out/"
+mv ../shmtensor_*.changes ../shmtensor_*.buildinfo ../shmtensord_*.deb \
+  ../shmtensord-dbgsym_*.deb ../libshmtensor*.deb "$out/"
 ls "$out"/*.deb
 
 say "lintian"
@@ -34,7 +36,9 @@ lintian --fail-on error "$out"/*.changes |
   tee "$out/lintian.log" || fail "lintian reports errors"
 
 say "apt-get install ./*.deb"
-apt-get install -y -q "$out"/*.deb >/dev/null
+debs=()
+for d in "$out"/*.deb; do [[ "$d" == *-dbgsym_* ]] || debs+=("$d"); done
+apt-get install -y -q "${debs[@]}" >/dev/null
 getent passwd shmtensor >/dev/null || fail "no user shmtensor"
 getent group shmtensor >/dev/null || fail "no group shmtensor"
 unit=/lib/systemd/system/shmtensord.service
@@ -43,14 +47,16 @@ unit=/lib/systemd/system/shmtensord.service
 [[ -e /etc/systemd/system/multi-user.target.wants/shmtensord.service ]] ||
   fail "the unit is not enabled"
 [[ -f /etc/shmtensor/shmtensord.toml ]] || fail "no /etc/shmtensor/shmtensord.toml"
-dpkg-query -W -f='${Conffiles}\n' shmtensord | grep -q /etc/shmtensor/shmtensord.toml ||
+conffiles=$(dpkg-query -W -f='${Conffiles}\n' shmtensord)
+grep -q /etc/shmtensor/shmtensord.toml <<<"$conffiles" ||
   fail "the config is not a conffile"
 for page in shmtensord.8 shmtensorctl.1 shmtensord.toml.5; do
   ls /usr/share/man/man*/"$page"* >/dev/null 2>&1 || fail "no man page $page"
 done
 say "systemd-analyze verify $unit"
-systemd-analyze verify "$unit" 2>&1 | tee "$out/verify.log"
-grep -qi "error" "$out/verify.log" && fail "systemd-analyze verify"
+systemd-analyze verify "$unit" >"$out/verify.log" 2>&1 ||
+  { cat "$out/verify.log"; fail "systemd-analyze verify"; }
+cat "$out/verify.log"
 
 # The unit's ExecStart=, continuation lines joined, as its user.
 exec_start=$(sed -n '/^ExecStart=/,/[^\\]$/p' "$unit" | sed 's/\\$//' |
@@ -96,6 +102,7 @@ for path in /etc/shmtensor /usr/sbin/shmtensord /usr/bin/shmtensorctl \
   [[ ! -e "$path" ]] || fail "$path is left after purge"
 done
 getent passwd shmtensor >/dev/null && fail "user shmtensor left after purge"
-find /usr/lib -name 'libshmtensor*' | grep -q . && fail "a library is left"
+libs=$(find /usr/lib -name 'libshmtensor*')
+[[ -z "$libs" ]] || fail "a library is left: $libs"
 rm -rf "$out"
 say "PASS"

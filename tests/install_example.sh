@@ -36,13 +36,13 @@ libdir=$(dirname "$(find "$prefix" -name 'libshmtensor.so.*.*' | head -1)")
 soname=$(readelf -d "$libdir"/libshmtensor.so.*.*.* | sed -n 's/.*SONAME.*\[\(.*\)\]/\1/p')
 [[ "$soname" == libshmtensor.so.0 ]] || fail "soname '$soname'"
 [[ -f "$libdir/libshmtensor.a" ]] || fail "no libshmtensor.a"
-# Exports the shmtensor namespace only.
-if nm -D --defined-only -C "$libdir/libshmtensor.so.0" | awk '{print $3}' |
-    grep -v '^shmtensor::\|^typeinfo\|^vtable\|^$' | grep -q .; then
-  nm -D --defined-only -C "$libdir/libshmtensor.so.0" | awk '{print $3}' |
-    grep -v '^shmtensor::\|^typeinfo\|^vtable\|^$' | head -5 >&2
-  fail "libshmtensor.so exports symbols outside namespace shmtensor"
-fi
+# Exports the shmtensor namespace only. (Outputs are taken whole before
+# grep: with pipefail, grep -q ending a pipe early fails its writer.)
+exports=$(nm -D --defined-only -C "$libdir/libshmtensor.so.0" |
+  awk '{print $3}')
+outside=$(grep -v '^shmtensor::\|^typeinfo\|^vtable\|^$' <<<"$exports" || true)
+[[ -z "$outside" ]] ||
+  fail "libshmtensor.so exports symbols outside namespace shmtensor: $(head -5 <<<"$outside")"
 echo "installed: $(ls "$libdir" | grep shmtensor | tr '\n' ' ')"
 
 # The example, against the prefix only (not the build tree).
@@ -68,10 +68,11 @@ export SHMTENSOR_ADDRESS=unix:$work/d.sock
 daemon_pid=$!
 for _ in $(seq 100); do [[ -S "$work/d.sock" ]] && break; sleep 0.1; done
 [[ -S "$work/d.sock" ]] || { cat "$work/daemon.log"; fail "no daemon"; }
-ldd "$work/example/consumer" | grep -q "libshmtensor.so.0 => $libdir/" ||
-  fail "the example does not load the installed libshmtensor.so.0"
-ldd "$work/example/consumer_static" | grep -q libshmtensor &&
-  fail "consumer_static loads libshmtensor.so"
+loads=$(ldd "$work/example/consumer")
+grep -qF "libshmtensor.so.0 => $libdir/" <<<"$loads" ||
+  fail "the example does not load the installed libshmtensor.so.0: $loads"
+loads=$(ldd "$work/example/consumer_static")
+grep -q libshmtensor <<<"$loads" && fail "consumer_static loads libshmtensor.so"
 consumers=("$work/example/consumer" "$work/example/consumer_static"
   "$work/consumer-pc")
 # With libtorch installed beside it (the adapter was built): the tensor too.
