@@ -13,8 +13,6 @@ namespace {
 
 // How often the refill thread looks for idle classes when nothing wakes it.
 constexpr absl::Duration kTick = absl::Milliseconds(250);
-// Longest wait of the fork handler for a refill call on its way.
-constexpr absl::Duration kForkWait = absl::Seconds(2);
 
 }  // namespace
 
@@ -34,17 +32,9 @@ void Stock::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void Stock::PauseForFork() {
-  fork_pending_.store(true, std::memory_order_seq_cst);
-  const absl::Time deadline = absl::Now() + kForkWait;
-  while (in_call_.load(std::memory_order_seq_cst) && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-}
+void Stock::PauseForFork() { fork_gate_.Pause(); }
 
-void Stock::ResumeAfterFork() {
-  fork_pending_.store(false, std::memory_order_seq_cst);
-}
+void Stock::ResumeAfterFork() { fork_gate_.Resume(); }
 
 size_t Stock::buffers() const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -218,14 +208,7 @@ void Stock::Loop() {
     if (idle.empty() && count == 0) continue;
     // The calls below go without the lock, and never across a fork.
     lock.unlock();
-    while (true) {
-      in_call_.store(true, std::memory_order_seq_cst);
-      if (!fork_pending_.load(std::memory_order_seq_cst)) break;
-      in_call_.store(false, std::memory_order_seq_cst);
-      while (fork_pending_.load(std::memory_order_seq_cst)) {
-        absl::SleepFor(absl::Milliseconds(1));
-      }
-    }
+    fork_gate_.Enter();
     GiveBack(idle);
     std::vector<uint64_t> surplus;
     if (count > 0) {
@@ -252,7 +235,7 @@ void Stock::Loop() {
       lock.unlock();
       GiveBack(surplus);
     }
-    in_call_.store(false, std::memory_order_seq_cst);
+    fork_gate_.Leave();
     lock.lock();
   }
 }

@@ -44,6 +44,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "client/fork_gate.h"
 #include "shmtensor/v1/shmtensor.pb.h"
 
 namespace shmtensor::internal {
@@ -128,10 +129,7 @@ class Stock {
   std::vector<Class> classes_;  // Guarded by mu_.
   bool stopping_ = false;       // Guarded by mu_.
   bool refill_due_ = false;     // Guarded by mu_.
-  // Fork: the thread sets in_call_ and then checks fork_pending_; the
-  // prepare handler sets fork_pending_ and then waits for !in_call_.
-  std::atomic<bool> in_call_{false};
-  std::atomic<bool> fork_pending_{false};
+  ForkGate fork_gate_;          // Around the thread's calls.
   std::thread thread_;
 };
 

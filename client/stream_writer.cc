@@ -5,12 +5,6 @@
 #include "absl/time/clock.h"
 
 namespace shmtensor::internal {
-namespace {
-
-// Longest wait of the fork handler for a write on its way.
-constexpr absl::Duration kForkWait = absl::Seconds(2);
-
-}  // namespace
 
 StreamWriter::StreamWriter(absl::AnyInvocable<bool()> write_one)
     : write_one_(std::move(write_one)) {
@@ -51,17 +45,9 @@ void StreamWriter::Stop() {
   thread_.join();
 }
 
-void StreamWriter::PauseForFork() {
-  fork_pending_.store(true, std::memory_order_seq_cst);
-  const absl::Time deadline = absl::Now() + kForkWait;
-  while (in_write_.load(std::memory_order_seq_cst) && absl::Now() < deadline) {
-    absl::SleepFor(absl::Microseconds(100));
-  }
-}
+void StreamWriter::PauseForFork() { fork_gate_.Pause(); }
 
-void StreamWriter::ResumeAfterFork() {
-  fork_pending_.store(false, std::memory_order_seq_cst);
-}
+void StreamWriter::ResumeAfterFork() { fork_gate_.Resume(); }
 
 void StreamWriter::Run() {
   std::unique_lock<std::mutex> lock(mu_);
@@ -79,17 +65,9 @@ void StreamWriter::Run() {
     }
     lock.unlock();
     while (true) {
-      // Never a write across fork().
-      in_write_.store(true, std::memory_order_seq_cst);
-      while (fork_pending_.load(std::memory_order_seq_cst)) {
-        in_write_.store(false, std::memory_order_seq_cst);
-        while (fork_pending_.load(std::memory_order_seq_cst)) {
-          absl::SleepFor(absl::Microseconds(100));
-        }
-        in_write_.store(true, std::memory_order_seq_cst);
-      }
+      fork_gate_.Enter();  // Never a write across fork().
       const bool wrote = write_one_();
-      in_write_.store(false, std::memory_order_seq_cst);
+      fork_gate_.Leave();
       if (!wrote) break;
     }
     lock.lock();

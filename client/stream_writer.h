@@ -26,6 +26,7 @@
 
 #include "absl/functional/any_invocable.h"
 #include "absl/time/time.h"
+#include "client/fork_gate.h"
 
 namespace shmtensor::internal {
 
@@ -66,10 +67,7 @@ class StreamWriter {
   bool sleeping_ = false;  // Guarded by mu_.
   bool stopping_ = false;  // Guarded by mu_.
   bool running_ = true;    // Guarded by mu_: false once the thread ends.
-  // Fork: the thread sets in_write_ and then checks fork_pending_; the
-  // prepare handler sets fork_pending_ and then waits for !in_write_.
-  std::atomic<bool> fork_pending_{false};
-  std::atomic<bool> in_write_{false};
+  ForkGate fork_gate_;     // Around each write.
   std::thread thread_;
 };
 

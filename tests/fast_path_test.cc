@@ -51,15 +51,9 @@ ObjectRef RefOfLine(const std::string& line) {
 
 class FastPathTest : public testing::DaemonTest {
  protected:
-  // Leases `c`'s session holds (the monitor's per-client count: another
-  // session's stock refill does not move it).
+  // Leases `c`'s session holds.
   uint64_t LeasesOf(const Client& c) {
-    const v1::ListClientsResponse clients =
-        testing::MonitorClients(daemon_->address());
-    for (const v1::ClientStatus& s : clients.clients()) {
-      if (s.client_id() == c.client_id()) return s.leases();
-    }
-    return UINT64_MAX;
+    return testing::MonitorLeasesOf(daemon_->address(), c.client_id());
   }
 };
 

@@ -212,6 +212,10 @@ int Run(int argc, char** argv) {
       return Fail(absl::InternalError("seal failed"));
     absl::StatusOr<shmtensor::View> view = client->Get(ref->ref());
     if (!view.ok()) return Fail(view.status());
+    // The seals went one way, and the get was a share: a call that
+    // observes the session's messages returns once the daemon applied
+    // them, so all of the above is at the daemon when this says ready.
+    if (absl::Status s = client->Stats().status(); !s.ok()) return Fail(s);
     Say("ready");
     while (true) pause();
   }

@@ -375,12 +375,8 @@ TEST(TakeOverTest, AResumeReconcilesTheClientsLeasesWithTheLedger) {
     ASSERT_TRUE(stub->Release(&ctx, rel, &resp).ok());
   }
   const uint64_t client_id = c.client_id();
-  auto leases_now = [&]() -> uint64_t {
-    const v1::ListClientsResponse clients = testing::MonitorClients(address);
-    for (const v1::ClientStatus& s : clients.clients()) {
-      if (s.client_id() == client_id) return s.leases();
-    }
-    return UINT64_MAX;
+  auto leases_now = [&] {
+    return testing::MonitorLeasesOf(address, client_id);
   };
   // kept, orphan and the raw Get's (the second put's went with its
   // SealedRef; the raw Release took the view's).
@@ -448,12 +444,8 @@ TEST(TakeOverTest, SealsAndReleasesMadeWhileNoDaemonAnswersReachItsSuccessor) {
   }
   ASSERT_TRUE(c.Stats().ok());  // Every seal applied.
   const uint64_t client_id = c.client_id();
-  auto leases_now = [&]() -> uint64_t {
-    const v1::ListClientsResponse clients = testing::MonitorClients(address);
-    for (const v1::ClientStatus& s : clients.clients()) {
-      if (s.client_id() == client_id) return s.leases();
-    }
-    return UINT64_MAX;
+  auto leases_now = [&] {
+    return testing::MonitorLeasesOf(address, client_id);
   };
   ASSERT_EQ(leases_now(), 2u * kEach);
 

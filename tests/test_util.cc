@@ -43,6 +43,13 @@ v1::DaemonStatus MonitorStatus(const std::string& address) {
 v1::ListClientsResponse MonitorClients(const std::string& address) {
   return Monitor(address, &v1::Monitor::Stub::ListClients);
 }
+uint64_t MonitorLeasesOf(const std::string& address, uint64_t client_id) {
+  const v1::ListClientsResponse clients = MonitorClients(address);
+  for (const v1::ClientStatus& s : clients.clients()) {
+    if (s.client_id() == client_id) return s.leases();
+  }
+  return UINT64_MAX;
+}
 v1::ListObjectsResponse MonitorObjects(const std::string& address) {
   return Monitor(address, &v1::Monitor::Stub::ListObjects);
 }

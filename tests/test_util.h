@@ -45,6 +45,10 @@ class DaemonTest : public ::testing::Test {
 // are test failures, answered with an empty message).
 v1::DaemonStatus MonitorStatus(const std::string& address);
 v1::ListClientsResponse MonitorClients(const std::string& address);
+// Leases the client with `client_id` holds at the daemon now (the
+// monitor's per-client count: other sessions' stock does not move it);
+// UINT64_MAX when the daemon lists no such client.
+uint64_t MonitorLeasesOf(const std::string& address, uint64_t client_id);
 // The first page of objects (up to 10,000).
 v1::ListObjectsResponse MonitorObjects(const std::string& address);
 
