@@ -15,9 +15,11 @@
 #include <set>
 #include <utility>
 
+#include "absl/random/random.h"
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace shmtensor::testing {
 
@@ -30,9 +32,12 @@ std::string DaemonPath() {
 std::string FreshAddress() {
   static std::atomic<int> counter{0};
   // In a directory of its own, which the daemon makes 0700: a socket
-  // directory others can write is refused.
-  return absl::StrCat("unix:/tmp/shmtensor-test-", getpid(), "-", counter++,
-                      "/d.sock");
+  // directory others can write is refused. Random too: a test process
+  // killed before its destructors ran leaves its directory, and the kernel
+  // hands its pid out again.
+  return absl::StrFormat("unix:/tmp/shmtensor-test-%d-%d-%016x/d.sock",
+                         getpid(), counter++,
+                         absl::Uniform<uint64_t>(absl::BitGen()));
 }
 
 absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(
@@ -96,10 +101,19 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::StartShared(
 DaemonProcess::~DaemonProcess() {
   process_.reset();
   unlink(log_path_.c_str());
-  unlink(socket_path_.c_str());
-  unlink((socket_path_ + ".fd").c_str());
-  unlink((socket_path_ + ".lock").c_str());
-  rmdir(socket_path_.substr(0, socket_path_.rfind('/')).c_str());
+  // Whatever the daemon left in its socket directory (a daemon that was
+  // killed leaves its sockets and lock file; a successor that took over
+  // makes them again), then the directory.
+  const std::string dir = socket_path_.substr(0, socket_path_.rfind('/'));
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..")) {
+        unlinkat(dirfd(d), e->d_name, 0);
+      }
+    }
+    closedir(d);
+  }
+  rmdir(dir.c_str());
 }
 
 std::vector<std::string> DaemonProcess::Pools() const {

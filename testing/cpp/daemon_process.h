@@ -62,8 +62,8 @@ class DaemonProcess {
 
 // Path of the daemon DaemonProcess starts.
 std::string DaemonPath();
-// A fresh socket address "unix:/tmp/shmtensor-test-<pid>-<n>/d.sock", in a
-// directory of its own (the daemon makes it 0700).
+// A fresh socket address "unix:/tmp/shmtensor-test-<pid>-<n>-<random>/d.sock",
+// in a directory of its own (the daemon makes it 0700).
 std::string FreshAddress();
 
 }  // namespace shmtensor::testing
