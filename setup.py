@@ -3,7 +3,9 @@ missing (Debian 12; python/build_backend/shmtensor_build.py decides). The
 metadata and the CMake options are pyproject.toml's; this file only builds
 the CMake project and installs its `python` component (the binding _core,
 shmtensor/bin/shmtensord, shmtensor/bin/shmtensorctl) where setuptools
-assembles the wheel.
+assembles the wheel. With $SHMTENSOR_FROM_BUILD_TREE=DIR it installs the
+component from that existing build tree instead of building
+(python/build_backend/build_tree.py).
 """
 
 import os
@@ -17,6 +19,8 @@ from setuptools.command.build import build
 from setuptools.command.build_ext import build_ext
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(ROOT, "python", "build_backend"))
+import build_tree  # noqa: E402
 
 
 def _pyproject():
@@ -60,6 +64,19 @@ class FreshBuild(build):
 
 class CMakeBuild(build_ext):
     def build_extension(self, ext):
+        prebuilt = build_tree.requested()
+        if prebuilt:
+            build_tree.check(prebuilt, ROOT)
+            build_tree.install(prebuilt, os.path.abspath(self.build_lib))
+        else:
+            self._build_and_install()
+        built = self.get_ext_fullpath(ext.name)
+        if not os.path.exists(built):
+            raise RuntimeError(
+                f"CMake installed no {built}: is the binding built for "
+                f"{sys.executable}?")
+
+    def _build_and_install(self):
         skbuild = _pyproject()["tool"]["scikit-build"]
         build_dir = _cmake_build_dir()
         defines = dict(skbuild.get("cmake", {}).get("define", {}))
@@ -75,11 +92,6 @@ class CMakeBuild(build_ext):
         subprocess.run(["cmake", "--install", build_dir, "--component",
                         "python", "--prefix", os.path.abspath(self.build_lib)],
                        check=True)
-        built = self.get_ext_fullpath(ext.name)
-        if not os.path.exists(built):
-            raise RuntimeError(
-                f"CMake installed no {built}: is the binding built for "
-                f"{sys.executable}?")
 
 
 setup(ext_modules=[CMakeExtension("shmtensor._core")],

@@ -7,9 +7,15 @@ into the package.
 
 $SHMTENSOR_BUILD_BACKEND=setuptools or =scikit-build-core picks one (the
 latter fails where it is missing) so either can be checked where both exist.
+
+$SHMTENSOR_FROM_BUILD_TREE=DIR packages what the CMake build tree DIR of
+this source built (build_tree.py says when that is sound) instead of
+building again: setuptools does it (scikit-build-core always builds).
 """
 
 import os
+
+import build_tree
 
 __all__ = ["build_wheel", "build_sdist", "get_requires_for_build_wheel",
            "get_requires_for_build_sdist", "prepare_metadata_for_build_wheel"]
@@ -21,6 +27,13 @@ def _backend():
         raise RuntimeError(
             f"SHMTENSOR_BUILD_BACKEND={wanted[:64]!r}: use setuptools or "
             f"scikit-build-core")
+    if build_tree.requested():
+        if wanted == "scikit-build-core":
+            raise RuntimeError(
+                f"{build_tree.ENV} packages an existing build with "
+                f"setuptools; SHMTENSOR_BUILD_BACKEND=scikit-build-core "
+                f"would build again: set one of them")
+        wanted = "setuptools"
     if wanted != "setuptools":
         try:
             import scikit_build_core.build as backend

@@ -126,15 +126,62 @@ def test_dataloader_with_a_daemon_it_starts(tmp_path):
     assert os.listdir(run) == []  # Its socket directory went with it.
 
 
-def test_a_wheel_installs_and_uninstalls_cleanly(tmp_path):
-    wheels = tmp_path / "wheels"
-    # The same in-tree build directory as the install: only what changed
-    # is compiled again.
-    out = subprocess.run(
+def pip_wheel(tmp_path, env):
+    return subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-build-isolation",
          "--no-deps", "--no-index", "--disable-pip-version-check",
-         "-w", str(wheels), REPO],
-        capture_output=True, text=True, timeout=600, env=venv_env())
+         "-w", str(tmp_path / "wheels"), REPO],
+        capture_output=True, text=True, timeout=600, env=env)
+
+
+BUILD_TREE = os.environ.get("SHMTENSOR_FROM_BUILD_TREE", "")
+
+
+@pytest.mark.skipif(not BUILD_TREE, reason="the package is built from a "
+                    "build tree only where $SHMTENSOR_FROM_BUILD_TREE names "
+                    "one (ctest)")
+def test_a_build_tree_is_packaged_only_when_it_is_this_sources_up_to_date(
+        tmp_path):
+    """The suite's install packages ./deploy/build.sh's binaries: a package
+    of stale binaries or of another tree's would pass every test and ship
+    something else. Each refusal names why; no wheel is made."""
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "CMakeCache.txt").write_text(
+        "CMAKE_HOME_DIRECTORY:INTERNAL=/elsewhere/shmtensor\n"
+        "CMAKE_GENERATOR:INTERNAL=Unix Makefiles\n")
+    out = pip_wheel(tmp_path, venv_env(SHMTENSOR_FROM_BUILD_TREE=str(foreign)))
+    assert out.returncode != 0
+    assert "is a build tree of '/elsewhere/shmtensor'" in out.stdout + out.stderr
+
+    out = pip_wheel(tmp_path, venv_env(
+        SHMTENSOR_FROM_BUILD_TREE=str(tmp_path / "none")))
+    assert out.returncode != 0
+    assert "no CMake build tree there" in out.stdout + out.stderr
+
+    # A source of the binding newer than its object, then a CMakeLists.txt
+    # newer than the generated build system; each put back after.
+    for source, says in (("client/client_core.cc", "client_core.cc.o"),
+                         ("client/CMakeLists.txt", "client/CMakeLists.txt")):
+        path = os.path.join(REPO, source)
+        before = os.stat(path)
+        try:
+            os.utime(path)
+            out = pip_wheel(tmp_path, venv_env())
+        finally:
+            os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+        assert out.returncode != 0, source
+        assert "is older than" in out.stdout + out.stderr, out.stderr[-2000:]
+        assert says in out.stdout + out.stderr, out.stderr[-2000:]
+    assert not (tmp_path / "wheels").exists() or \
+        os.listdir(tmp_path / "wheels") == []
+
+
+def test_a_wheel_installs_and_uninstalls_cleanly(tmp_path):
+    wheels = tmp_path / "wheels"
+    # As the install was made: from the build tree under ctest, else in the
+    # same build directory as the install (only what changed compiles).
+    out = pip_wheel(tmp_path, venv_env())
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     (wheel,) = os.listdir(wheels)
     tag = sys.implementation.cache_tag.replace("cpython-", "cp")
