@@ -500,7 +500,7 @@ absl::Status ClientCore::ResumeLocked(const std::shared_ptr<Connection>& broken,
   // here on a lease a call on the old one returns is not the session's
   // (HoldLease), and every release sent so far is in releases_through
   // (write_mu_ is held, so none is being sent).
-  // Both under held_mu_ and releases_mu_: a release leaves held_ and is
+  // Both under held_mu_ (and the outbox's lock): a release leaves held_ and is
   // queued under both (ReleaseLease), so the account either names its
   // lease or counts its message in releases_through, never neither.
   v1::OpenSession account;
@@ -510,15 +510,7 @@ absl::Status ClientCore::ResumeLocked(const std::shared_ptr<Connection>& broken,
     ++held_generation_;
     account.mutable_held_lease_ids()->Reserve(held_.size());
     for (const auto& [id, lease] : held_) account.add_held_lease_ids(id);
-    std::lock_guard<std::mutex> releases(releases_mu_);
-    account.set_releases_through(releases_sent_);
-    frozen_through_ = releases_sent_;
-    // Seals the daemon may not have applied: it applies those still due.
-    for (const v1::ReleaseLeases& message : unconfirmed_releases_) {
-      for (const v1::OneWaySeal& seal : message.seals()) {
-        *account.add_pending_seals() = seal;
-      }
-    }
+    outbox_.Account(&account);
   }
   v1::SessionOpened opened;
   // The daemon may be being replaced: try again with back-off until the
@@ -559,31 +551,19 @@ absl::Status ClientCore::ResumeLocked(const std::shared_ptr<Connection>& broken,
     // (its seals were presented, its released leases not); those queued
     // since go on the new stream. The leases the daemon does not hold are
     // dropped here (never released: their bytes may be reused).
-    {
-      std::lock_guard<std::mutex> lock(releases_mu_);
-      const uint64_t through = account.releases_through();
-      while (!unconfirmed_releases_.empty() &&
-             unconfirmed_releases_.front().seq() <= through) {
-        unconfirmed_releases_.pop_front();
-      }
-      written_through_ = std::max(written_through_, through);
-    }
+    outbox_.Settle(account.releases_through());
     DropRefused(opened);
   } else if (failed.ok()) {
     // A daemon that does not reconcile: send again what it had not
     // applied, in order, before any other message (write_mu_ is held, so
     // the writer thread waits).
-    std::lock_guard<std::mutex> lock(releases_mu_);
-    for (const v1::ReleaseLeases& message : unconfirmed_releases_) {
-      if (message.seq() <= opened.releases_applied()) continue;
-      v1::SessionRequest req;
-      *req.mutable_release() = message;
-      if (!(*conn)->session->Write(req)) {
-        failed = absl::UnavailableError("the new connection broke at once");
-        break;
-      }
+    const bool resent = outbox_.Resend(opened.releases_applied(),
+                                       [&](const v1::SessionRequest& req) {
+                                         return (*conn)->session->Write(req);
+                                       });
+    if (!resent) {
+      failed = absl::UnavailableError("the new connection broke at once");
     }
-    if (failed.ok()) written_through_ = releases_sent_;
   }
   std::shared_ptr<Connection> old;
   std::lock_guard<std::mutex> lock(conn_mu_);
@@ -824,82 +804,33 @@ bool ClientCore::FlushStream(absl::Time deadline) {
 
 absl::Status ClientCore::EnqueueLocked(v1::ReleaseLeases message) {
   if (CurrentConnection() == nullptr) return Ended();
-  std::lock_guard<std::mutex> lock(releases_mu_);
-  // Joins the last message while nobody has seen it (no request carried or
-  // counted it, the writer has not taken it, no resume accounted for it):
-  // a burst of releases goes as one message. The daemon applies a
-  // message's seals, in order, before its releases, which keeps the order
-  // they were made in (a lease is never released before it is sealed).
-  if (!unconfirmed_releases_.empty() && releases_sent_ > frozen_through_) {
-    v1::ReleaseLeases& last = unconfirmed_releases_.back();
-    if (last.lease_ids_size() + last.seals_size() + message.lease_ids_size() +
-            message.seals_size() <=
-        static_cast<int>(kMaxJoined)) {
-      last.mutable_lease_ids()->MergeFrom(message.lease_ids());
-      for (v1::OneWaySeal& seal : *message.mutable_seals()) {
-        *last.add_seals() = std::move(seal);
-      }
-      return absl::OkStatus();
-    }
-  }
-  message.set_seq(++releases_sent_);
-  unconfirmed_releases_.push_back(std::move(message));
+  outbox_.Enqueue(std::move(message));
   return absl::OkStatus();
 }
 
 void ClientCore::AfterEnqueue() {
   writer_->Kick();
-  uint64_t unwritten;
-  {
-    std::lock_guard<std::mutex> lock(releases_mu_);
-    unwritten = releases_sent_ - written_through_;
-  }
   // The writer drains what it was kicked for, or gives up with the session
   // (WriteOne): the wait ends either way.
-  if (unwritten > kMaxUnwritten) writer_->Flush(absl::InfiniteFuture());
+  if (outbox_.Unwritten() > kMaxUnwritten)
+    writer_->Flush(absl::InfiniteFuture());
 }
 
 bool ClientCore::WriteOne() {
   // The messages queued and not yet written, oldest first, up to a batch:
   // written together, gRPC holding all but the last (buffer_hint) so that
   // they go in one send and wake the daemon once.
-  std::vector<v1::SessionRequest> batch;
-  {
-    std::lock_guard<std::mutex> lock(releases_mu_);
-    // A message confirmed applied (a request carried it) left the queue
-    // and need not be written.
-    auto next = std::upper_bound(
-        unconfirmed_releases_.begin(), unconfirmed_releases_.end(),
-        written_through_,
-        [](uint64_t seq, const v1::ReleaseLeases& m) { return seq < m.seq(); });
-    if (next == unconfirmed_releases_.end()) {
-      written_through_ = releases_sent_;
-      return false;
-    }
-    const size_t n = std::min<size_t>(
-        kMaxWrittenTogether, std::distance(next, unconfirmed_releases_.end()));
-    batch.resize(n);
-    for (size_t i = 0; i < n; ++i, ++next) {
-      *batch[i].mutable_release() = *next;
-    }
-    frozen_through_ = std::max(frozen_through_, batch.back().release().seq());
-  }
+  const std::vector<v1::SessionRequest> batch = outbox_.TakeUnwritten();
+  if (batch.empty()) return false;
   std::lock_guard<std::mutex> lock(write_mu_);
   std::shared_ptr<Connection> conn = CurrentConnection();
-  size_t first = 0;
-  {
-    std::lock_guard<std::mutex> releases(releases_mu_);
-    // Ended: nothing goes any more (the daemon dropped every lease).
-    if (conn == nullptr) {
-      written_through_ = releases_sent_;
-      return false;
-    }
-    // Those a resume since wrote again on the new stream, or settled.
-    while (first < batch.size() &&
-           batch[first].release().seq() <= written_through_) {
-      ++first;
-    }
+  // Ended: nothing goes any more (the daemon dropped every lease).
+  if (conn == nullptr) {
+    outbox_.Abandon();
+    return false;
   }
+  // Those a resume since wrote again on the new stream, or settled.
+  const size_t first = outbox_.AlreadyWritten(batch);
   if (first == batch.size()) return true;
   // A hung-up connection may still take the write (into its buffers, for
   // nobody): ask the socket first, so that a process that makes no call
@@ -917,8 +848,7 @@ bool ClientCore::WriteOne() {
     ResumeLocked(conn).IgnoreError();
     return true;
   }
-  std::lock_guard<std::mutex> releases(releases_mu_);
-  written_through_ = std::max(written_through_, batch.back().release().seq());
+  outbox_.Written(batch.back().release().seq());
   return true;
 }
 
@@ -972,14 +902,6 @@ void ClientCore::DropShare(const ObjectRef& ref, const Lease* lease) {
   std::lock_guard<std::mutex> lock(shares_mu_);
   auto it = shares_.find(ShareKey(ref));
   if (it != shares_.end() && it->second.raw == lease) shares_.erase(it);
-}
-
-void ClientCore::ConfirmReleases(uint64_t through) {
-  std::lock_guard<std::mutex> lock(releases_mu_);
-  while (!unconfirmed_releases_.empty() &&
-         unconfirmed_releases_.front().seq() <= through) {
-    unconfirmed_releases_.pop_front();
-  }
 }
 
 absl::Status ClientCore::FromGrpc(const grpc::ClientContext& ctx,

@@ -58,6 +58,7 @@
 #include "client/cuda_pool_mapping.h"
 #include "client/gpu_releaser.h"
 #include "client/pool_mapping.h"
+#include "client/release_outbox.h"
 #include "client/stream_writer.h"
 #include "shmtensor/device.h"
 #include "shmtensor/v1/shmtensor.grpc.pb.h"
@@ -251,12 +252,12 @@ class ClientCore {
                                  Req req, Resp* resp,
                                  absl::Duration timeout = kRpcDeadline,
                                  uint64_t* generation = nullptr) {
-    // Before StampReleases: in a child process (fork) the lock it takes
+    // Before Stamp: in a child process (fork) the lock it takes
     // may have been held by a parent thread that is gone.
     if (absl::Status s = CheckOwner(); !s.ok()) return s;
-    StampReleases(&req);
+    outbox_.Stamp(&req);
     absl::Status s = Call(method, req, resp, timeout, generation);
-    if (s.ok()) ConfirmReleases(req.releases_through());
+    if (s.ok()) outbox_.Confirm(req.releases_through());
     return s;
   }
 
@@ -319,10 +320,9 @@ class ClientCore {
                             bool* reconciled = nullptr);
   // The leases a reconciling resume refused: marked lost and no longer held.
   void DropRefused(const v1::SessionOpened& opened);
-  // Gives `message` the next seq and publishes it (unconfirmed_releases_,
-  // releases_sent_) for the writer thread to write; releases_mu_ is taken
-  // here, held_mu_ may be held by the caller (lock order). FAILED_
-  // PRECONDITION (or UNAVAILABLE) when the session has ended.
+  // Publishes `message` in outbox_ for the writer thread to write; held_mu_
+  // may be held by the caller (lock order). FAILED_PRECONDITION (or
+  // UNAVAILABLE) when the session has ended.
   absl::Status EnqueueLocked(v1::ReleaseLeases message);
   // Kicks the writer for what EnqueueLocked queued, and holds the caller
   // back while more than kMaxUnwritten messages wait for it (the caller
@@ -330,8 +330,8 @@ class ClientCore {
   void AfterEnqueue();
   // On the writer thread: writes the oldest messages queued and not yet
   // written (nor settled by a resume, nor confirmed applied), up to
-  // kMaxWrittenTogether in one send, resuming the session if the stream
-  // broke (the resume writes again, or settles, every message queued so
+  // ReleaseOutbox::kMaxWrittenTogether in one send, resuming the session if the
+  // stream broke (the resume writes again, or settles, every message queued so
   // far). False when none is left.
   bool WriteOne();
   // The error of every call once the session ended (reason SESSION_ENDED):
@@ -339,21 +339,6 @@ class ClientCore {
   absl::Status Ended() const;
   absl::Status FromGrpc(const grpc::ClientContext& ctx,
                         const grpc::Status& status) const;
-  // See CallAfterReleases.
-  template <typename Request>
-  void StampReleases(Request* req) {
-    std::lock_guard<std::mutex> lock(releases_mu_);
-    req->set_releases_through(releases_sent_);
-    frozen_through_ = releases_sent_;  // Its content is final now.
-    size_t n = 0;
-    for (const v1::ReleaseLeases& message : unconfirmed_releases_) {
-      if (n++ == kMaxCarriedReleases) break;
-      *req->add_releases() = message;
-    }
-  }
-  // Drops the copies of releases through `through`: the daemon applied them.
-  void ConfirmReleases(uint64_t through);
-
   // fork() handlers (registered once, by the first Connect): see the class
   // comment. Prepare takes the holds, Parent closes its ends of them.
   static void PrepareFork();
@@ -390,39 +375,17 @@ class ClientCore {
   // Serialises writes on the session stream (gRPC allows one outstanding
   // write: the writer thread's, and a resume's) and resumes.
   std::mutex write_mu_;
-  // What requests carry of the releases (StampReleases). Its own lock, so
-  // that a request never waits behind a stream write.
-  std::mutex releases_mu_;
-  // Seq of the last ReleaseLeases queued (published). Guarded by
-  // releases_mu_.
-  uint64_t releases_sent_ = 0;
-  // Seq through which every message queued was written on the current
-  // stream, settled by a resume, or confirmed applied. Guarded by
-  // releases_mu_; advanced by the writer thread and by resumes.
-  uint64_t written_through_ = 0;
+  // The session's ReleaseLeases messages, from queued to confirmed
+  // applied (release_outbox.h). Its lock is taken after write_mu_ and
+  // held_mu_.
+  ReleaseOutbox outbox_;
   // How many queued messages may wait for the writer before the thread
   // that queues waits too (bounds the queue when the daemon reads slowly).
   static constexpr uint64_t kMaxUnwritten = 1024;
-  // Seq through which the messages are final: a request counted them
-  // (StampReleases), the writer took them, or a resume accounted for them.
-  // A later release or seal joins the last message only past it.
-  // Guarded by releases_mu_.
-  uint64_t frozen_through_ = 0;
-  // Most releases and seals one message carries when they join it.
-  static constexpr size_t kMaxJoined = 256;
-  // How many queued messages the writer sends in one go (WriteOne).
-  static constexpr size_t kMaxWrittenTogether = 64;
-  // (seq, lease id) of the releases sent and not yet confirmed applied,
-  // oldest first: all of them, since a resumed session sends again those
-  // the daemon had not applied. A request carries the oldest
-  // kMaxCarriedReleases (the daemon applies from the next one due). Guarded
-  // by releases_mu_.
-  static constexpr size_t kMaxCarriedReleases = 64;
-  std::deque<v1::ReleaseLeases> unconfirmed_releases_;
   // The leases held (HoldLease), each with its Lease once made (null
   // before), and the generation: bumped by each resume as it takes its
   // account of them. Lock order: write_mu_, then held_mu_, then
-  // releases_mu_.
+  // outbox_'s.
   std::mutex held_mu_;
   absl::flat_hash_map<uint64_t, Lease*> held_;
   uint64_t held_generation_ = 0;

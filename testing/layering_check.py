@@ -2,7 +2,10 @@
 """Checks that the tree keeps its layers: every quoted #include of the C++
 sources is allowed by the rules below, which are the architecture
 CONTRIBUTING.md draws (proto -> common -> {daemon, client} -> {python, ctl};
-inside the daemon os -> memory -> ledger -> store -> server -> the top). Prints each
+inside the daemon os -> memory -> ledger -> store -> server -> the top), and
+the installed headers (client/include/, common/include/) include only each
+other, Abseil and system headers: never an internal or generated one, which
+`cmake --install` does not install. Prints each
 include that breaks a rule, naming the file, line and rule, and exits 1 if
 there is one.
 
@@ -25,12 +28,22 @@ def daemon_layer(include):
     return parts[1] if len(parts) > 2 else "top"
 
 
-def rules_for(path, client_headers):
+# Where the project's own headers live, as an include names them.
+PROJECT_PREFIXES = ("client/", "common/", "daemon/", "python/", "ctl/",
+                    "proto/", "tests/", "testing/", "bench/", "shmtensor/")
+
+
+def rules_for(path, client_headers, public_headers):
     """(rule, predicate) pairs: an include for which a predicate is true
     breaks that rule. `client_headers`: the client's public headers as
-    sources include them ("shmtensor/client.h")."""
+    sources include them ("shmtensor/client.h"); `public_headers`: every
+    installed header so named (the client's and common's)."""
     top = path.parts[0]
     rules = []
+    if len(path.parts) > 1 and path.parts[1] == "include":
+        rules.append(("an installed header includes only installed ones",
+                      lambda i: i.startswith(PROJECT_PREFIXES) and
+                      i not in public_headers))
     if top in ("common", "daemon"):
         rules.append(("the client is not below " + top,
                       lambda i: i.startswith("client/") or
@@ -63,13 +76,16 @@ def violations(root):
     client_headers = {
         f"shmtensor/{h.name}"
         for h in (root / "client/include/shmtensor").glob("*.h")}
+    public_headers = client_headers | {
+        f"shmtensor/{h.name}"
+        for h in (root / "common/include/shmtensor").glob("*.h")}
     found = []
     for folder in ("common", "daemon", "client", "python/src", "ctl"):
         for f in sorted((root / folder).rglob("*")):
             if f.suffix not in (".h", ".cc", ".cu"):
                 continue
             rel = f.relative_to(root)
-            rules = rules_for(rel, client_headers)
+            rules = rules_for(rel, client_headers, public_headers)
             for n, line in enumerate(f.read_text().splitlines(), 1):
                 m = include.match(line)
                 if not m:

@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/release_protocol.h"
 #include "gtest/gtest.h"
 #include "shmtensor/client.h"
 #include "shmtensor/v1/shmtensor.grpc.pb.h"
@@ -397,10 +399,15 @@ TEST_F(BadInputTest, CarriedReleaseCopiesApplyAheadOfTheirStreamMessages) {
   copy->set_seq(4);
   copy->add_lease_ids(b.lease_id());
   EXPECT_EQ(stats(gap).leases(), leases - 2);
-  // Too many copies: INVALID_ARGUMENT naming the count.
+  // Too many copies: INVALID_ARGUMENT naming the count and the limit.
   v1::StatsRequest flood = plain;
-  for (int i = 0; i < 1025; ++i) flood.add_releases()->set_seq(3 + i);
-  Expect(&Stub::Stats, flood, kInvalid, "1025 ReleaseLeases copies");
+  for (size_t i = 0; i <= kDaemonMaxCarriedReleases; ++i) {
+    flood.add_releases()->set_seq(3 + i);
+  }
+  Expect(&Stub::Stats, flood, kInvalid,
+         absl::StrCat(kDaemonMaxCarriedReleases + 1,
+                      " ReleaseLeases copies, at most ",
+                      kDaemonMaxCarriedReleases));
   // Copies for a session that is not open: its error, nothing applied.
   v1::StatsRequest stranger = gap;
   stranger.set_session_id(12345);

@@ -7,6 +7,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "daemon/os/peer.h"
+#include "daemon/server/release_intake.h"
+#include "daemon/server/session_reactor.h"
 #include "shmtensor/errors.h"
 #include "spdlog/spdlog.h"
 
@@ -72,178 +74,6 @@ void ObjectStoreService::LogClientError(uint64_t session_id,
           : "");
 }
 
-namespace {
-
-// Applies one ReleaseLeases of `session_id` (from its stream, or a copy a
-// unary request carried). Leases the session does not hold are skipped;
-// returns OK then, and *unknown says what was skipped (for the log).
-// INVALID_ARGUMENT: the seq is past the next one due. Other errors: the
-// session's (not open).
-absl::Status ApplyReleaseMessage(ObjectStore& store, uint64_t session_id,
-                                 const v1::ReleaseLeases& release,
-                                 absl::Status* unknown) {
-  const std::vector<uint64_t> ids(release.lease_ids().begin(),
-                                  release.lease_ids().end());
-  const std::vector<v1::OneWaySeal> seals(release.seals().begin(),
-                                          release.seals().end());
-  absl::Status s = store.ReleaseBatch(session_id, release.seq(), ids, seals);
-  if (absl::IsNotFound(s)) {
-    *unknown = s;
-    return absl::OkStatus();
-  }
-  return s;
-}
-
-}  // namespace
-
-// One session stream. Owned by gRPC: deletes itself in OnDone.
-// One session stream, raw: its messages are parsed here, so one that does
-// not parse ends the stream INVALID_ARGUMENT naming its size (gRPC would
-// end it as if the client had closed its side).
-class SessionReactor final
-    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
- public:
-  SessionReactor(ObjectStoreService& service, grpc::CallbackServerContext* ctx)
-      : service_(service), ctx_(ctx), peer_(ctx->peer()) {
-    absl::StatusOr<Connection> caller = service_.Caller(peer_);
-    if (!caller.ok()) {
-      FinishOnce(RemoteRefused(peer_));
-      return;
-    }
-    caller_ = *std::move(caller);
-    StartRead(&raw_request_);
-  }
-
-  void OnReadDone(bool ok) override {
-    if (!ok) {  // Client closed its side, or the connection broke.
-      FinishOnce(grpc::Status::OK);
-      return;
-    }
-    const size_t size = raw_request_.Length();
-    if (!grpc::SerializationTraits<v1::SessionRequest>::Deserialize(
-             &raw_request_, &request_)
-             .ok()) {
-      FinishOnce(grpc::Status(
-          grpc::StatusCode::INVALID_ARGUMENT,
-          absl::StrFormat("session message of %d bytes is not a valid "
-                          "shmtensor.v1.SessionRequest",
-                          size)));
-      return;
-    }
-    if (session_id_ != 0 && request_.has_release()) {
-      OnRelease(request_.release());
-      return;
-    }
-    if (session_id_ != 0 || !request_.has_open()) {
-      FinishOnce(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                              session_id_ != 0
-                                  ? "session stream takes one OpenSession only"
-                                  : "first session message must be open"));
-      return;
-    }
-    const v1::OpenSession& open = request_.open();
-    LeaseAccount account;
-    if (open.present_leases()) {
-      account.held.assign(open.held_lease_ids().begin(),
-                          open.held_lease_ids().end());
-      account.releases_through = open.releases_through();
-      account.seals.assign(open.pending_seals().begin(),
-                           open.pending_seals().end());
-    }
-    absl::StatusOr<OpenedSession> opened =
-        open.resume_session_id() != 0
-            ? service_.store_.ResumeSession(
-                  open.resume_session_id(), caller_.owner,
-                  open.present_leases() ? &account : nullptr)
-            : service_.store_.OpenSession(
-                  open.client_name(),
-                  PeerInfo{caller_.peer, caller_.owner, caller_.pidfd,
-                           CommandLineOf(caller_.peer.pid)},
-                  open.read_only());
-    if (!opened.ok()) {
-      FinishOnce(ToGrpcStatus(ctx_, opened.status()));
-      return;
-    }
-    session_id_ = opened->id;
-    stream_ = opened->stream;
-    v1::SessionOpened* reply = event_.mutable_opened();
-    reply->set_session_id(opened->id);
-    reply->set_daemon_epoch(service_.store_.epoch());
-    reply->set_releases_applied(opened->releases_applied);
-    reply->set_client_id(opened->client_id);
-    for (v1::PoolInfo& p : opened->pools) *reply->add_pools() = std::move(p);
-    reply->set_descriptor_secret(opened->descriptor_secret);
-    reply->set_leases_reconciled(opened->reconciled);
-    for (uint64_t id : opened->refused) reply->add_refused_lease_ids(id);
-    reply->set_dropped_leases(opened->dropped);
-    service_.Register(this);
-    bool own = false;
-    if (!grpc::SerializationTraits<v1::SessionEvent>::Serialize(
-             event_, &raw_event_, &own)
-             .ok()) {
-      FinishOnce(grpc::Status(grpc::StatusCode::INTERNAL,
-                              "cannot serialize SessionOpened"));
-      return;
-    }
-    StartWrite(&raw_event_);
-    StartRead(&raw_request_);  // Completes when the client goes away.
-  }
-
-  // Applies a ReleaseLeases and reads on. A lease the session does not hold
-  // is only logged (the client cannot be told without a reply); a seq out of
-  // order breaks the ordering contract, so it ends the session's stream.
-  void OnRelease(const v1::ReleaseLeases& release) {
-    absl::Status unknown;
-    absl::Status s =
-        ApplyReleaseMessage(service_.store_, session_id_, release, &unknown);
-    if (!unknown.ok()) service_.LogClientError(session_id_, unknown);
-    if (absl::IsInvalidArgument(s)) {
-      service_.LogClientError(session_id_, s);
-      FinishOnce(ToGrpcStatus(nullptr, s));
-      return;
-    }
-    if (!s.ok()) service_.LogClientError(session_id_, s);
-    StartRead(&raw_request_);
-  }
-
-  void OnWriteDone(bool ok) override {}
-  void OnCancel() override {
-    FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED, "session cancelled"));
-  }
-  void OnDone() override {
-    if (session_id_ != 0) {
-      service_.Unregister(this);
-      service_.store_.StreamEnded(session_id_, stream_);
-    }
-    delete this;
-  }
-
-  // Ends the stream with `status` unless it has ended already.
-  void FinishOnce(const grpc::Status& status) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (finished_) return;
-      finished_ = true;
-    }
-    Finish(status);
-  }
-
- private:
-  ObjectStoreService& service_;
-  grpc::CallbackServerContext* const ctx_;  // gRPC's; lives until OnDone.
-  const std::string peer_;
-  Connection caller_;
-  grpc::ByteBuffer raw_request_;
-  grpc::ByteBuffer raw_event_;
-  v1::SessionRequest request_;
-  v1::SessionEvent event_;
-  // Set once, on the reactor's read callbacks (which gRPC serialises).
-  uint64_t session_id_ = 0;
-  uint64_t stream_ = 0;
-  absl::Mutex mu_;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
-};
-
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 ObjectStoreService::Session(grpc::CallbackServerContext* ctx) {
   return new SessionReactor(*this, ctx);
@@ -294,28 +124,6 @@ absl::Time BoundedDeadline(grpc::CallbackServerContext* ctx,
     deadline = std::min(deadline, theirs - absl::Milliseconds(50));
   }
   return deadline;
-}
-
-// Most copies of stream releases one request may carry (the client sends at
-// most 64).
-constexpr int kMaxCarriedReleases = 1024;
-
-// Applies the copies of stream releases a request carries, in order, up to
-// a gap (see ReleaseLeases in the proto).
-template <typename Request>
-absl::Status ApplyCarriedReleases(ObjectStore& store, const Request& req,
-                                  absl::Status* unknown) {
-  if (req.releases_size() > kMaxCarriedReleases) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("request carries %d ReleaseLeases copies, at most %d",
-                        req.releases_size(), kMaxCarriedReleases));
-  }
-  for (const v1::ReleaseLeases& r : req.releases()) {
-    absl::Status s = ApplyReleaseMessage(store, req.session_id(), r, unknown);
-    if (absl::IsInvalidArgument(s)) break;  // A gap: the stream has the rest.
-    if (!s.ok()) return s;
-  }
-  return absl::OkStatus();
 }
 
 // Copies what Create and Get have in common into their responses.
@@ -446,7 +254,8 @@ std::optional<grpc::Status> ObjectStoreService::Admit(
     return ToGrpcStatus(ctx, s);
   }
   absl::Status unknown;
-  absl::Status applied = ApplyCarriedReleases(store_, *req, &unknown);
+  absl::Status applied = ApplyCarriedReleases(store_, req->session_id(),
+                                              req->releases(), &unknown);
   if (!unknown.ok()) LogClientError(req->session_id(), unknown);
   if (!applied.ok()) return ToGrpcStatus(ctx, applied);
   return std::nullopt;
