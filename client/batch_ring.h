@@ -49,8 +49,8 @@ class BatchRing {
     kHanded = 2,
     kAdopted = 3,
     // Never reused: the consumer forked while it had the slot adopted, so
-    // a child may still read the batch (PITFALLS P18). The ring has one
-    // slot less from then on.
+    // a child may still read the batch (docs/pitfalls.md P18). The ring has
+    // one slot less from then on.
     kRetired = 4
   };
   // Bytes of one slot's header line, and the most slots a ring has.

@@ -2,7 +2,7 @@
 // cudaMalloc of the pool, opened here with cudaIpcOpenMemHandle once per
 // process (however many clients and objects use it) and closed when the
 // last holder lets go. An object of the pool is an offset into this mapping,
-// so a Get costs no CUDA call at all (PITFALLS P13).
+// so a Get costs no CUDA call at all (docs/pitfalls.md P13).
 //
 // A CUDA mapping does not survive fork(): a child's clients open their own,
 // and the parent's, inherited, is never touched in the child.

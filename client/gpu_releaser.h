@@ -3,9 +3,9 @@
 // A view of a CUDA object may still be read by kernels queued on the
 // consumer's streams when its last reference dies on the host. Releasing the
 // lease then would let the daemon hand the memory to a new producer while
-// those kernels run (PITFALLS P12). So the last reference records a fence
-// (events on the streams that used the object) and hands it here; a thread
-// waits for each fence and only then sends the release. The releasing
+// those kernels run (docs/pitfalls.md P12). So the last reference records a
+// fence (events on the streams that used the object) and hands it here; a
+// thread waits for each fence and only then sends the release. The releasing
 // thread never blocks on the GPU.
 //
 // Ownership: owned by the ClientCore whose leases it releases; its

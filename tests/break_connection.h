@@ -1,6 +1,6 @@
 // Breaks a live process's connections to its daemon, as a fault would,
 // without the process noticing until its next call: for tests that a session
-// survives the loss of its connection (PITFALLS P14).
+// survives the loss of its connection (docs/pitfalls.md P14).
 //
 // Thread safety: safe to call from any thread (it only touches sockets).
 #ifndef SHMTENSOR_TESTS_BREAK_CONNECTION_H_

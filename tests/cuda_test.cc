@@ -1,7 +1,8 @@
 // CUDA pools from the client's side: device selection (runs everywhere), and
 // with a GPU, objects in device memory shared between real processes under
 // the same lease rules as host pools, and the ordering contract of client.h
-// (PITFALLS P12, P13). Without a usable GPU the GPU tests skip, saying why.
+// (docs/pitfalls.md P12, P13). Without a usable GPU the GPU tests skip,
+// saying why.
 #include <signal.h>
 
 #include <cstdlib>

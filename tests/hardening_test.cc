@@ -1,7 +1,7 @@
 // The promise held against clients that lose their connection, lie, or
-// flood the daemon, and against other users of the machine (PITFALLS P14,
-// P15). Each test is an attack that worked before the fix; every process is
-// real (fork/exec, setresuid, SIGKILL).
+// flood the daemon, and against other users of the machine
+// (docs/pitfalls.md P14, P15). Each test is an attack that worked before the
+// fix; every process is real (fork/exec, setresuid, SIGKILL).
 #include <dirent.h>
 #include <fcntl.h>
 #include <grpcpp/generic/generic_stub.h>

@@ -1,8 +1,8 @@
-// Users of one daemon against each other (PITFALLS P20, P21): a process that
-// gets a dead client's pid never acts for its session, and bytes one user
-// wrote never reach another. Real uids (setresuid) and real pid reuse (the
-// kernel's ns_last_pid, as an unprivileged user cycling pids would get it),
-// so the tests need root and skip without it.
+// Users of one daemon against each other (docs/pitfalls.md P20, P21): a
+// process that gets a dead client's pid never acts for its session, and
+// bytes one user wrote never reach another. Real uids (setresuid) and real
+// pid reuse (the kernel's ns_last_pid, as an unprivileged user cycling pids
+// would get it), so the tests need root and skip without it.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>

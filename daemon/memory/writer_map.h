@@ -1,10 +1,10 @@
 // Who last wrote each range of a pool, so that bytes one user wrote never
-// reach another user (PITFALLS P21). A range is "written" by a uid from the
-// moment that uid is given it writable (a create, an exclusive hand-off's
-// take, a writable Get of a shared-writable object), whether or not it
-// wrote: the daemon never sees the writes. A range written by two uids is
-// marked mixed, which no uid owns. A range nobody was ever given writable
-// is clean: pools are zeroed when they are made (host_segment.h).
+// reach another user (docs/pitfalls.md, P21). A range is "written" by a uid
+// from the moment that uid is given it writable (a create, an exclusive
+// hand-off's take, a writable Get of a shared-writable object), whether or
+// not it wrote: the daemon never sees the writes. A range written by two
+// uids is marked mixed, which no uid owns. A range nobody was ever given
+// writable is clean: pools are zeroed when they are made (host_segment.h).
 //
 // Cost: one map entry per run of ranges of one writer (adjacent runs of
 // the same writer merge), so a pool used by one uid holds a single entry.

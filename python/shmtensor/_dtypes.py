@@ -1,6 +1,6 @@
 """dtype conversions between NumPy, torch, strings and the wire DType codes.
 
-Rules (P6 in PITFALLS.md):
+Rules (P6 in docs/pitfalls.md):
 - Strings are NumPy dtype names ("float32", "f4", "<i8", ...; note that in
   NumPy "float" means float64), plus "bfloat16" and "torch.<name>".
 - Every value is stored little-endian. A big-endian NumPy dtype is refused

@@ -1,4 +1,5 @@
-"""torch's own sharing, made safe for tensors over pool memory (PITFALLS P19).
+"""torch's own sharing, made safe for tensors over pool memory
+(docs/pitfalls.md, P19).
 
 torch shares a CPU tensor between processes by moving its storage into
 shared memory of torch's own: ``share_memory_()`` does it, and so does

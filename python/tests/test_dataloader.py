@@ -1,6 +1,6 @@
 """shmtensor.torch.DataLoader against torch's own, with real worker
 processes (fork and spawn), a real daemon, SIGKILLed workers and loops that
-stop early; PITFALLS P2 and P8."""
+stop early; docs/pitfalls.md P2, P8 and P17."""
 
 import collections
 import gc

@@ -1,5 +1,5 @@
-"""PITFALLS.md P1-P7 and P9: each trap shown real with plain NumPy/torch,
-then shown closed through shmtensor."""
+"""docs/pitfalls.md P1-P7, P9 and P14: each trap shown real with plain
+NumPy/torch, then shown closed through shmtensor."""
 
 import gc
 import os

@@ -18,7 +18,7 @@
 // CUDA pools (a daemon pool of kind "cuda"): Create with .device =
 // Device::Cuda(n) gives a buffer in device memory; data() pointers are then
 // device addresses (View::info().device says which). The ordering contract
-// across processes (PITFALLS P12):
+// across processes (docs/pitfalls.md P12):
 //  - Producer: Seal (and Put) first waits until the producer's GPU work is
 //    done, on the stream given (all of this process's work on the device
 //    when none is), so a consumer never reads before the writes landed.
