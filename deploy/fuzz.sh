@@ -24,7 +24,9 @@ fi
 out=build-fuzz
 mkdir -p "$out/corpus"
 # The store and what it stands on, compiled with coverage for the fuzzer.
-srcs=(tests/fuzz/store_fuzzer.cc daemon/store/object_store.cc
+srcs=(tests/fuzz/store_fuzzer.cc testing/cpp/blocking_store.cc daemon/store/object_store.cc
+  daemon/store/object_store_adopt.cc daemon/store/object_store_objects.cc
+  daemon/store/object_store_sessions.cc
   daemon/store/session_table.cc daemon/store/object_table.cc daemon/store/lease_table.cc
   daemon/store/release_log.cc daemon/store/store_views.cc daemon/memory/pool.cc
   daemon/memory/pool_access.cc daemon/memory/range_allocator.cc daemon/store/layout.cc

@@ -28,6 +28,7 @@
 #include "daemon/store/object_store.h"
 #include "shmtensor/client.h"
 #include "spdlog/spdlog.h"
+#include "testing/cpp/blocking_store.h"
 #include "testing/cpp/daemon_process.h"
 #include "testing/cpp/fd_store.h"
 
@@ -75,7 +76,7 @@ double Lives(ObjectStore& store, int n) {
     daemon::CreateArgs args;
     args.session_id = a;
     args.size_bytes = 65536;
-    daemon::Handout h = *store.Create(args);
+    daemon::Handout h = *CreateBlocking(store, args);
     (void)store.ClearStale(a, h);
     daemon::SealResult sealed = *store.Seal(a, h.lease_id, false);
     daemon::Handout got = *store.Get(b, sealed.ref);
@@ -117,7 +118,7 @@ void Adoption(int objects) {
     daemon::CreateArgs args;
     args.session_id = a;
     args.size_bytes = 4096;
-    daemon::Handout h = *old.Create(args);
+    daemon::Handout h = *CreateBlocking(old, args);
     (void)old.ClearStale(a, h);
     (void)old.Seal(a, h.lease_id, false);
   }

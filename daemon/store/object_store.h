@@ -18,15 +18,20 @@
 //
 // The store never touches pool bytes; it only hands out offsets.
 //
-// Waiting: Create (for memory), GetByName (for a name to be sealed) and
-// AwaitReleases (for a session's releases) have two forms. TryCreate,
-// TryGetByName and TryAwaitReleases never block: they answer, or say
-// "not yet" (nullopt / false) for the caller to try again after the store
-// changed (changes() moved on) and once more at its deadline (last_try),
-// which then gives the timeout's error. The gRPC service waits that way, one
-// thread for all waiting calls (waiting_calls.h). Create, GetByName and
-// AwaitReleases block the calling thread in the same loop (tests, tools). A
-// waiting call is counted against the waiter limits (BeginWait).
+// Waiting: TryCreate (for memory), TryGetByName (for a name to be sealed)
+// and TryAwaitReleases (for a session's releases) never block: they answer,
+// or say "not yet" (nullopt / false) for the caller to try again after the
+// store changed (changes() moved on) and once more at its deadline
+// (last_try), which then gives the timeout's error. The gRPC service waits
+// that way, one thread for all waiting calls (waiting_calls.h); tests block
+// a thread in the same loop (testing/cpp/blocking_store.h). A waiting call
+// is counted against the waiter limits (BeginWait).
+//
+// Files: object_store.cc (construction, waits, the lease and journal
+// internals, the views), object_store_sessions.cc (open, resume, fork
+// holds, descriptors, end), object_store_objects.cc (create, seal, get,
+// offer, release, delete), object_store_adopt.cc (a successor adopting a
+// ledger).
 //
 // Parts: ObjectStore is the facade and owns the one lock. The parts it owns
 // are lock-free and it calls them only under that lock: SessionTable
@@ -315,10 +320,8 @@ class ObjectStore {
     return pools_[pool_id]->segment();
   }
 
-  // Create and TryCreate hand out a write lease on a new object; its
-  // `stale` ranges must go through ClearStale before the handout reaches
-  // the creator.
-  absl::StatusOr<Handout> Create(const CreateArgs& args);
+  // A write lease on a new object; its `stale` ranges must go through
+  // ClearStale before the handout reaches the creator.
   absl::StatusOr<std::optional<Handout>> TryCreate(const CreateArgs& args,
                                                    bool last_try);
   // Zeros the handout's stale ranges, without the store's lock (no one but
@@ -369,10 +372,6 @@ class ObjectStore {
   // (limits.offer_grace_ms), freeing what nothing else holds. Returns how
   // many. The daemon calls it with ReapExitedProcesses.
   int ExpireOffers(absl::Time now = absl::Now());
-  absl::StatusOr<Handout> GetByName(uint64_t session_id,
-                                    const std::string& name,
-                                    absl::Duration timeout,
-                                    const CancelledFn& cancelled = {});
   // `timeout` only words the last try's error (0: NOT_FOUND at once).
   absl::StatusOr<std::optional<Handout>> TryGetByName(uint64_t session_id,
                                                       const std::string& name,
@@ -395,13 +394,9 @@ class ObjectStore {
   absl::Status ReleaseBatch(uint64_t session_id, uint64_t seq,
                             const std::vector<uint64_t>& lease_ids,
                             const std::vector<v1::OneWaySeal>& seals = {});
-  // Blocks until the session applied every ReleaseLeases through `seq`
-  // (returns at once for seq 0). Fails SESSION_ENDED if the session ends
-  // first, DEADLINE_EXCEEDED naming both seqs after `timeout`.
-  absl::Status AwaitReleases(uint64_t session_id, uint64_t seq,
-                             absl::Duration timeout,
-                             const CancelledFn& cancelled = {});
-  // True once applied; false: not yet.
+  // True once the session applied every ReleaseLeases through `seq`;
+  // false: not yet. Fails SESSION_ENDED if the session ended,
+  // DEADLINE_EXCEEDED naming both seqs on `last_try`.
   absl::StatusOr<bool> TryAwaitReleases(uint64_t session_id, uint64_t seq,
                                         bool last_try);
 
@@ -543,12 +538,8 @@ class ObjectStore {
   bool MaybeFree(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Handout MakeHandout(uint32_t slot, uint64_t lease_id, bool writable) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The blocking form of a Try* call: `attempt(last_try)` until it answers,
-  // counted as a waiter after its first "not yet", polling `cancelled`
-  // every 100 ms.
-  template <typename T, typename Attempt>
-  absl::StatusOr<T> Block(uint64_t session_id, absl::Time deadline,
-                          const CancelledFn& cancelled, Attempt attempt);
+  // UNAVAILABLE: the store is shutting down.
+  static absl::Status ShuttingDownError();
   // Notes a change (see changes()). Called under mu_.
   void Changed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // 64 bits from getrandom(2), drawn 64 at a time.

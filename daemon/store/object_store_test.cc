@@ -9,6 +9,7 @@
 #include "daemon/store/store_views.h"
 #include "gtest/gtest.h"
 #include "shmtensor/errors.h"
+#include "testing/cpp/blocking_store.h"
 
 namespace shmtensor::daemon {
 namespace {
@@ -47,7 +48,7 @@ class ObjectStoreTest : public ::testing::Test {
     args.size_bytes = bytes;
     args.name = std::move(name);
     args.timeout = timeout;
-    return store_->Create(args);
+    return CreateBlocking(*store_, args);
   }
   uint64_t Used() { return store_->Stats().pools(0).used_bytes(); }
 
@@ -73,7 +74,7 @@ TEST_F(ObjectStoreTest, UnsealedObjectIsInvisible) {
   Handout h = *Create(a_, kPage, "x");
   absl::StatusOr<Handout> g = store_->Get(b_, h.ref);
   EXPECT_EQ(g.status().code(), absl::StatusCode::kFailedPrecondition);
-  g = store_->GetByName(b_, "x", absl::ZeroDuration());
+  g = GetByNameBlocking(*store_, b_, "x", absl::ZeroDuration());
   EXPECT_EQ(g.status().code(), absl::StatusCode::kNotFound);
 }
 
@@ -83,7 +84,8 @@ TEST_F(ObjectStoreTest, NamedGetWaitsForSeal) {
     absl::SleepFor(absl::Milliseconds(100));
     ASSERT_TRUE(store_->Seal(a_, h.lease_id, false).ok());
   });
-  absl::StatusOr<Handout> g = store_->GetByName(b_, "batch", absl::Seconds(10));
+  absl::StatusOr<Handout> g =
+      GetByNameBlocking(*store_, b_, "batch", absl::Seconds(10));
   sealer.join();
   ASSERT_TRUE(g.ok()) << g.status();
   EXPECT_EQ(g->ref.slot(), h.ref.slot());
@@ -92,7 +94,7 @@ TEST_F(ObjectStoreTest, NamedGetWaitsForSeal) {
 TEST_F(ObjectStoreTest, NamedGetTimesOut) {
   const absl::Time start = absl::Now();
   absl::StatusOr<Handout> g =
-      store_->GetByName(b_, "never", absl::Milliseconds(100));
+      GetByNameBlocking(*store_, b_, "never", absl::Milliseconds(100));
   EXPECT_EQ(g.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(100));
   EXPECT_NE(g.status().message().find("never"), std::string::npos);
@@ -103,11 +105,12 @@ TEST_F(ObjectStoreTest, DeleteInUseIsDeferredAndNameIsFreeAgain) {
   SealResult s = *store_->Seal(a_, h.lease_id, false);
   ASSERT_TRUE(store_->Release(a_, s.lease_id).ok());
   EXPECT_EQ(Used(), kPage);  // The name keeps it.
-  Handout view = *store_->GetByName(b_, "n", absl::ZeroDuration());
+  Handout view = *GetByNameBlocking(*store_, b_, "n", absl::ZeroDuration());
   EXPECT_FALSE(*store_->Delete(a_, "n"));  // Deferred: b holds a view.
   EXPECT_EQ(Used(), kPage);
-  EXPECT_EQ(store_->GetByName(b_, "n", absl::ZeroDuration()).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(
+      GetByNameBlocking(*store_, b_, "n", absl::ZeroDuration()).status().code(),
+      absl::StatusCode::kNotFound);
   EXPECT_TRUE(Create(a_, kPage, "n").ok());  // Name reusable at once.
   EXPECT_TRUE(*store_->Release(b_, view.lease_id));
 }
@@ -172,7 +175,7 @@ TEST_F(ObjectStoreTest, SharedWritableObjectIsWritableByEveryHolder) {
   args.session_id = a_;
   args.size_bytes = 2 * kPage;
   args.shared_writable = true;
-  Handout h = *store_->Create(args);
+  Handout h = *CreateBlocking(*store_, args);
   EXPECT_TRUE(h.writable);
   EXPECT_FALSE(h.ref.exclusive());
   // Every Get, from any session, is writable and holds a lease of its own.
@@ -200,7 +203,7 @@ TEST_F(ObjectStoreTest, SharedWritableObjectIsWritableByEveryHolder) {
   // No name: a name would publish what nobody sealed.
   args.session_id = b_;
   args.name = "ring";
-  absl::StatusOr<Handout> named = store_->Create(args);
+  absl::StatusOr<Handout> named = CreateBlocking(*store_, args);
   EXPECT_EQ(named.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(named.status().message(), "'ring'"));
 }
@@ -342,7 +345,8 @@ TEST_F(ObjectStoreTest, BadCreateArguments) {
   args.session_id = a_;
   args.size_bytes = kPage;
   args.pool = "nope";
-  EXPECT_EQ(store_->Create(args).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(CreateBlocking(*store_, args).status().code(),
+            absl::StatusCode::kNotFound);
   EXPECT_EQ(Used(), 0u);  // Nothing leaked by the failures.
 }
 
@@ -352,7 +356,7 @@ TEST_F(ObjectStoreTest, EmptyTypedObjectTakesNoMemory) {
   args.layout.set_dtype(v1::DTYPE_FLOAT32);
   args.layout.add_shape(0);
   args.layout.add_shape(3);
-  Handout h = *store_->Create(args);
+  Handout h = *CreateBlocking(*store_, args);
   EXPECT_EQ(h.placement.size_bytes(), 0u);
   EXPECT_EQ(Used(), 0u);
   SealResult s = *store_->Seal(a_, h.lease_id, false);
@@ -428,23 +432,25 @@ TEST_F(ObjectStoreTest, ReleasesStillApplyWhileShuttingDown) {
 }
 
 TEST_F(ObjectStoreTest, AwaitReleasesWaitsForTheSeqThenTimesOut) {
-  EXPECT_TRUE(store_->AwaitReleases(a_, 0, absl::ZeroDuration()).ok());
+  EXPECT_TRUE(AwaitReleasesBlocking(*store_, a_, 0, absl::ZeroDuration()).ok());
   Handout h = *Create(a_, kPage);
   std::thread releaser([&] {
     absl::SleepFor(absl::Milliseconds(100));
     ASSERT_TRUE(store_->ReleaseBatch(a_, 1, {h.lease_id}).ok());
   });
-  EXPECT_TRUE(store_->AwaitReleases(a_, 1, absl::Seconds(30)).ok());
+  EXPECT_TRUE(AwaitReleasesBlocking(*store_, a_, 1, absl::Seconds(30)).ok());
   releaser.join();
   EXPECT_EQ(Used(), 0u);  // The release is applied before the wait returns.
-  absl::Status s = store_->AwaitReleases(a_, 2, absl::Milliseconds(50));
+  absl::Status s =
+      AwaitReleasesBlocking(*store_, a_, 2, absl::Milliseconds(50));
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_NE(s.message().find("through 1 only"), std::string::npos) << s;
   std::thread ender([&] {
     absl::SleepFor(absl::Milliseconds(100));
     store_->EndSession(a_);
   });
-  EXPECT_TRUE(IsSessionEnded(store_->AwaitReleases(a_, 2, absl::Seconds(30))));
+  EXPECT_TRUE(
+      IsSessionEnded(AwaitReleasesBlocking(*store_, a_, 2, absl::Seconds(30))));
   ender.join();
 }
 
@@ -496,7 +502,7 @@ TEST(ObjectStoreLimitsTest, LimitsNameTheClientAndTheLimit) {
   const uint64_t a = Open(store, "a", 7);
   const uint64_t b = Open(store, "b", 8);
   CreateArgs args{.session_id = a, .size_bytes = 5 * kPage};
-  absl::StatusOr<Handout> h = store.Create(args);
+  absl::StatusOr<Handout> h = CreateBlocking(store, args);
   EXPECT_EQ(h.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(h.status().message().find("'a' pid 7 holds 0 bytes; 20480 more "
                                       "would pass the limit "
@@ -504,7 +510,7 @@ TEST(ObjectStoreLimitsTest, LimitsNameTheClientAndTheLimit) {
             std::string::npos)
       << h.status();
   args.size_bytes = 2 * kPage;
-  Handout h1 = *store.Create(args);
+  Handout h1 = *CreateBlocking(store, args);
   SealResult s1 = *store.Seal(a, h1.lease_id, false);
   // A second lease on an object it already holds costs no bytes.
   ASSERT_TRUE(store.Get(a, s1.ref).ok());
@@ -515,9 +521,9 @@ TEST(ObjectStoreLimitsTest, LimitsNameTheClientAndTheLimit) {
       << h.status();
   args.session_id = b;
   args.size_bytes = kPage;
-  ASSERT_TRUE(store.Create(args).ok());
-  ASSERT_TRUE(store.Create(args).ok());
-  h = store.Create(args);
+  ASSERT_TRUE(CreateBlocking(store, args).ok());
+  ASSERT_TRUE(CreateBlocking(store, args).ok());
+  h = CreateBlocking(store, args);
   EXPECT_NE(h.status().message().find("(limits.max_objects = 3)"),
             std::string::npos)
       << h.status();
@@ -537,7 +543,7 @@ TEST(ObjectStoreHugePagesTest, LargeObjectsTakeWholeAlignedHugePages) {
     CreateArgs args;
     args.session_id = s;
     args.size_bytes = bytes;
-    return *store.Create(args);
+    return *CreateBlocking(store, args);
   };
   // Small objects keep the page granule and pack down from the top...
   const Handout small = create(100);
@@ -594,7 +600,7 @@ class ObjectStoreAccessTest : public ::testing::Test {
     args.session_id = session;
     args.size_bytes = kPage;
     args.pool = pool;
-    return store_->Create(args);
+    return CreateBlocking(*store_, args);
   }
   std::unique_ptr<ObjectStore> store_;
   pid_t last_pid_ = 100;  // The pid of the last session OpenAs opened.
@@ -614,7 +620,7 @@ TEST_F(ObjectStoreAccessTest, SessionsSeeAndUseOnlyTheirPools) {
   CreateArgs args;
   args.session_id = writer.id;
   args.size_bytes = kPage;
-  EXPECT_EQ(store_->Create(args)->placement.pool_id(), 1u);
+  EXPECT_EQ(CreateBlocking(*store_, args)->placement.pool_id(), 1u);
   EXPECT_EQ(CreateIn(writer.id, "private").status().code(),
             absl::StatusCode::kNotFound);
   EXPECT_EQ(store_->Stats(writer.id).pools_size(), 1);
@@ -645,7 +651,7 @@ TEST_F(ObjectStoreAccessTest, ReadersReadAndNeverWrite) {
   named.size_bytes = kPage;
   named.pool = "shared";
   named.name = "weights";
-  Handout n = *store_->Create(named);
+  Handout n = *CreateBlocking(*store_, named);
   ASSERT_TRUE(store_->Seal(owner.id, n.lease_id, false).ok());
   Handout x = *CreateIn(owner.id, "shared");
   SealResult xfer = *store_->Seal(owner.id, x.lease_id, true);
@@ -654,7 +660,7 @@ TEST_F(ObjectStoreAccessTest, ReadersReadAndNeverWrite) {
   sw.size_bytes = kPage;
   sw.pool = "shared";
   sw.shared_writable = true;
-  Handout ring = *store_->Create(sw);
+  Handout ring = *CreateBlocking(*store_, sw);
   // A read-only user (by uid, by supplementary group) and a read-only
   // session of a writer.
   for (absl::StatusOr<OpenedSession> reader :
@@ -668,7 +674,8 @@ TEST_F(ObjectStoreAccessTest, ReadersReadAndNeverWrite) {
         << c.status();
     EXPECT_FALSE(store_->Get(reader->id, sealed.ref)->writable);
     EXPECT_TRUE(
-        store_->GetByName(reader->id, "weights", absl::ZeroDuration()).ok());
+        GetByNameBlocking(*store_, reader->id, "weights", absl::ZeroDuration())
+            .ok());
     EXPECT_EQ(store_->Delete(reader->id, "weights").status().code(),
               absl::StatusCode::kPermissionDenied);
     EXPECT_EQ(store_->Get(reader->id, ring.ref).status().code(),
@@ -789,7 +796,7 @@ struct OfferStore {
     args.session_id = session;
     args.size_bytes = bytes;
     args.shared_writable = shared_writable;
-    return store->Create(args);
+    return CreateBlocking(*store, args);
   }
   // A sealed object of a's, and a's read lease on it.
   SealResult Sealed(uint64_t bytes = kPage) {

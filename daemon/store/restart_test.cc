@@ -14,6 +14,7 @@
 #include "daemon/memory/fake_segment.h"
 #include "daemon/store/object_store.h"
 #include "gtest/gtest.h"
+#include "testing/cpp/blocking_store.h"
 
 namespace shmtensor::daemon {
 namespace {
@@ -67,7 +68,7 @@ absl::StatusOr<Handout> Create(ObjectStore& store, uint64_t session,
   args.session_id = session;
   args.size_bytes = bytes;
   args.name = std::move(name);
-  return store.Create(args);
+  return CreateBlocking(store, args);
 }
 
 TEST(RestartTest, ASuccessorServesEveryObjectLeaseNameAndRef) {
@@ -114,7 +115,7 @@ TEST(RestartTest, ASuccessorServesEveryObjectLeaseNameAndRef) {
   absl::StatusOr<Handout> again = s.Get(b, named.ref);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->placement.offset(), named.placement.offset());
-  EXPECT_TRUE(s.GetByName(b, "weights", absl::ZeroDuration()).ok());
+  EXPECT_TRUE(GetByNameBlocking(s, b, "weights", absl::ZeroDuration()).ok());
   absl::StatusOr<Handout> taken = s.Get(b, excl_ref);
   ASSERT_TRUE(taken.ok()) << taken.status();
   EXPECT_TRUE(taken->writable);

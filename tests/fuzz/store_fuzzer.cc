@@ -22,6 +22,7 @@
 #include "shmtensor/errors.h"
 #include "shmtensor/v1/monitor.pb.h"
 #include "spdlog/spdlog.h"
+#include "testing/cpp/blocking_store.h"
 
 namespace shmtensor::daemon {
 namespace {
@@ -175,7 +176,7 @@ void Run(const uint8_t* data, size_t size) {
         }
         a.name = names[in.Byte() % 4];
         a.shared_writable = in.Byte() % 7 == 0;
-        absl::StatusOr<Handout> h = store.Create(a);
+        absl::StatusOr<Handout> h = CreateBlocking(store, a);
         if (h.ok()) {
           leases.push_back(h->lease_id);
           refs.push_back(h->ref);
@@ -215,8 +216,8 @@ void Run(const uint8_t* data, size_t size) {
         break;
       }
       case 3: {
-        absl::StatusOr<Handout> h =
-            store.GetByName(c.id, names[in.Byte() % 4], absl::ZeroDuration());
+        absl::StatusOr<Handout> h = GetByNameBlocking(
+            store, c.id, names[in.Byte() % 4], absl::ZeroDuration());
         if (h.ok()) leases.push_back(h->lease_id);
         break;
       }

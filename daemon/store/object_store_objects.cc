@@ -1,0 +1,622 @@
+// ObjectStore: objects (create, seal, get, offer, release, delete).
+#include <algorithm>
+#include <cassert>
+#include <cerrno>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "daemon/store/layout.h"
+#include "daemon/store/object_store.h"
+#include "daemon/store/store_views.h"
+#include "shmtensor/errors.h"
+#include "spdlog/spdlog.h"
+
+namespace shmtensor::daemon {
+
+absl::StatusOr<std::optional<Handout>> ObjectStore::TryCreate(
+    const CreateArgs& args, bool last_try) {
+  absl::StatusOr<uint64_t> bytes = RequestedBytes(args.size_bytes, args.layout);
+  if (!bytes.ok()) return bytes.status();
+  if (args.stock && (!args.name.empty() || args.shared_writable ||
+                     args.layout.dtype() != v1::DTYPE_UNSPECIFIED)) {
+    return absl::InvalidArgumentError(
+        "stock buffers are untyped and unnamed, never shared-writable");
+  }
+  if (!args.name.empty()) {
+    if (absl::Status s = ValidateName(args.name); !s.ok()) return s;
+    if (args.shared_writable) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a shared-writable object cannot have a name (got ",
+          Quoted(args.name), "): pass its ref to the processes that share it"));
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return ShuttingDownError();
+  absl::StatusOr<Session*> session = sessions_.Find(args.session_id);
+  if (!session.ok()) return session.status();
+  absl::StatusOr<uint32_t> chosen = PoolFor(**session, args.pool);
+  if (!chosen.ok()) return chosen.status();
+  const uint32_t pool_id = *chosen;
+  if (!Allowed(**session, pool_id, true)) {
+    return AccessError(**session, pool_id, "create");
+  }
+  Pool& pool = *pools_[pool_id];
+  uint64_t capacity = 0;
+  uint64_t alignment = 0;
+  RangeAllocator::End end = RangeAllocator::End::kLow;
+  if (*bytes > 0) {
+    std::optional<Pool::Placement> place = pool.Place(*bytes);
+    if (!place || place->capacity > pool.allocator().size()) {
+      return WithReason(absl::InvalidArgumentError(absl::StrFormat(
+                            "size %d bytes exceeds pool '%s' of %d bytes",
+                            *bytes, pool.name(), pool.allocator().size())),
+                        kReasonLargerThanPool);
+    }
+    capacity = place->capacity;
+    alignment = place->alignment;
+    end = place->end;
+  }
+  if (!args.name.empty() && objects_.Named(args.name).has_value()) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "name ", Quoted(args.name), " is already bound to an object"));
+  }
+  if (objects_.full()) {
+    return LimitExceededError(absl::StrFormat(
+        "%d objects alive, the most the daemon holds", kMaxObjects));
+  }
+  if (limits_.max_objects > 0 && objects_.live() >= limits_.max_objects) {
+    return LimitExceededError(
+        absl::StrFormat("%d objects alive, the limit (limits.max_objects = %d)",
+                        objects_.live(), limits_.max_objects));
+  }
+  if (absl::Status s =
+          sessions_.CheckHold(**session, kNoSlot, capacity, leases_.size());
+      !s.ok()) {
+    return s;
+  }
+  if (args.stock && limits_.max_stock_bytes_per_client > 0 &&
+      (*session)->stock_bytes + capacity > limits_.max_stock_bytes_per_client) {
+    return LimitExceededError(absl::StrFormat(
+        "client %d holds %d bytes of stock (buffers made ahead of its puts); "
+        "%d more would pass limits.max_stock_bytes_per_client = %d",
+        (*session)->client_id, (*session)->stock_bytes, capacity,
+        limits_.max_stock_bytes_per_client));
+  }
+  uint64_t offset = 0;
+  if (capacity > 0) {
+    std::optional<uint64_t> got =
+        pool.Allocate(args.session_id, capacity, alignment, end);
+    if (!got.has_value()) {
+      if (!last_try) return std::nullopt;
+      return absl::ResourceExhaustedError(
+          DescribePoolPressure(View(), pool_id, capacity));
+    }
+    offset = *got;
+  }
+  Object obj;
+  obj.pool = pool_id;
+  obj.offset = offset;
+  obj.size = *bytes;
+  obj.capacity = capacity;
+  obj.layout = args.layout;
+  obj.name = args.name;
+  obj.creator = args.session_id;
+  obj.created = absl::Now();
+  if (args.shared_writable) obj.state = State::kSharedWritable;
+  obj.stock = args.stock;
+  if (args.stock) {
+    ++(*session)->stock_objects;
+    (*session)->stock_bytes += capacity;
+    pool.stock_bytes += capacity;
+  }
+  obj.serial = next_serial_++;
+  const uint32_t slot = objects_.Add(std::move(obj));
+  JournalNewObject(slot);
+  pool.high_water_bytes =
+      std::max(pool.high_water_bytes, pool.allocator().used_bytes());
+  ++pool.objects;
+  std::vector<WriterMap::Range> stale;
+  if (capacity > 0) {
+    // [P21] Bytes another uid wrote are cleared before this one gets them.
+    stale =
+        pool.writers().Claim(offset, capacity, (*session)->peer.process.uid);
+    for (const WriterMap::Range& r : stale) pool.cleared_bytes += r.length;
+  }
+  const uint64_t lease = AddLease(args.session_id, **session, slot, true);
+  Handout h = MakeHandout(slot, lease, true);
+  if (!stale.empty()) ++objects_.object(slot).holds;  // Until ClearStale.
+  h.stale = std::move(stale);
+  h.slot = slot;
+  return h;
+}
+
+absl::Status ObjectStore::ClearStale(uint64_t session_id,
+                                     const Handout& handout) {
+  if (handout.stale.empty()) return absl::OkStatus();
+  const uint32_t pool_id = handout.placement.pool_id();
+  const Segment& seg = segment(pool_id);
+  absl::Status cleared;
+  for (const WriterMap::Range& r : handout.stale) {
+    cleared = seg.Clear(r.offset, r.length);
+    if (!cleared.ok()) break;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (!cleared.ok()) {
+      for (const WriterMap::Range& r : handout.stale) {
+        pools_[pool_id]->writers().Share(r.offset, r.length, WriterMap::kMixed);
+      }
+    }
+    Object& obj = objects_.object(handout.slot);
+    assert(obj.holds > 0);
+    --obj.holds;
+    MaybeFree(handout.slot);
+  }
+  if (!cleared.ok()) (void)Release(session_id, handout.lease_id);
+  return cleared;
+}
+
+absl::StatusOr<SealResult> ObjectStore::Seal(uint64_t session_id,
+                                             uint64_t lease_id,
+                                             bool exclusive) {
+  SealArgs args;
+  args.exclusive = exclusive;
+  return Seal(session_id, lease_id, args);
+}
+
+absl::StatusOr<SealResult> ObjectStore::Seal(uint64_t session_id,
+                                             uint64_t lease_id,
+                                             const SealArgs& args) {
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return ShuttingDownError();
+  return SealLocked(session_id, lease_id, args);
+}
+
+absl::StatusOr<SealResult> ObjectStore::SealLocked(uint64_t session_id,
+                                                   uint64_t lease_id,
+                                                   const SealArgs& args) {
+  absl::StatusOr<Lease*> lease = FindLease(session_id, lease_id);
+  if (!lease.ok()) return lease.status();
+  const uint32_t slot = (*lease)->slot;
+  Object& obj = objects_.object(slot);
+  if (obj.state == State::kSharedWritable) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("%s is shared-writable: it is never sealed",
+                        RefString(objects_.MakeRef(slot))));
+  }
+  if (!(*lease)->write || obj.state != State::kWriting) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "lease %d is not the write lease of an unsealed object: %s is "
+        "already sealed",
+        lease_id, RefString(objects_.MakeRef(slot))));
+  }
+  const bool exclusive = args.exclusive;
+  if (exclusive && !obj.name.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "object named '", obj.name,
+        "' cannot be sealed for exclusive transfer; only unnamed objects can"));
+  }
+  if (args.relayout) {
+    absl::StatusOr<uint64_t> bytes =
+        RequestedBytes(args.size_bytes, args.layout);
+    if (!bytes.ok()) return bytes.status();
+    if (*bytes > obj.capacity) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "seal of %s with %d bytes: its buffer holds %d",
+          RefString(objects_.MakeRef(slot)), *bytes, obj.capacity));
+    }
+    obj.size = *bytes;
+    obj.layout = args.layout;
+    if (ledger_ != nullptr) {
+      std::string layout;
+      obj.layout.SerializeToString(&layout);
+      if (layout.size() > kMaxLedgerLayoutBytes) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("layout of %d bytes, at most %d", layout.size(),
+                            kMaxLedgerLayoutBytes));
+      }
+      ledger_->SetObjectLayout(slot, obj.size, layout);
+    }
+  }
+  Unstock(slot);
+  SealResult result;
+  if (!exclusive) {
+    objects_.SetState(slot, State::kSealed);
+    JournalObject(slot);
+    (*lease)->write = false;
+    result.lease_id = lease_id;
+  } else {
+    objects_.SetState(slot, State::kPendingTransfer);
+    JournalObject(slot);
+    sessions_.FindOrNull(session_id)->pending_transfers.insert(slot);
+    HoldTransfer(slot, true);
+    DropLease(lease_id);  // Cannot free: the transfer now holds the object.
+  }
+  // Wakes the Gets waiting for this seal (by name, or by ref).
+  Changed();
+  result.ref = objects_.MakeRef(slot);
+  return result;
+}
+
+void ObjectStore::Unstock(uint32_t slot) {
+  Object& obj = objects_.object(slot);
+  if (!obj.stock) return;
+  obj.stock = false;
+  pools_[obj.pool]->stock_bytes -= obj.capacity;
+  if (Session* s = sessions_.FindOrNull(obj.creator); s != nullptr) {
+    --s->stock_objects;
+    s->stock_bytes -= obj.capacity;
+  }
+}
+
+absl::Status ObjectStore::ApplyOneWaySeal(uint64_t session_id,
+                                          const v1::OneWaySeal& seal) {
+  SealArgs args;
+  args.exclusive = seal.exclusive();
+  args.relayout = seal.size_bytes() != 0 || seal.has_layout();
+  args.size_bytes = seal.size_bytes();
+  args.layout = seal.layout();
+  absl::StatusOr<SealResult> r = SealLocked(session_id, seal.lease_id(), args);
+  if (r.ok()) return absl::OkStatus();
+  // Refused: a write lease of an unsealed object goes with its object, so
+  // that a Get waiting for the seal fails instead of waiting on.
+  absl::StatusOr<Lease*> lease = LookupLease(session_id, seal.lease_id());
+  if (lease.ok() && (*lease)->write &&
+      objects_.object((*lease)->slot).state == State::kWriting) {
+    DropLease(seal.lease_id());
+    Changed();
+  }
+  return absl::NotFoundError(absl::StrFormat(
+      "one-way seal of lease %d refused (the object is discarded): %s",
+      seal.lease_id(), r.status().message()));
+}
+
+absl::StatusOr<Handout> ObjectStore::Get(uint64_t session_id,
+                                         const v1::ObjectRef& ref,
+                                         uint64_t offer_token) {
+  absl::StatusOr<std::optional<Handout>> h =
+      TryGet(session_id, ref, offer_token, /*wait=*/false, /*last_try=*/true);
+  if (!h.ok()) return h.status();
+  return **std::move(h);
+}
+
+absl::StatusOr<std::optional<Handout>> ObjectStore::TryGet(
+    uint64_t session_id, const v1::ObjectRef& ref, uint64_t offer_token,
+    bool wait, bool last_try) {
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return ShuttingDownError();
+  return GetLocked(session_id, ref, offer_token, wait, last_try);
+}
+
+absl::StatusOr<std::optional<std::vector<absl::StatusOr<Handout>>>>
+ObjectStore::TryGetMany(uint64_t session_id,
+                        const std::vector<v1::ObjectRef>& refs, bool wait,
+                        bool last_try) {
+  if (refs.size() > kMaxBatch) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "GetMany of %d refs, at most %d", refs.size(), kMaxBatch));
+  }
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return ShuttingDownError();
+  if (wait && !last_try) {
+    for (const v1::ObjectRef& ref : refs) {
+      absl::StatusOr<uint32_t> slot = objects_.ResolveRef(ref);
+      if (slot.ok() && objects_.object(*slot).state == State::kWriting) {
+        return std::nullopt;  // Nothing taken: all or none wait.
+      }
+    }
+  }
+  std::vector<absl::StatusOr<Handout>> out;
+  out.reserve(refs.size());
+  for (const v1::ObjectRef& ref : refs) {
+    absl::StatusOr<std::optional<Handout>> h =
+        GetLocked(session_id, ref, 0, wait, /*last_try=*/true);
+    if (h.ok()) {
+      out.push_back(**std::move(h));
+    } else {
+      out.push_back(h.status());
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::optional<Handout>> ObjectStore::GetLocked(
+    uint64_t session_id, const v1::ObjectRef& ref, uint64_t offer_token,
+    bool wait, bool last_try) {
+  absl::StatusOr<Session*> session = sessions_.Find(session_id);
+  if (!session.ok()) return session.status();
+  absl::StatusOr<uint32_t> slot = objects_.ResolveRef(ref);
+  if (!slot.ok() && wait && offer_token == 0 &&
+      IsStaleReference(slot.status())) {
+    return WithReason(
+        absl::NotFoundError(absl::StrCat(
+            slot.status().message(),
+            " (or it was never sealed: its creator discarded it, or its "
+            "session ended, before the seal)")),
+        kReasonStaleReference);
+  }
+  if (!slot.ok()) {
+    if (offer_token == 0 || !IsStaleReference(slot.status()) ||
+        ref.daemon_epoch() != epoch_) {
+      return slot.status();
+    }
+    // A live offer would have kept the object: it was taken by another
+    // Get, or expired.
+    return WithReason(
+        absl::NotFoundError(absl::StrFormat(
+            "%s (it was sent by reference, and its offer was taken by "
+            "another receiver or expired: limits.offer_grace_ms = %d after "
+            "the sender's session ended)",
+            slot.status().message(), limits_.offer_grace_ms)),
+        kReasonStaleReference);
+  }
+  const Object& obj = objects_.object(*slot);
+  const bool can_write =
+      (**session).access[obj.pool] == v1::POOL_ACCESS_READ_WRITE;
+  if (!Allowed(**session, obj.pool, obj.state == State::kSharedWritable)) {
+    return AccessError(**session, obj.pool,
+                       absl::StrCat(obj.state == State::kSharedWritable
+                                        ? "get of shared-writable "
+                                        : "get of ",
+                                    RefString(ref)));
+  }
+  switch (obj.state) {
+    case State::kWriting:
+      if (!wait) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(RefString(ref), " is not sealed yet"));
+      }
+      if (!last_try) return std::nullopt;
+      return absl::DeadlineExceededError(absl::StrCat(
+          RefString(ref),
+          " was not sealed within the wait: its creator has not sent the "
+          "seal (it still holds it writable)"));
+    case State::kTaken:
+      return WithReason(
+          absl::FailedPreconditionError(absl::StrCat(
+              RefString(ref),
+              " was sealed for exclusive transfer and was already taken")),
+          kReasonAlreadyTaken);
+    case State::kPendingTransfer: {
+      if (absl::Status s = sessions_.CheckHold(**session, *slot, obj.capacity,
+                                               leases_.size());
+          !s.ok()) {
+        return s;
+      }
+      objects_.SetState(*slot, State::kTaken);
+      JournalObject(*slot);
+      if (Session* creator = sessions_.FindOrNull(obj.creator);
+          creator != nullptr) {
+        creator->pending_transfers.erase(*slot);
+      }
+      HoldTransfer(*slot, false);
+      // A session that may only read the pool takes it to read.
+      const uint64_t lease = AddLease(session_id, **session, *slot, can_write);
+      return MakeHandout(*slot, lease, can_write);
+    }
+    case State::kSealed:
+    case State::kSharedWritable: {
+      // An offer this Get takes over: its charge moves to the new lease,
+      // so that the limits do not count the object twice.
+      const OfferTable::Offer* offered =
+          offer_token == 0 ? nullptr
+                           : offers_.Find(offer_token, *slot, ref.generation());
+      if (offered != nullptr) {
+        sessions_.ChargeUid(offered->uid,
+                            -static_cast<int64_t>(offered->bytes));
+      }
+      if (absl::Status s = sessions_.CheckHold(**session, *slot, obj.capacity,
+                                               leases_.size());
+          !s.ok()) {
+        if (offered != nullptr) {
+          sessions_.ChargeUid(offered->uid,
+                              static_cast<int64_t>(offered->bytes));
+        }
+        return s;
+      }
+      const bool write = obj.state == State::kSharedWritable;
+      const uint64_t lease = AddLease(session_id, **session, *slot, write);
+      if (offered != nullptr) {
+        offers_.Take(offer_token, *slot, ref.generation());
+        if (ledger_ != nullptr) ledger_->DropOffer(offer_token);
+        --objects_.object(*slot).holds;  // The new lease holds it now.
+      }
+      return MakeHandout(*slot, lease, write);
+    }
+  }
+  return absl::InternalError("unreachable object state");
+}
+
+absl::StatusOr<OfferGrant> ObjectStore::Offer(uint64_t session_id,
+                                              uint64_t lease_id) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Lease*> lease = FindLease(session_id, lease_id);
+  if (!lease.ok()) return lease.status();
+  const uint32_t slot = (*lease)->slot;
+  Object& obj = objects_.object(slot);
+  if ((*lease)->write || obj.state != State::kSealed) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "lease %d is not a read lease of a sealed shared object: only those "
+        "travel by reference (an unsealed buffer, a shared-writable object "
+        "or an exclusive take must be copied)",
+        lease_id));
+  }
+  const size_t open = offers_.CountOf(session_id);
+  if (limits_.max_offers_per_session > 0 &&
+      open >= limits_.max_offers_per_session) {
+    return LimitExceededError(
+        absl::StrFormat("the session has %d offers nobody took yet "
+                        "(limits.max_offers_per_session = %d)",
+                        open, limits_.max_offers_per_session));
+  }
+  if (absl::Status room = CheckPinRoom(1); !room.ok()) return room;
+  Session& s = *sessions_.FindOrNull(session_id);  // FindLease checked it.
+  uint64_t token = Random64();
+  while (token == 0 || offers_.Contains(token)) token = Random64();
+  OfferTable::Offer offer;
+  offer.slot = slot;
+  offer.generation = objects_.MakeRef(slot).generation();
+  offer.session_id = session_id;
+  offer.uid = s.peer.process.uid;
+  offer.bytes = obj.capacity;
+  ++obj.holds;
+  // What an offer pins counts against the sender's uid
+  // (max_bytes_per_uid) until it is taken: no way around the limit.
+  sessions_.ChargeUid(offer.uid, static_cast<int64_t>(offer.bytes));
+  offers_.Add(token, offer);
+  if (ledger_ != nullptr) {
+    LedgerPin pin;
+    pin.kind = LedgerPin::kOffer;
+    pin.key = token;
+    pin.slot = slot;
+    pin.generation = offer.generation;
+    pin.client_id = s.client_id;
+    pin.uid = offer.uid;
+    pin.bytes = offer.bytes;
+    ledger_->AddPin(pin);
+  }
+  return OfferGrant{objects_.MakeRef(slot), token};
+}
+
+int ObjectStore::ExpireOffers(absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  const std::vector<OfferTable::Offer> expired = offers_.Expire(now);
+  for (const OfferTable::Offer& offer : expired) EndOffer(offer);
+  return static_cast<int>(expired.size());
+}
+
+void ObjectStore::EndOffer(const OfferTable::Offer& offer) {
+  if (ledger_ != nullptr) ledger_->DropOffer(offer.token);
+  sessions_.ChargeUid(offer.uid, -static_cast<int64_t>(offer.bytes));
+  Object& obj = objects_.object(offer.slot);
+  assert(obj.holds > 0);
+  --obj.holds;
+  MaybeFree(offer.slot);
+}
+
+absl::StatusOr<std::optional<Handout>> ObjectStore::TryGetByName(
+    uint64_t session_id, const std::string& name, absl::Duration timeout,
+    bool last_try) {
+  if (absl::Status s = ValidateName(name); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return ShuttingDownError();
+  absl::StatusOr<Session*> session = sessions_.Find(session_id);
+  if (!session.ok()) return session.status();
+  const std::optional<uint32_t> slot = objects_.Named(name);
+  if (slot.has_value() && objects_.object(*slot).state == State::kSealed) {
+    const Object& obj = objects_.object(*slot);
+    if (!Allowed(**session, obj.pool, false)) {
+      return AccessError(**session, obj.pool,
+                         absl::StrCat("get of ", Quoted(name)));
+    }
+    if (absl::Status s =
+            sessions_.CheckHold(**session, *slot, obj.capacity, leases_.size());
+        !s.ok()) {
+      return s;
+    }
+    const uint64_t lease = AddLease(session_id, **session, *slot, false);
+    return MakeHandout(*slot, lease, false);
+  }
+  if (timeout <= absl::ZeroDuration()) {
+    return absl::NotFoundError(
+        absl::StrCat("no sealed object named ", Quoted(name),
+                     slot.has_value() ? " (one is being written)" : ""));
+  }
+  if (!last_try) return std::nullopt;
+  return absl::DeadlineExceededError(
+      absl::StrCat("no sealed object named ", Quoted(name), " after ",
+                   absl::FormatDuration(timeout)));
+}
+
+absl::StatusOr<bool> ObjectStore::Release(uint64_t session_id,
+                                          uint64_t lease_id) {
+  absl::MutexLock lock(&mu_);
+  // Applied even while shutting down: dropping a lease is always safe.
+  absl::StatusOr<Lease*> lease = LookupLease(session_id, lease_id);
+  if (!lease.ok()) return lease.status();
+  return DropLease(lease_id);
+}
+
+absl::Status ObjectStore::ReleaseBatch(
+    uint64_t session_id, uint64_t seq, const std::vector<uint64_t>& lease_ids,
+    const std::vector<v1::OneWaySeal>& seals) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Session*> session = sessions_.Find(session_id);
+  if (!session.ok()) return session.status();
+  absl::StatusOr<bool> due = (*session)->releases.Apply(seq);
+  if (!due.ok()) return due.status();
+  // Applied already, from the copy a unary request carried.
+  if (!*due) return absl::OkStatus();
+  Changed();
+  absl::Status refused;
+  for (const v1::OneWaySeal& seal : seals) {
+    if (absl::Status r = ApplyOneWaySeal(session_id, seal);
+        !r.ok() && refused.ok()) {
+      refused = r;
+    }
+  }
+  std::vector<uint64_t> unknown;
+  for (uint64_t id : lease_ids) {
+    // Applied even while shutting down (releases in flight when SIGTERM
+    // came are not errors).
+    if (LookupLease(session_id, id).ok()) {
+      DropLease(id);
+    } else {
+      unknown.push_back(id);
+    }
+  }
+  if (ledger_ != nullptr) {
+    ledger_->SetReleasesApplied((*session)->client_id, seq);
+  }
+  if (unknown.empty()) return refused;
+  // At most 8 ids named: the message is logged, and a client can send
+  // millions.
+  const size_t named = std::min<size_t>(unknown.size(), 8);
+  return absl::NotFoundError(absl::StrFormat(
+      "ReleaseLeases seq %d: session holds no lease %s%s", seq,
+      absl::StrJoin(unknown.begin(), unknown.begin() + named, ", "),
+      named < unknown.size()
+          ? absl::StrFormat(" and %d more", unknown.size() - named)
+          : ""));
+}
+
+absl::StatusOr<bool> ObjectStore::TryAwaitReleases(uint64_t session_id,
+                                                   uint64_t seq,
+                                                   bool last_try) {
+  if (seq == 0) return true;
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return ShuttingDownError();
+  absl::StatusOr<Session*> session = sessions_.Find(session_id);
+  if (!session.ok()) return session.status();
+  if ((*session)->releases.Reached(seq)) return true;
+  if (!last_try) return false;
+  return (*session)->releases.NotReachedError(seq);
+}
+
+absl::StatusOr<bool> ObjectStore::Delete(uint64_t session_id,
+                                         const std::string& name) {
+  if (absl::Status s = ValidateName(name); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return ShuttingDownError();
+  absl::StatusOr<Session*> session = sessions_.Find(session_id);
+  if (!session.ok()) return session.status();
+  const std::optional<uint32_t> slot = objects_.Named(name);
+  if (!slot.has_value()) {
+    return absl::NotFoundError(absl::StrCat("no object named ", Quoted(name)));
+  }
+  if (const uint32_t pool = objects_.object(*slot).pool;
+      !Allowed(**session, pool, true)) {
+    return AccessError(**session, pool,
+                       absl::StrCat("delete of ", Quoted(name)));
+  }
+  objects_.Unbind(*slot);
+  JournalObject(*slot);
+  return MaybeFree(*slot);
+}
+
+}  // namespace shmtensor::daemon
