@@ -25,6 +25,7 @@
 #include "python/src/exports.h"
 #include "python/src/py_client.h"
 #include "python/src/py_objects.h"
+#include "python/src/py_ref.h"
 #include "python/src/py_support.h"
 #include "shmtensor/client.h"
 #include "shmtensor/defaults.h"

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/call_canceller.h"
 #include "python/src/py_objects.h"
+#include "python/src/py_ref.h"
 #include "python/src/py_support.h"
 #include "shmtensor/errors.h"
 

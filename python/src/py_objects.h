@@ -3,9 +3,11 @@
 //   Buffer     a writable, unsealed buffer (PyBuffer);
 //   View       a view of a sealed object (PyView);
 //   ObjectRef  a reference to a sealed object (shmtensor.ObjectRef), which
-//              holds the creator's lease when seal() or put() returned it.
+//              holds the creator's lease when seal() or put() returned it:
+//              its own file, py_ref.h.
 //
-// Each type's methods are defined here, once.
+// Each type's methods are defined once, Buffer's and View's here; the
+// native-object machinery they share is native_object.h.
 //
 // All of it is hand-written CPython: allocation, deallocation, methods,
 // properties and the buffer protocol (py_support.h says why). The package
@@ -107,13 +109,6 @@ py::object NewView(View v);
 // The Buffer or View that `obj` is; TypeError naming the type otherwise.
 PyBuffer& BufferOf(py::handle obj);
 PyView& ViewOf(py::handle obj);
-
-// A new shmtensor.ObjectRef for `ref`, holding its lease if it holds one.
-py::object NewObjectRef(SealedRef ref);
-
-// The ref `obj` names if it is a shmtensor.ObjectRef (valid while `obj`
-// lives), else null.
-const ObjectRef* ParsedRefOf(PyObject* obj);
 
 }  // namespace shmtensor::python
 
