@@ -30,7 +30,8 @@ srcs=(tests/fuzz/store_fuzzer.cc testing/cpp/blocking_store.cc daemon/store/obje
   daemon/store/session_table.cc daemon/store/object_table.cc daemon/store/lease_table.cc
   daemon/store/release_log.cc daemon/store/store_views.cc daemon/memory/pool.cc
   daemon/memory/pool_access.cc daemon/memory/range_allocator.cc daemon/store/layout.cc
-  daemon/os/peer.cc common/errors.cc common/dtype.cc
+  daemon/store/offer_table.cc daemon/memory/writer_map.cc daemon/ledger/ledger.cc
+  daemon/os/mapped_fd.cc daemon/os/peer.cc common/errors.cc common/dtype.cc
   build/proto/shmtensor/v1/shmtensor.pb.cc build/proto/shmtensor/v1/monitor.pb.cc)
 # shellcheck disable=SC2046
 clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined \
@@ -38,7 +39,7 @@ clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined \
   "${srcs[@]}" -o "$out/store_fuzzer" \
   $(pkg-config --libs absl_status absl_statusor absl_strings absl_str_format \
       absl_synchronization absl_flat_hash_map absl_flat_hash_set absl_time \
-      absl_btree protobuf spdlog)
+      absl_btree protobuf spdlog libcrypto)
 cd "$out"
 ./store_fuzzer -max_total_time="$seconds" -max_len=4096 -print_final_stats=1 \
   -timeout=10 corpus 2>&1 | grep -vE "^(\"|######)" | tail -12
