@@ -458,6 +458,13 @@ class ObjectStore {
   // from now on. No-op otherwise.
   void TakeAdopted(uint64_t session_id, const OwnerKey& owner, bool exact)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The open session `session_id` when `secret` is its descriptor secret
+  // and `peer` its process, else null. A session opened just before its
+  // daemon was replaced asks the successor: it is adopted first.
+  SessionTable::Session* ProvenSession(uint64_t session_id,
+                                       absl::string_view secret,
+                                       const OwnerKey& peer)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   AdoptedState AdoptedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A successor's restore from `state` (Adopt).
   absl::Status Restore(LedgerState state);

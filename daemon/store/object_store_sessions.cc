@@ -130,21 +130,26 @@ absl::StatusOr<uint32_t> ObjectStore::PoolFor(const Session& s,
       "this session may use no host pool; name the pool to create in");
 }
 
+ObjectStore::Session* ObjectStore::ProvenSession(uint64_t session_id,
+                                                 absl::string_view secret,
+                                                 const OwnerKey& peer) {
+  TakeAdopted(session_id, peer, /*exact=*/false);
+  Session* s = sessions_.FindOrNull(session_id);
+  if (s == nullptr || !SessionTable::SecretMatches(*s, secret) ||
+      !SameProcess(s->peer.owner, peer)) {
+    return nullptr;
+  }
+  return s;
+}
+
 absl::StatusOr<std::vector<DescriptorGrant>> ObjectStore::GrantDescriptors(
     uint64_t session_id, absl::string_view secret, const OwnerKey& peer) {
   const absl::Status refused = absl::PermissionDeniedError(
       "descriptor request refused: no open session of this process has that "
       "id and secret");
   absl::MutexLock lock(&mu_);
-  // A session opened just before its daemon was replaced asks the
-  // successor.
-  TakeAdopted(session_id, peer, /*exact=*/false);
-  Session* s = sessions_.FindOrNull(session_id);
+  Session* s = ProvenSession(session_id, secret, peer);
   if (s == nullptr) return refused;
-  if (!SessionTable::SecretMatches(*s, secret) ||
-      !SameProcess(s->peer.owner, peer)) {
-    return refused;
-  }
   if (s->descriptors_granted) {
     return absl::FailedPreconditionError(
         "this session was handed its descriptors already");
@@ -169,13 +174,8 @@ absl::StatusOr<ForkHoldGrant> ObjectStore::HoldForFork(uint64_t session_id,
       "secret");
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return ShuttingDownError();
-  TakeAdopted(session_id, peer, /*exact=*/false);
-  Session* s = sessions_.FindOrNull(session_id);
+  Session* s = ProvenSession(session_id, secret, peer);
   if (s == nullptr) return refused;
-  if (!SessionTable::SecretMatches(*s, secret) ||
-      !SameProcess(s->peer.owner, peer)) {
-    return refused;
-  }
   const uid_t uid = s->peer.process.uid;
   uint64_t& of_uid = fork_holds_per_uid_[uid];
   if (limits_.max_fork_holds_per_uid > 0 &&
