@@ -89,9 +89,9 @@ void Parent() { RegistryMutex().unlock(); }
 // closes the descriptors but not the numbers its endpoints read from), and
 // its pollers still read them now and then. A pipe or socket the child opens
 // later on such a number (a multiprocessing queue, torch's descriptor
-// passing) then lost bytes to gRPC: a consumer hung reading a message gRPC
-// had read. So each number is made a socket whose peer is gone: the
-// connection's last reference in the child goes, and gRPC reads end of
+// passing) would lose bytes to gRPC: a consumer would block reading a
+// message gRPC had read. So each number is made a socket whose peer is gone:
+// the connection's last reference in the child goes, gRPC reads end of
 // stream there, and nothing else ever gets the number.
 void Child() {
   fork_generation.fetch_add(1, std::memory_order_relaxed);
@@ -126,18 +126,18 @@ void EnableForkSupport() {
     // gRPC reads these once, when it initialises; a user's setting wins.
     setenv("GRPC_ENABLE_FORK_SUPPORT", "1", /*overwrite=*/0);
     // With epoll, parent and child share one kernel epoll instance across
-    // fork(), and a child's poller steals the parent's events (seen: the
-    // parent's session broke as soon as a forked child used gRPC). poll()
-    // keeps no kernel state; for a client's one or two connections it costs
-    // nothing measurable.
+    // fork(), and a child's poller would take the parent's events and break
+    // the parent's session. poll() keeps no kernel state; its cost grows
+    // with the descriptors it watches, and a client watches one or two
+    // connections.
     setenv("GRPC_POLL_STRATEGY", "poll", /*overwrite=*/0);
     // Debian builds Abseil without NDEBUG, so every absl::Mutex operation
     // (gRPC's included) takes one process-wide spin lock guarding the
     // debug lock-order graph, and no fork handler can hold it across fork():
-    // a child forked while another thread held it hung in its first
-    // absl::Mutex (seen in ForkTest: grpc_init in the child's Connect, 2 of
-    // 31 runs). Off, the graph and its lock are never touched. It is
-    // a debugging aid that release builds of Abseil leave off anyway.
+    // a child forked while another thread holds it may hang in its first
+    // absl::Mutex (docs/design.md, "Notes"). Off, the graph and its lock are
+    // never touched. It is a debugging aid that release builds of Abseil
+    // leave off anyway.
     absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
     pthread_atfork(grpc_prefork, grpc_postfork_parent, grpc_postfork_child);
     // Registered after gRPC's: runs before it in the prepare phase and after

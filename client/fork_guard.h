@@ -12,7 +12,7 @@
 // reclaim its leases. Its descriptor number must stay taken: gRPC's
 // endpoints of the parent's channels live on in the child and its pollers
 // still read their numbers, so a pipe or socket the child opened later on
-// such a number lost bytes to gRPC (ForkTest.
+// such a number would lose bytes to gRPC (tested by ForkTest.
 // ChildNeverReusesTheNumbersOfInheritedConnections). The parent's daemon
 // sockets are found in the prepare handler (a scan of /proc/self/fd).
 //
@@ -24,7 +24,7 @@
 // starts its workers before its own threads). ForkTest.
 // ForkWhileAnotherThreadOpensRangesNeverHangsTheChild proves the client's
 // own locks safe under a concurrent thread; with that thread making calls,
-// a child hung in about 1 fork in 500 on a loaded 2-core machine.
+// the child may hang (docs/design.md, "Notes").
 //
 // Thread safety: thread-safe.
 #ifndef SHMTENSOR_CLIENT_FORK_GUARD_H_

@@ -1,7 +1,7 @@
 // The thread that writes a session's one-way messages (releases and seals,
 // ReleaseLeases on the session stream), so that the thread that released or
-// sealed does not wait for gRPC's write (about 6-12 us on the dev VM, where
-// queueing and waking this thread costs about 1.5 us; docs/performance.md).
+// sealed does not wait for gRPC's write (what the hand-off costs instead:
+// docs/performance.md, "The fast path").
 //
 // The writer owns no messages: `write_one`, called on its thread only,
 // writes the oldest message its owner queued and not yet written, and says

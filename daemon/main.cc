@@ -23,9 +23,10 @@
 int main(int argc, char** argv) {
   using shmtensor::daemon::DaemonConfig;
   // Debian builds Abseil without NDEBUG, so every absl::Mutex (gRPC's
-  // included) keeps a global lock-order graph behind one spin lock: a few
-  // percent of each RPC, and contention between the serving threads. The
-  // unit tests of the store run with it on; the daemon runs without.
+  // included) keeps a global lock-order graph behind one spin lock, which
+  // every RPC takes and the serving threads contend for (its cost:
+  // docs/design.md, "Notes"). The unit tests of the store run with it on;
+  // the daemon runs without.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   CLI::App app{
       "shmtensord: shared-memory pools for zero-copy arrays and tensors"};

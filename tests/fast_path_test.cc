@@ -58,8 +58,7 @@ class FastPathTest : public testing::DaemonTest {
 };
 
 // A get that reaches the daemon before the creator's seal (the ref went
-// ahead of it) waits for the seal, and then sees the sealed bytes. (Before
-// one-way seals it failed FAILED_PRECONDITION at once.)
+// ahead of it) waits for the seal, and then sees the sealed bytes.
 TEST_F(FastPathTest, AGetRacingTheSealWaitsForIt) {
   Client consumer = Connect();
   absl::StatusOr<Buffer> buf = client_->Create({.size_bytes = kObject});

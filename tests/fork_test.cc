@@ -91,10 +91,10 @@ std::vector<int> SocketsConnectedTo(const std::string& path) {
 
 // gRPC's endpoints of the parent's channels live on in a forked child and
 // its pollers still read their descriptor numbers now and then. A child
-// whose own pipe or socket took such a number lost bytes to gRPC (seen: a
-// multiprocessing consumer hung reading a message). The child's inherited
-// connections are gone, and their numbers read end of stream and are never
-// handed out again.
+// whose own pipe or socket took such a number would lose bytes to gRPC (a
+// multiprocessing consumer would block reading a message). The child's
+// inherited connections are gone, and their numbers read end of stream and
+// are never handed out again.
 TEST_F(ForkTest, ChildNeverReusesTheNumbersOfInheritedConnections) {
   ASSERT_TRUE(client_->Stats().ok());  // The connection is up.
   const std::vector<int> inherited = SocketsConnectedTo(daemon_->socket_path());

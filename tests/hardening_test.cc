@@ -1,7 +1,7 @@
 // The promise held against clients that lose their connection, lie, or
 // flood the daemon, and against other users of the machine
-// (docs/pitfalls.md P14, P15). Each test is an attack that worked before the
-// fix; every process is real (fork/exec, setresuid, SIGKILL).
+// (docs/pitfalls.md P14, P15). Each test makes an attack and checks what
+// the attacker gets; every process is real (fork/exec, setresuid, SIGKILL).
 #include <dirent.h>
 #include <fcntl.h>
 #include <grpcpp/generic/generic_stub.h>
@@ -90,11 +90,13 @@ class HardeningTest : public testing::DaemonTest {
   }
 };
 
-// [P14] The contamination the issue found: a live client's connection
-// breaks, the daemon used to end its session and hand its memory to the next
-// writer, and the client's view then read another's bytes. Three ways to
-// break it: a shutdown socket, bytes that are no HTTP/2, and an error whose
-// metadata once passed the client's limit (a 9,000-byte pool name echoed).
+// [P14] A live client's connection breaks. Were the daemon to end its
+// session, it would hand the client's memory to the next writer and the
+// client's view would read another's bytes. Three ways to break it: a
+// shutdown socket, bytes that are no HTTP/2, and a Create naming a
+// 9,000-byte pool (an error that echoed the name whole would pass the
+// client's metadata limit). Other writers fill the pool and the view keeps
+// its bytes; the session resumes, and its releases apply.
 TEST_F(HardeningTest, ABrokenConnectionNeverChangesALiveClientsViews) {
   for (int way = 0; way < 3; ++way) {
     SCOPED_TRACE(way);
@@ -182,11 +184,11 @@ TEST_F(HardeningTest, ADetachedSessionKeepsItsMemoryUntilItsProcessExits) {
   EXPECT_EQ(Status().sessions(), 1u);  // The fixture's client alone.
 }
 
-// [P15] Session ids used to be bearer tokens, listed by the monitor. Now a
-// session acts only for the process that opened it: neither the monitor's
-// client ids nor the session's own (leaked) secret let another process
-// release its leases, delete its names, make objects on its account or end
-// it.
+// [P15] Another process tries to act for a session with the client ids the
+// monitor lists and with the session's own (leaked) secret. A session acts
+// only for the process that opened it: every request is refused, and none
+// releases its leases, deletes its names, makes objects on its account or
+// ends it.
 TEST_F(HardeningTest, ASessionActsOnlyForItsOwnProcess) {
   auto victim = Spawn({"victim", daemon_->address()});
   absl::StatusOr<std::string> ready = victim->ReadLine();
@@ -212,8 +214,10 @@ TEST_F(HardeningTest, ASessionActsOnlyForItsOwnProcess) {
   EXPECT_FALSE(victim->ReadLine(absl::Milliseconds(200)).ok());  // No CHANGED.
 }
 
-// Refs used to be slot and generation: 192 guesses found 20 objects. Now a
-// ref needs its object's 64-bit nonce, and the monitor lists refs without.
+// An attacker guesses refs (slot and generation, with and without a made-up
+// nonce) and tries those the monitor lists. A ref needs its object's 64-bit
+// nonce, which the monitor leaves out: no guessed or listed ref gets an
+// object.
 TEST_F(HardeningTest, GuessedAndListedRefsGetNothing) {
   std::vector<SealedRef> refs;
   std::vector<uint8_t> data(4096, 7);
@@ -260,8 +264,9 @@ std::string WorldWritableDir() {
   return dir;
 }
 
-// A second user who put a socket at the address first used to receive a
-// client's put() data. The client checks who serves the socket first.
+// A second user puts a socket at the address first. The client checks who
+// serves the socket before it sends anything: it refuses to connect, naming
+// the uid, and the squatter receives no bytes.
 TEST_F(HardeningTest, AClientSendsNothingToASocketOfAnotherUser) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to become another user";
   const std::string dir = WorldWritableDir();
@@ -300,9 +305,10 @@ TEST_F(HardeningTest, TheDaemonRefusesASocketDirectoryOthersCanWrite) {
   EXPECT_EQ(st.st_mode & 0777, 0700u);
 }
 
-// A root daemon once truncated a root-owned file through a symlinked lock
-// file. The lock file is opened without following links, and only a plain
-// file of the daemon's user with one link is used.
+// The lock file is a symbolic or a hard link to another file, which a root
+// daemon would truncate. The lock file is opened without following links,
+// and only a plain file of the daemon's user with one link is used: the
+// other file keeps its bytes.
 TEST_F(HardeningTest, TheLockFileIsNeverALinkToAnotherFile) {
   for (bool hard : {false, true}) {
     SCOPED_TRACE(hard);
@@ -332,10 +338,9 @@ TEST_F(HardeningTest, TheLockFileIsNeverALinkToAnotherFile) {
   }
 }
 
-// A starting daemon once deleted the pool files of a running one whose
-// address had the same 32-bit hash (here: the same relative address from
-// two directories). Pools are unnamed memory now, which nothing can sweep:
-// both daemons, and the fixture's, keep theirs.
+// Two daemons start with the same relative address (the same address
+// string) from two directories while the fixture's runs. Pools are unnamed
+// memory, which no starting daemon can sweep: all three keep theirs.
 TEST_F(HardeningTest, AStartingDaemonNeverTakesALiveDaemonsPools) {
   const std::vector<std::string> before = daemon_->Pools();
   ASSERT_FALSE(before.empty());
@@ -388,11 +393,10 @@ int ThreadsOf(pid_t pid) {
   return -1;
 }
 
-// 10,000 waiting get-by-name calls used to make 10,012 daemon threads, and
-// cancelling them freed nothing. Waiters are capped (per session, per uid,
-// in all), each one past a cap is refused at once naming it, the daemon's
-// threads stay bounded, others are served meanwhile, and cancelled waits end
-// within a poll.
+// One session makes 10,000 get-by-name calls that wait. Waiters are capped
+// (per session, per uid, in all), each one past a cap is refused at once
+// naming it, the daemon's threads stay bounded, others are served
+// meanwhile, and cancelled waits end within a poll.
 TEST_F(HardeningTest, WaitingCallsAreBoundedAndFreedWhenCancelled) {
   auto channel = grpc::CreateChannel(daemon_->address(),
                                      grpc::InsecureChannelCredentials());
@@ -471,9 +475,8 @@ TEST_F(HardeningTest, WaitingCallsAreBoundedAndFreedWhenCancelled) {
   session->Finish();
 }
 
-// At nofile=256 one process used to take every descriptor, and the daemon
-// never accepted again after the hog died. It keeps accepting as soon as
-// descriptors come back.
+// A hog opens more connections than the daemon has descriptors for, and
+// dies. The daemon accepts again as soon as descriptors come back.
 TEST_F(HardeningTest, TheDaemonAcceptsAgainAfterDescriptorsRunOut) {
   absl::StatusOr<std::unique_ptr<testing::DaemonProcess>> d =
       testing::DaemonProcess::Start({"--pool-size", "4MiB"}, "",
@@ -559,8 +562,9 @@ class UidLimitsTest : public HardeningTest {
   std::string config_;
 };
 
-// Six sessions of one process used to hold the whole pool past the
-// per-client byte limit. Sessions and bytes are capped per uid too.
+// One uid opens sessions, and holds bytes across them, past its per-uid
+// limits (more sessions must not get round a per-client limit). The session
+// and the create past a cap are refused, naming the limit.
 TEST_F(UidLimitsTest, SessionsAndBytesAreCappedPerUid) {
   Client b = Connect();
   absl::StatusOr<Client> c = Client::Connect({.address = daemon_->address()});
@@ -602,8 +606,7 @@ TEST_F(HardeningTest, OversizedNamesGetBoundedErrorsAndTheSessionGoesOn) {
 }
 
 // Bytes that are no request (bad wire format, a name that is not UTF-8)
-// used to get INTERNAL with an empty message. They get INVALID_ARGUMENT
-// naming the request type, and the session goes on.
+// get INVALID_ARGUMENT naming the request type, and the session goes on.
 TEST_F(HardeningTest, UnparsableRequestsGetInvalidArgumentNamingTheType) {
   grpc::GenericStub stub(grpc::CreateChannel(
       daemon_->address(), grpc::InsecureChannelCredentials()));
@@ -643,8 +646,9 @@ TEST_F(HardeningTest, UnparsableRequestsGetInvalidArgumentNamingTheType) {
     EXPECT_TRUE(absl::StrContains(st.error_message(), type))
         << st.error_message();
   }
-  // The session stream too: an unparsable first message used to end the
-  // stream with OK, as if the client had closed it.
+  // The session stream too: an unparsable first message ends the stream
+  // with INVALID_ARGUMENT naming the type, not with OK as if the client had
+  // closed it.
   {
     grpc::ClientContext ctx;
     grpc::CompletionQueue cq;
@@ -670,7 +674,9 @@ TEST_F(HardeningTest, UnparsableRequestsGetInvalidArgumentNamingTheType) {
   EXPECT_TRUE(client_->Stats().ok());
 }
 
-// 400,000 unknown lease ids in three messages used to write 14.4 MB of log.
+// About 390,000 unknown lease ids, most in three messages of 130,000: the
+// daemon logs them rate-limited, each line naming a few ids and a count of
+// the rest, under 16 KiB in all.
 TEST_F(HardeningTest, FloodsOfBadReleasesAreLoggedRateLimited) {
   auto stub = v1::ObjectStore::NewStub(grpc::CreateChannel(
       daemon_->address(), grpc::InsecureChannelCredentials()));
@@ -705,8 +711,9 @@ TEST_F(HardeningTest, FloodsOfBadReleasesAreLoggedRateLimited) {
   session->Finish();
 }
 
-// After a daemon restart on the same address an old client's stats() used
-// to answer from the new daemon. A session is with one daemon instance.
+// A daemon stops and another starts on the same address. An old client's
+// calls fail (from the second on, saying its session ended) and never
+// answer from the new daemon: a session is with one daemon instance.
 TEST_F(HardeningTest, AClientNeverTalksToTheNextDaemonAsIfItWereTheSame) {
   Client a = Connect();
   ASSERT_TRUE(a.Stats().ok());
@@ -728,7 +735,7 @@ TEST_F(HardeningTest, AClientNeverTalksToTheNextDaemonAsIfItWereTheSame) {
 }
 
 // Listings page: many objects list whole through shmtensorctl (one reply
-// used to pass gRPC's message limit at 100k objects).
+// for enough objects would pass gRPC's message limit).
 TEST_F(HardeningTest, ListingsPageThroughManyObjects) {
   constexpr int kObjects = 25000;
   std::vector<SealedRef> refs;

@@ -108,7 +108,7 @@ TEST_F(LifecycleTest, NamedGetWaitsForSealInAnotherProcess) {
 }
 
 TEST_F(LifecycleTest, CallsWaitingForNamesHoldUpNoOtherCall) {
-  // Many calls waiting at once (each holds a daemon thread while it waits)
+  // Many calls waiting at once (parked by the daemon, one thread for all)
   // must not stop the daemon serving everyone else. Were the waiters to hold
   // up other calls, the lifecycles below would stall until the waits timed
   // out, and the waiters would be seen to have returned.

@@ -328,8 +328,8 @@ TEST(TakeOverTest, TenSigkillRestartsThroughTheDescriptorStore) {
 // know) and a Release the client never sent (the client holds a lease the
 // daemon does not). After a SIGKILL restart the first is dropped, the second
 // refused: the view over it stops exporting, and nothing of it is released
-// twice. Without the reconciliation the first lease kept its object for the
-// session's life.
+// twice. Without the reconciliation the first lease would keep its object
+// for the session's life.
 TEST(TakeOverTest, AResumeReconcilesTheClientsLeasesWithTheLedger) {
   const std::string address = FreshAddress();
   FdStore systemd;
@@ -415,8 +415,7 @@ TEST(TakeOverTest, AResumeReconcilesTheClientsLeasesWithTheLedger) {
 // queued for the client's writer thread, and reach the successor in order
 // once the writer has resumed the session: those queued before the
 // resume's account through it (the seals presented, the released leases
-// not), those queued after it on the new stream. Before the writer thread
-// the seals below waited for the resume, which no daemon answered.
+// not), those queued after it on the new stream.
 TEST(TakeOverTest, SealsAndReleasesMadeWhileNoDaemonAnswersReachItsSuccessor) {
   const std::string address = FreshAddress();
   FdStore systemd;

@@ -248,8 +248,8 @@ struct Target {
 // from, so the round trips after it cost more than on a quiet loop; this is
 // the reference for "one round trip per RPC" in the conditions the lifecycle
 // runs in. Run interleaved with the lifecycles, so that the machine's drift
-// (large on a shared VM) reaches both alike. Returns the round trips' time
-// (without the copy), in microseconds.
+// (large on a shared machine) reaches both alike. Returns the round trips'
+// time (without the copy), in microseconds.
 double SkeletonRoundTrips(Client& c, uint64_t bytes, const void* src,
                           void* dst) {
   const auto t0 = Clock::now();
@@ -455,7 +455,7 @@ void BenchCopyIn(const Target& target, int reps) {
   }
   pool /= 3;
   priv_bw /= 3;
-  // Today's DataLoader path: a fresh segment per batch, faulted in page by
+  // torch's DataLoader path: a fresh segment per batch, faulted in page by
   // page as it is filled.
   const auto t0 = Clock::now();
   const int fresh_reps = std::max(reps / 4, 4);

@@ -19,7 +19,7 @@
   ideal-DL   the same ring with the index handed over through torch's own
              DataLoader (its index and result queues, worker loop): the
              bound for any drop-in DataLoader, whose machinery costs CPU
-             that on a 2-core machine the fill itself would use
+             that the fill itself could otherwise use
 
 Every batch is 4 samples (torch.stack of 4 tensors: the same collation work
 for all three); the training side touches every page of every batch (one
@@ -55,17 +55,16 @@ SAMPLES = 4
 # held) mapped and touched in every process that uses it. WARM batches for
 # every loader; the shmtensor loaders then go on until SETTLE batches in a
 # row took no page fault in any of their processes (at most MAX_WARM). A
-# fresh worker takes a fault on its first touch of each pool page (with
-# 4 KiB pages 15-20 us each on the VM this is developed on: 0.65 s for a
-# 128 MiB buffer) and which buffers it gets depends on timing, so a fixed
-# count left some first touches in the timed part of some runs. (The ideal
-# bound's workers touch their whole ring before they start; torch's loader
-# faults in every new segment by design.)
+# fresh worker takes a fault on its first touch of each pool page (what that
+# costs: docs/performance.md, "DataLoader") and which buffers it gets
+# depends on timing, so a fixed count could leave some first touches in the
+# timed part of a run. (The ideal bound's workers touch their whole ring
+# before they start; torch's loader faults in every new segment by design.)
 WARM = 24
 SETTLE = 8
 MAX_WARM = 200
-# Every timed part runs at least this long (20 batches of 128 MiB take 0.1 s
-# at 20 GB/s, too short a window on a shared VM).
+# Every timed part runs at least this long: a fixed count of the largest
+# batches can pass in too short a window to time on a shared machine.
 MIN_SECONDS = 1.0
 # Samples a dataset has: more than any run takes (runs stop on time).
 ENDLESS = 10 ** 9

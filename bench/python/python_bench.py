@@ -3,7 +3,7 @@
 through the Python package and through the C++ client, side by side in one
 run against one daemon and one session. The two alternate lifecycle by
 lifecycle, and the overhead is the median of the paired differences, so that
-the machine's drift (large on a shared 2-core VM) cancels out. Measured per
+the machine's drift (large on a shared machine) cancels out. Measured per
 step (create, fill, seal, get, read, release view, release ref) in the CPU
 time of the calling thread (time.thread_time_ns, CLOCK_THREAD_CPUTIME_ID),
 which is where the binding's own work happens and which the daemon's and the
@@ -23,11 +23,11 @@ binding's lifecycle code). What it adds over the C++ loop is what going back
 to Python between lifecycles costs by itself (caches, the daemon's and gRPC's
 threads finding the client later), so it bounds what CPU time can resolve.
 
-Both are CPU times on a shared VM, where runs differ by tens of percent;
---instructions counts instead (valgrind's callgrind, deterministic to about
-1%): the instructions the client process executes per lifecycle, Python
-and C++, each from two runs of N and 3N lifecycles (the difference cancels
-start-up), the daemon running outside valgrind.
+Both are CPU times, which on a shared machine vary from run to run;
+--instructions counts instead (valgrind's callgrind, which that noise does
+not reach): the instructions the client process executes per lifecycle,
+Python and C++, each from two runs of N and 3N lifecycles (the difference
+cancels start-up), the daemon running outside valgrind.
 
 Usage: PYTHONPATH=build/python /usr/bin/python3 bench/python/python_bench.py
 [--quick | --instructions]. Starts its own shmtensord from build/bin.
@@ -167,7 +167,7 @@ def instructions():
     with Daemon("512MiB") as d, tempfile.TemporaryDirectory() as tmp:
         # Rounds of all variants, taking the median per variant: the
         # client's threads meet gRPC's locks differently from run to run
-        # (a spinning lock costs instructions), about +-1% of a lifecycle.
+        # (a spinning lock costs instructions), so single counts vary.
         for rep in range(reps):
             for variant in variants:
                 total = {}

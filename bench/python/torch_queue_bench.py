@@ -11,8 +11,7 @@ receiver, side by side in one run, at 64 KiB, 1 MiB and 16 MiB:
              reference (the sender offers the object, the receiver takes
              it under its own lease: one round trip each, no byte copied)
   copy       the same tensor sent as a copy of its bytes in the message
-             (what shmtensor did before it went by reference, and still does
-             for an unsealed buffer's tensor)
+             (what shmtensor does for an unsealed buffer's tensor)
 
 Each item is timed from the sender's put to the sender's receipt of the
 receiver's acknowledgement, sent once the receiver has the tensor and has

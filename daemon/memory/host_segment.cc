@@ -321,9 +321,9 @@ absl::StatusOr<std::unique_ptr<HostSegment>> HostSegment::Create(
                         std::strerror(err)));
   }
   // tmpfs leaves fallocated pages unwritten, to be zeroed by whoever first
-  // touches them; that would land on a client's data path (a 2 MiB huge
-  // page, zeroed and, on a VM, backed by the host, costs milliseconds).
-  // Zero every page now, through the file (no mapping, no page table).
+  // touches them; that would land on a client's data path (what it costs:
+  // docs/shm_layout.md, "Segments"). Zero every page now, through the file
+  // (no mapping, no page table).
   if (absl::Status s = ZeroFill(fd, 0, size_bytes); !s.ok()) {
     return absl::Status(
         s.code(), absl::StrCat("pool memory in ", where, ": ", s.message()));

@@ -10,12 +10,13 @@
 // Every byte is reserved, allocated and zeroed at creation (ftruncate,
 // posix_fallocate, then pwrite of zeros), so a too-small tmpfs or memory
 // limit fails here with RESOURCE_EXHAUSTED instead of with SIGBUS in a client
-// later, and no page is allocated or zeroed on first touch (about 0.1 s per
-// GiB). A memfd is then sealed against growing and shrinking (F_SEAL_GROW,
-// F_SEAL_SHRINK, F_SEAL_SEAL): no client holding its writable descriptor can
-// truncate it under the others. The daemon never keeps a mapping of the
-// segment: it only hands out offsets (it maps one huge page briefly at
-// creation to learn whether the kernel backs the file with huge pages).
+// later, and no page is allocated or zeroed on first touch (what creation
+// costs: docs/performance.md, "Pool creation"). A memfd is then sealed
+// against growing and shrinking (F_SEAL_GROW, F_SEAL_SHRINK, F_SEAL_SEAL):
+// no client holding its writable descriptor can truncate it under the
+// others. The daemon never keeps a mapping of the segment: it only hands out
+// offsets (it maps one huge page briefly at creation to learn whether the
+// kernel backs the file with huge pages).
 //
 // The segment keeps one O_RDWR descriptor. Each client gets a reopen of it
 // through /proc/self/fd (a memfd has no path): a new open file description,

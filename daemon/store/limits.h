@@ -12,11 +12,9 @@ namespace shmtensor::daemon {
 
 // 0 means no limit. A request that would pass one fails RESOURCE_EXHAUSTED
 // at once, naming the client and the limit. The defaults bound what one
-// client, or one user, can make the daemon hold in its own memory: an object
-// costs the daemon about 400 bytes, a lease about 100 and a session about
-// 37 KB (bench/python/daemon_memory_bench.py, docs/hardening.md), so at the
-// caps objects take about 100 MiB, leases 50 MiB and one user's sessions 37
-// MiB.
+// client, or one user, can make the daemon hold in its own memory (what an
+// object, a lease and a session cost it, and so what the caps come to:
+// docs/hardening.md, section 5; bench/python/daemon_memory_bench.py).
 struct StoreLimits {
   uint64_t max_objects = 262144;           // Live objects, all sessions.
   uint64_t max_leases = 524288;            // Leases, all sessions.

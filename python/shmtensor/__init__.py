@@ -40,8 +40,8 @@ from .errors import (AlreadyExistsError, AlreadyTakenError,
                      PreconditionError, StaleReferenceError, TimeoutError)
 
 # At interpreter exit, live clients are kept rather than torn down: gRPC
-# finishes a channel's teardown on its own threads, and that raced with the
-# process's static destructors (a crash after everything else had passed).
+# finishes a channel's teardown on its own threads, which would race with
+# the process's static destructors and could crash the exiting process.
 # Their sessions end as the process exits.
 _atexit.register(_core._keep_clients_alive_until_exit)
 
@@ -353,7 +353,8 @@ class View(_core.View):
         return False
 
 
-# Pickles of refs from before ObjectRef was native name this.
+# An alias of ObjectRef, kept so that pickled refs that name
+# shmtensor._unpickle_ref load as ObjectRef.
 _unpickle_ref = ObjectRef
 
 # create() and get() make these classes' instances; create() reads dtypes

@@ -197,8 +197,9 @@ def _wrap_reductions():
     torch_storage = reducers.get(torch.UntypedStorage)
 
     def reduce_tensor(t):
-        # Plain torch below: a ReadOnlyTensor's __torch_function__ on each
-        # attribute read cost more than the offer's round trip.
+        # Plain torch below: a ReadOnlyTensor's __torch_function__ would
+        # run on every attribute read and call here, and this reduction
+        # writes nothing of the tensor for it to guard.
         with torch._C.DisableTorchFunction():
             if not _tensor_in_pool(t) or (t.requires_grad and not t.is_leaf):
                 return torch_tensor(t)  # Torch's way (and its errors).

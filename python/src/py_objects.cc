@@ -132,8 +132,8 @@ PyObject* ViewArray(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
 // attributes numpy.asarray(buffer) probes for before it calls __array__
 // (__array_struct__, __array_interface__; a Buffer has neither, see
 // PyBuffer::Array) fail with an AttributeError that is not formatted:
-// formatting the usual message for each probe took longer than making the
-// array.
+// numpy discards these errors, so the usual message would be formatted for
+// nothing on every conversion (docs/performance.md, "Python binding").
 PyObject* BufferGetAttr(PyObject* self, PyObject* name) {
   PyObject* r = _PyObject_GenericGetAttrWithDict(self, name, nullptr,
                                                  /*suppress=*/1);

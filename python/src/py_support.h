@@ -6,10 +6,11 @@
 // Why hand-written: the lifecycle calls (create, seal, get, the objects'
 // deallocation) run once per batch, and pybind11's generic dispatch (an
 // argument tuple and dict per call, type lookups by hashed type name, a
-// registry entry per instance) cost more than the rest of the binding
-// together (bench/python/python_bench.py --instructions). So every method
-// and property of the binding's types is a native one, written with these
-// helpers; pybind11 is used for conversions only (arrays, capsules, casts).
+// registry entry per instance) is work per call that a native method does
+// not do (bench/python/python_bench.py --instructions counts it;
+// docs/performance.md, "Python binding"). So every method and property of
+// the binding's types is a native one, written with these helpers; pybind11
+// is used for conversions only (arrays, capsules, casts).
 //
 // Thread safety: everything here is called with the GIL held, except what
 // runs inside a ReleaseGil scope.

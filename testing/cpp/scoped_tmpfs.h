@@ -7,9 +7,9 @@
 // A run killed before its destructors (a test's timeout, SIGKILL) would
 // leave its mount, and the pages in it, until reboot. So every mount of ours
 // is named after its owner, "shmtensor-test-<pid>" (so are the Python
-// launcher's, testing/python/shmtensor_testing.py; "shmtensor-bench-<pid>"
-// and "shmtensor-pytest-<pid>" are older names), and Mount first unmounts
-// those whose owner is gone.
+// launcher's, testing/python/shmtensor_testing.py), and Mount first unmounts
+// those whose owner is gone; the sweep also recognises
+// "shmtensor-bench-<pid>" and "shmtensor-pytest-<pid>".
 //
 // Thread safety: not thread-safe; one owner.
 #ifndef SHMTENSOR_TESTING_CPP_SCOPED_TMPFS_H_
