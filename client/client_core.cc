@@ -662,16 +662,12 @@ const v1::PoolInfo* ClientCore::PoolNamed(const std::string& name) const {
 
 absl::StatusOr<std::string> ClientCore::PoolOn(const Device& device) const {
   // Per Create: the search is a scan of a few pools; the list of them is
-  // built only for the error.
-  // A pool this session may write first; else one it may read (whose
-  // Create the daemon refuses, saying why).
-  for (v1::PoolAccess want :
-       {v1::POOL_ACCESS_READ_WRITE, v1::POOL_ACCESS_READ}) {
-    for (uint32_t id = 0; id < pools_.size(); ++id) {
-      if (pools_[id].access() == want &&
-          PoolDevice(id).value_or(Device::Host()) == device) {
-        return pools_[id].name();
-      }
+  // built only for the error. The daemon chose the pool of each device
+  // (PoolInfo.default_for_device); the client never chooses.
+  for (uint32_t id = 0; id < pools_.size(); ++id) {
+    if (pools_[id].default_for_device() &&
+        PoolDevice(id).value_or(Device::Host()) == device) {
+      return pools_[id].name();
     }
   }
   std::vector<std::string> have;

@@ -151,8 +151,9 @@ class ClientCore {
   absl::StatusOr<CudaPoolMapping*> CudaMapping(uint32_t pool_id);
   // The pool this session may use named `name`, or null.
   const v1::PoolInfo* PoolNamed(const std::string& name) const;
-  // The name of the first pool on `device`. NOT_FOUND naming the device and
-  // listing the daemon's pools when there is none.
+  // The name of the pool the daemon chose for what this session creates on
+  // `device` (PoolInfo.default_for_device). NOT_FOUND naming the device and
+  // listing the session's pools when there is none.
   absl::StatusOr<std::string> PoolOn(const Device& device) const;
 
   // Releases `lease_id` once `fence` has completed, without blocking (see

@@ -1,12 +1,26 @@
 #include "daemon/memory/pool.h"
 
 #include <algorithm>
+#include <cassert>
 
 namespace shmtensor::daemon {
 
-std::optional<uint64_t> Pool::Allocate(uint64_t client, uint64_t capacity,
-                                       uint64_t alignment,
-                                       RangeAllocator::End end) {
+std::optional<uint64_t> Pool::AllocateObject(uint64_t client,
+                                             const Placement& place,
+                                             bool stock) {
+  std::optional<uint64_t> offset = PlaceRange(client, place);
+  if (!offset.has_value()) return std::nullopt;
+  ++objects_;
+  if (stock) stock_bytes_ += place.capacity;
+  high_water_bytes_ = std::max(high_water_bytes_, allocator_.used_bytes());
+  return offset;
+}
+
+std::optional<uint64_t> Pool::PlaceRange(uint64_t client,
+                                         const Placement& place) {
+  const uint64_t capacity = place.capacity;
+  const uint64_t alignment = place.alignment;
+  if (capacity == 0) return 0;
   // A process's first touch of a page costs a page fault, once per page and
   // process, however warm the pool is (docs/performance.md). A client that
   // keeps creating objects of one size (a DataLoader worker's batches) is
@@ -22,7 +36,58 @@ std::optional<uint64_t> Pool::Allocate(uint64_t client, uint64_t capacity,
       if (allocator_.AllocateAt(r.offset, capacity)) return r.offset;
     }
   }
-  return allocator_.Allocate(capacity, alignment, end);
+  return allocator_.Allocate(capacity, alignment, place.end);
+}
+
+bool Pool::RestoreObject(uint64_t offset, uint64_t capacity) {
+  if (capacity > 0 && !allocator_.Reserve(offset, capacity)) return false;
+  ++objects_;
+  high_water_bytes_ = std::max(high_water_bytes_, allocator_.used_bytes());
+  return true;
+}
+
+void Pool::FreeObject(uint64_t offset, uint64_t capacity) {
+  assert(objects_ > 0);
+  if (capacity > 0) allocator_.Free(offset, capacity);
+  --objects_;
+}
+
+void Pool::Unstock(uint64_t capacity) {
+  assert(stock_bytes_ >= capacity);
+  stock_bytes_ -= capacity;
+}
+
+std::vector<WriterMap::Range> Pool::ClaimForWriter(uint64_t offset,
+                                                   uint64_t capacity,
+                                                   uid_t uid) {
+  if (capacity == 0) return {};
+  std::vector<WriterMap::Range> stale = writers_.Claim(offset, capacity, uid);
+  for (const WriterMap::Range& r : stale) cleared_bytes_ += r.length;
+  return stale;
+}
+
+void Pool::ClearFailed(const std::vector<WriterMap::Range>& ranges) {
+  for (const WriterMap::Range& r : ranges) {
+    writers_.Share(r.offset, r.length, WriterMap::kMixed);
+  }
+}
+
+void Pool::ForgetWriters() {
+  writers_.Share(0, allocator_.size(), WriterMap::kMixed);
+}
+
+void Pool::AddLease(uint64_t client, uid_t uid, uint64_t offset,
+                    uint64_t capacity, bool write) {
+  ++leases_;
+  if (write && capacity > 0) {
+    NoteWritten(client, offset, capacity);
+    writers_.Share(offset, capacity, uid);
+  }
+}
+
+void Pool::DropLease() {
+  assert(leases_ > 0);
+  --leases_;
 }
 
 void Pool::NoteWritten(uint64_t client, uint64_t offset, uint64_t capacity) {
@@ -51,11 +116,11 @@ Pool::Usage Pool::usage() const {
   u.used_bytes = allocator_.used_bytes();
   u.free_bytes = allocator_.free_bytes();
   u.largest_free_bytes = allocator_.largest_free();
-  u.high_water_bytes = high_water_bytes;
-  u.objects = objects;
-  u.leases = leases;
-  u.cleared_bytes = cleared_bytes;
-  u.stock_bytes = stock_bytes;
+  u.high_water_bytes = high_water_bytes_;
+  u.objects = objects_;
+  u.leases = leases_;
+  u.cleared_bytes = cleared_bytes_;
+  u.stock_bytes = stock_bytes_;
   return u;
 }
 

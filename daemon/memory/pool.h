@@ -1,7 +1,10 @@
 // A named pool: a segment of memory, the allocator of ranges inside it, who
 // may use it (pool_access.h), the ranges each client was given writable
-// (for allocation affinity, see Allocate), and which uid wrote each range
-// (writer_map.h: a range goes to another uid only cleared).
+// (for allocation affinity, see AllocateObject), which uid wrote each range
+// (writer_map.h: a range goes to another uid only cleared), and the counts
+// operators see (Usage). The pool is the one place that allocates, frees
+// and counts its memory: its owner says what happens to objects and leases,
+// the pool keeps its ranges and figures consistent with that.
 //
 // Thread safety: not thread-safe; ObjectStore serialises access under its lock.
 #ifndef SHMTENSOR_DAEMON_MEMORY_POOL_H_
@@ -68,20 +71,61 @@ class Pool {
         huge > 0 ? RangeAllocator::End::kHigh : RangeAllocator::End::kLow};
   }
 
-  // Allocation affinity. `client` is a key the owner picks (ObjectStore: the
-  // session id).
+  // The pool's size in bytes (a multiple of the page granule).
+  uint64_t size_bytes() const { return allocator_.size(); }
+  uint64_t used_bytes() const { return allocator_.used_bytes(); }
+
+  // Objects. Each live object with memory in this pool is counted from
+  // AllocateObject (or RestoreObject) to FreeObject; `client` is a key the
+  // owner picks (ObjectStore: the session id).
   //
-  // Reserves `capacity` bytes at a multiple of `alignment` (0: any) for an
-  // object client `client` creates: on a range NoteWritten noted for that
-  // client, of exactly `capacity` bytes, when one is free (most recent
-  // first), else carved from `end` of a free range as the allocator places
-  // it. Returns the offset; nullopt when nothing fits.
-  std::optional<uint64_t> Allocate(uint64_t client, uint64_t capacity,
-                                   uint64_t alignment, RangeAllocator::End end);
-  // Notes that client `client` was given [offset, offset + capacity)
-  // writable (created, or taken from an exclusive hand-off): its pages are
-  // in the client's page tables. Keeps the kWrittenRanges most recent.
-  void NoteWritten(uint64_t client, uint64_t offset, uint64_t capacity);
+  // Reserves `place` (from Place; capacity 0: an object of no bytes, which
+  // takes no range) for an object client `client` creates, and counts it,
+  // and its capacity as stock (buffers made ahead of need, not sealed) when
+  // `stock` (until Unstock). Allocation affinity: the range is one a
+  // write lease gave that client (AddLease), of exactly that capacity, when
+  // one is free (most recent first), else carved from `place.end` of a free
+  // range as the allocator places it. Returns the offset; nullopt, counting
+  // nothing, when nothing fits.
+  std::optional<uint64_t> AllocateObject(uint64_t client,
+                                         const Placement& place, bool stock);
+  // Counts an object a predecessor placed at [offset, offset + capacity)
+  // (ledger adoption). False, counting nothing, when any of it is taken or
+  // it is not granule-aligned.
+  bool RestoreObject(uint64_t offset, uint64_t capacity);
+  // Frees an object's range and stops counting it. Invariant: the object
+  // was allocated or restored, not yet freed, and no longer counts as
+  // stock.
+  void FreeObject(uint64_t offset, uint64_t capacity);
+  // A stock object's capacity stops counting as stock (it was sealed or
+  // discarded). Invariant: AllocateObject counted it as stock.
+  void Unstock(uint64_t capacity);
+
+  // [P21] A new object of uid `uid` at [offset, offset + capacity): returns
+  // the parts another uid (or several) wrote, which the caller clears
+  // before `uid` sees them (counted as cleared bytes), and records `uid` as
+  // their writer (WriterMap::Claim).
+  std::vector<WriterMap::Range> ClaimForWriter(uint64_t offset,
+                                               uint64_t capacity, uid_t uid);
+  // Clearing `ranges` (from ClaimForWriter) failed: they count as written
+  // by several uids again, so the next creator gets them cleared.
+  void ClearFailed(const std::vector<WriterMap::Range>& ranges);
+  // Who wrote what is unknown (a successor's pool): every range counts as
+  // written by several uids.
+  void ForgetWriters();
+
+  // Leases. A lease of client `client` (uid `uid`) on the object at
+  // [offset, offset + capacity) is counted from AddLease to DropLease. A
+  // write lease gives that range to the client writable: noted for
+  // allocation affinity (at most kWrittenRanges per client, most recent
+  // first) and shared with the uid's writes (WriterMap::Share).
+  void AddLease(uint64_t client, uid_t uid, uint64_t offset, uint64_t capacity,
+                bool write);
+  void DropLease();
+  // A lease restored from a predecessor's ledger: counted only (the
+  // writers are forgotten, ForgetWriters).
+  void RestoreLease() { ++leases_; }
+
   // Forgets the ranges of client `client` (its session ended).
   void ForgetClient(uint64_t client);
   struct Range {
@@ -97,9 +141,10 @@ class Pool {
     uint64_t used_bytes = 0;
     uint64_t free_bytes = 0;
     uint64_t largest_free_bytes = 0;
-    uint64_t high_water_bytes = 0;
+    uint64_t high_water_bytes = 0;  // Most bytes ever allocated at once.
     uint64_t objects = 0;
     uint64_t leases = 0;
+    // Bytes cleared for a new object because another uid wrote them.
     uint64_t cleared_bytes = 0;
     uint64_t stock_bytes = 0;
   };
@@ -108,25 +153,29 @@ class Pool {
   const std::string& name() const { return name_; }
   const Segment& segment() const { return *segment_; }
   const PoolAccessRules& access() const { return access_; }
-  RangeAllocator& allocator() { return allocator_; }
-  const RangeAllocator& allocator() const { return allocator_; }
-  WriterMap& writers() { return writers_; }
-
-  // Counters the owner (ObjectStore) keeps under its lock.
-  uint64_t objects = 0;           // Live objects with memory in this pool.
-  uint64_t leases = 0;            // Leases on objects of this pool.
-  uint64_t high_water_bytes = 0;  // Most bytes ever allocated at once.
-  // Bytes cleared for a new object because another uid wrote them.
-  uint64_t cleared_bytes = 0;
-  // Capacity of the stock buffers (made ahead of need, not sealed) in it.
-  uint64_t stock_bytes = 0;
+  // The writer of the byte at `offset` (WriterMap::WriterAt), for tests.
+  std::optional<uid_t> WriterAt(uint64_t offset) const {
+    return writers_.WriterAt(offset);
+  }
 
  private:
+  // The range of AllocateObject, uncounted.
+  std::optional<uint64_t> PlaceRange(uint64_t client, const Placement& place);
+  // Notes that client `client` was given [offset, offset + capacity)
+  // writable: its pages are in the client's page tables. Keeps the
+  // kWrittenRanges most recent.
+  void NoteWritten(uint64_t client, uint64_t offset, uint64_t capacity);
+
   std::string name_;
   std::unique_ptr<Segment> segment_;
   PoolAccessRules access_;
   RangeAllocator allocator_;
   WriterMap writers_;
+  uint64_t objects_ = 0;
+  uint64_t leases_ = 0;
+  uint64_t high_water_bytes_ = 0;
+  uint64_t cleared_bytes_ = 0;
+  uint64_t stock_bytes_ = 0;
   // By client: ranges it was given writable, most recent first, at most
   // kWrittenRanges.
   absl::flat_hash_map<uint64_t, std::vector<Range>> written_;

@@ -254,13 +254,9 @@ uint64_t ObjectStore::AddLease(uint64_t session_id, Session& session,
   }
   Object& obj = objects_.object(slot);
   ++obj.leases;
-  Pool& pool = *pools_[obj.pool];
-  ++pool.leases;
+  pools_[obj.pool]->AddLease(session_id, session.peer.process.uid, obj.offset,
+                             obj.capacity, write);
   sessions_.Hold(session, id, slot, obj.capacity);
-  if (write && obj.capacity > 0) {
-    pool.NoteWritten(session_id, obj.offset, obj.capacity);
-    pool.writers().Share(obj.offset, obj.capacity, session.peer.process.uid);
-  }
   return id;
 }
 
@@ -274,7 +270,7 @@ bool ObjectStore::DropLease(uint64_t lease_id) {
   // Invariant: a live object's lease count equals the leases naming it.
   assert(obj.leases > 0);
   --obj.leases;
-  --pools_[obj.pool]->leases;
+  pools_[obj.pool]->DropLease();
   if (lease.write && obj.state == State::kWriting) {
     // An unsealed object is discarded: its name was never visible.
     Unstock(lease.slot);
@@ -291,9 +287,7 @@ bool ObjectStore::MaybeFree(uint32_t slot) {
     return false;
   }
   Unstock(slot);
-  Pool& pool = *pools_[obj.pool];
-  if (obj.capacity > 0) pool.allocator().Free(obj.offset, obj.capacity);
-  --pool.objects;
+  pools_[obj.pool]->FreeObject(obj.offset, obj.capacity);
   objects_.Free(slot);
   if (ledger_ != nullptr) ledger_->FreeObject(slot, objects_.generation(slot));
   Changed();

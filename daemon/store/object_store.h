@@ -484,13 +484,20 @@ class ObjectStore {
   using Lease = LeaseTable::Lease;
 
   // The pool a Create of `s` goes to: the one called `name` if given (a
-  // pool `s` may not use counts as unknown: NOT_FOUND), else the first host
-  // pool `s` may write, else the first host pool it may read (whose access
-  // check then refuses the Create, naming why). Access is checked by the
-  // caller.
+  // pool `s` may not use counts as unknown: NOT_FOUND), else its default
+  // host pool (DefaultPool). Access is checked by the caller.
   absl::StatusOr<uint32_t> PoolFor(const Session& s,
                                    absl::string_view name) const;
-  // The pools `s` may use, with its access to each.
+  // The one rule for which pool holds what `s` creates on the device of
+  // pool `like` (its memory kind and CUDA device) when it names no pool:
+  // the first such pool `s` may write, else the first it may read (whose
+  // access check then refuses the Create, naming why); nullopt when `s`
+  // may use none. Clients learn its answers from PoolsOf
+  // (PoolInfo.default_for_device) and never choose by themselves.
+  std::optional<uint32_t> DefaultPool(const Session& s,
+                                      const v1::PoolInfo& like) const;
+  // The pools `s` may use, with its access to each, and the default pool
+  // of each device marked.
   std::vector<v1::PoolInfo> PoolsOf(const Session& s) const;
   // Whether `s` may read (or, with `write`, write) pool `pool_id`. Cheap:
   // requests on the data path ask it first and build AccessError only when

@@ -104,8 +104,7 @@ absl::Status ObjectStore::Restore(LedgerState state) {
     };
     for (const LedgerObject& lo : state.objects) {
       Pool& pool = *pools_[lo.pool];
-      if (lo.capacity > 0 &&
-          !pool.allocator().Reserve(lo.offset, lo.capacity)) {
+      if (!pool.RestoreObject(lo.offset, lo.capacity)) {
         return absl::FailedPreconditionError(absl::StrFormat(
             "ledger refused: the object in slot %d at %d+%d of pool '%s' "
             "overlaps another",
@@ -149,9 +148,6 @@ absl::Status ObjectStore::Restore(LedgerState state) {
       if (const uint64_t c = session_of(lo.creator); c != 0) {
         adopted_created_[c].slots.push_back(lo.slot);
       }
-      ++pool.objects;
-      pool.high_water_bytes =
-          std::max(pool.high_water_bytes, pool.allocator().used_bytes());
     }
     for (const auto& [slot, generation] : state.free_generations) {
       objects_.RestoreFree(slot, generation);
@@ -171,7 +167,7 @@ absl::Status ObjectStore::Restore(LedgerState state) {
                                       obj.state == State::kSharedWritable);
       leases_.Restore(ll.id, {session_id, ll.slot, write});
       ++obj.leases;
-      ++pools_[obj.pool]->leases;
+      pools_[obj.pool]->RestoreLease();
       sessions_.Hold(*sessions_.FindOrNull(session_id), ll.id, ll.slot,
                      obj.capacity);
     }
@@ -246,7 +242,7 @@ absl::Status ObjectStore::Restore(LedgerState state) {
       // written by several uids, so the next creator of any uid gets it
       // cleared.
       if (pool->segment().kind() == v1::MEMORY_KIND_HOST) {
-        pool->writers().Share(0, pool->allocator().size(), WriterMap::kMixed);
+        pool->ForgetWriters();
       }
     }
     // What nothing holds any more (the predecessor died before freeing it,

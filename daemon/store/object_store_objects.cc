@@ -46,21 +46,18 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::TryCreate(
     return AccessError(**session, pool_id, "create");
   }
   Pool& pool = *pools_[pool_id];
-  uint64_t capacity = 0;
-  uint64_t alignment = 0;
-  RangeAllocator::End end = RangeAllocator::End::kLow;
+  Pool::Placement place{0, 0, RangeAllocator::End::kLow};
   if (*bytes > 0) {
-    std::optional<Pool::Placement> place = pool.Place(*bytes);
-    if (!place || place->capacity > pool.allocator().size()) {
+    std::optional<Pool::Placement> placed = pool.Place(*bytes);
+    if (!placed || placed->capacity > pool.size_bytes()) {
       return WithReason(absl::InvalidArgumentError(absl::StrFormat(
                             "size %d bytes exceeds pool '%s' of %d bytes",
-                            *bytes, pool.name(), pool.allocator().size())),
+                            *bytes, pool.name(), pool.size_bytes())),
                         kReasonLargerThanPool);
     }
-    capacity = place->capacity;
-    alignment = place->alignment;
-    end = place->end;
+    place = *placed;
   }
+  const uint64_t capacity = place.capacity;
   if (!args.name.empty() && objects_.Named(args.name).has_value()) {
     return absl::AlreadyExistsError(absl::StrCat(
         "name ", Quoted(args.name), " is already bound to an object"));
@@ -87,17 +84,14 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::TryCreate(
         (*session)->client_id, (*session)->stock_bytes, capacity,
         limits_.max_stock_bytes_per_client));
   }
-  uint64_t offset = 0;
-  if (capacity > 0) {
-    std::optional<uint64_t> got =
-        pool.Allocate(args.session_id, capacity, alignment, end);
-    if (!got.has_value()) {
-      if (!last_try) return std::nullopt;
-      return absl::ResourceExhaustedError(
-          DescribePoolPressure(View(), pool_id, capacity));
-    }
-    offset = *got;
+  const std::optional<uint64_t> got =
+      pool.AllocateObject(args.session_id, place, args.stock);
+  if (!got.has_value()) {
+    if (!last_try) return std::nullopt;
+    return absl::ResourceExhaustedError(
+        DescribePoolPressure(View(), pool_id, capacity));
   }
+  const uint64_t offset = *got;
   Object obj;
   obj.pool = pool_id;
   obj.offset = offset;
@@ -112,21 +106,13 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::TryCreate(
   if (args.stock) {
     ++(*session)->stock_objects;
     (*session)->stock_bytes += capacity;
-    pool.stock_bytes += capacity;
   }
   obj.serial = next_serial_++;
   const uint32_t slot = objects_.Add(std::move(obj));
   JournalNewObject(slot);
-  pool.high_water_bytes =
-      std::max(pool.high_water_bytes, pool.allocator().used_bytes());
-  ++pool.objects;
-  std::vector<WriterMap::Range> stale;
-  if (capacity > 0) {
-    // [P21] Bytes another uid wrote are cleared before this one gets them.
-    stale =
-        pool.writers().Claim(offset, capacity, (*session)->peer.process.uid);
-    for (const WriterMap::Range& r : stale) pool.cleared_bytes += r.length;
-  }
+  // [P21] Bytes another uid wrote are cleared before this one gets them.
+  std::vector<WriterMap::Range> stale =
+      pool.ClaimForWriter(offset, capacity, (*session)->peer.process.uid);
   const uint64_t lease = AddLease(args.session_id, **session, slot, true);
   Handout h = MakeHandout(slot, lease, true);
   if (!stale.empty()) ++objects_.object(slot).holds;  // Until ClearStale.
@@ -147,11 +133,7 @@ absl::Status ObjectStore::ClearStale(uint64_t session_id,
   }
   {
     absl::MutexLock lock(&mu_);
-    if (!cleared.ok()) {
-      for (const WriterMap::Range& r : handout.stale) {
-        pools_[pool_id]->writers().Share(r.offset, r.length, WriterMap::kMixed);
-      }
-    }
+    if (!cleared.ok()) pools_[pool_id]->ClearFailed(handout.stale);
     Object& obj = objects_.object(handout.slot);
     assert(obj.holds > 0);
     --obj.holds;
@@ -247,7 +229,7 @@ void ObjectStore::Unstock(uint32_t slot) {
   Object& obj = objects_.object(slot);
   if (!obj.stock) return;
   obj.stock = false;
-  pools_[obj.pool]->stock_bytes -= obj.capacity;
+  pools_[obj.pool]->Unstock(obj.capacity);
   if (Session* s = sessions_.FindOrNull(obj.creator); s != nullptr) {
     --s->stock_objects;
     s->stock_bytes -= obj.capacity;

@@ -78,12 +78,29 @@ absl::StatusOr<OpenedSession> ObjectStore::OpenSession(
 
 std::vector<v1::PoolInfo> ObjectStore::PoolsOf(const Session& s) const {
   std::vector<v1::PoolInfo> out;
-  for (size_t i = 0; i < pool_infos_.size(); ++i) {
+  for (uint32_t i = 0; i < pool_infos_.size(); ++i) {
     if (s.access[i] == v1::POOL_ACCESS_UNSPECIFIED) continue;
     out.push_back(pool_infos_[i]);
     out.back().set_access(s.access[i]);
+    out.back().set_default_for_device(DefaultPool(s, pool_infos_[i]) == i);
   }
   return out;
+}
+
+std::optional<uint32_t> ObjectStore::DefaultPool(
+    const Session& s, const v1::PoolInfo& like) const {
+  auto same_device = [&like](const v1::PoolInfo& p) {
+    return p.kind() == like.kind() &&
+           (p.kind() != v1::MEMORY_KIND_CUDA_DEVICE ||
+            p.cuda_device() == like.cuda_device());
+  };
+  for (v1::PoolAccess want :
+       {v1::POOL_ACCESS_READ_WRITE, v1::POOL_ACCESS_READ}) {
+    for (uint32_t i = 0; i < pool_infos_.size(); ++i) {
+      if (s.access[i] == want && same_device(pool_infos_[i])) return i;
+    }
+  }
+  return std::nullopt;
 }
 
 absl::Status ObjectStore::AccessError(const Session& s, uint32_t pool_id,
@@ -103,7 +120,6 @@ absl::Status ObjectStore::AccessError(const Session& s, uint32_t pool_id,
 
 absl::StatusOr<uint32_t> ObjectStore::PoolFor(const Session& s,
                                               absl::string_view name) const {
-  const uint32_t none = static_cast<uint32_t>(pools_.size());
   if (!name.empty()) {
     // A pool the session may not use is one it does not know of.
     for (uint32_t i = 0; i < pools_.size(); ++i) {
@@ -115,17 +131,9 @@ absl::StatusOr<uint32_t> ObjectStore::PoolFor(const Session& s,
     return absl::NotFoundError(
         absl::StrCat("no pool named ", Quoted(std::string(name))));
   }
-  // The first host pool the session may write, else the first it may use
-  // (whose access check then names why it may not).
-  for (v1::PoolAccess want :
-       {v1::POOL_ACCESS_READ_WRITE, v1::POOL_ACCESS_READ}) {
-    for (uint32_t i = 0; i < none; ++i) {
-      if (s.access[i] == want &&
-          pools_[i]->segment().kind() == v1::MEMORY_KIND_HOST) {
-        return i;
-      }
-    }
-  }
+  v1::PoolInfo host;
+  host.set_kind(v1::MEMORY_KIND_HOST);
+  if (std::optional<uint32_t> chosen = DefaultPool(s, host)) return *chosen;
   return absl::NotFoundError(
       "this session may use no host pool; name the pool to create in");
 }
@@ -427,7 +435,7 @@ void ObjectStore::EndSession(uint64_t session_id) {
   if (found == nullptr) return;
   Session& s = *found;
   uint64_t used_before = 0;
-  for (const auto& p : pools_) used_before += p->allocator().used_bytes();
+  for (const auto& p : pools_) used_before += p->used_bytes();
   const std::vector<uint64_t> leases(s.leases.begin(), s.leases.end());
   const std::vector<uint32_t> transfers(s.pending_transfers.begin(),
                                         s.pending_transfers.end());
@@ -441,7 +449,7 @@ void ObjectStore::EndSession(uint64_t session_id) {
     MaybeFree(slot);
   }
   uint64_t used_after = 0;
-  for (const auto& p : pools_) used_after += p->allocator().used_bytes();
+  for (const auto& p : pools_) used_after += p->used_bytes();
   spdlog::info(
       "client {} ('{}' pid {}) session ended: dropped {} leases, "
       "reclaimed {} transfers, freed {} bytes ({} open)",

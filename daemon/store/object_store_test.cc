@@ -417,8 +417,8 @@ TEST_F(ObjectStoreTest, StreamReleasesApplyInOrderAndSkipUnknownLeases) {
   EXPECT_EQ(Used(), kPage);
 }
 
-// Releases that were in flight when SIGTERM came still apply (they used to be
-// refused and logged as leases the session did not hold).
+// Releases that were in flight when SIGTERM came still apply: none is
+// refused, or logged as a lease the session does not hold.
 TEST_F(ObjectStoreTest, ReleasesStillApplyWhileShuttingDown) {
   Handout h1 = *Create(a_, kPage);
   Handout h2 = *Create(a_, kPage);
@@ -632,6 +632,69 @@ TEST_F(ObjectStoreAccessTest, SessionsSeeAndUseOnlyTheirPools) {
   EXPECT_TRUE(absl::StrContains(got.status().message(),
                                 "uid 2000 may not use pool 'private'"))
       << got.status();
+}
+
+// The daemon alone decides which pool holds what a session creates on a
+// device without naming a pool, and tells each session per device
+// (PoolInfo.default_for_device): the first pool there it may write, else
+// the first it may read; a Create that names no pool lands in the host one.
+TEST(ObjectStoreDefaultPoolTest, TheDaemonMarksOnePoolPerDeviceForEachSession) {
+  PoolAccessConfig readers;
+  readers.users = {std::to_string(kUser)};
+  readers.read_only_users = {"3000"};
+  PoolAccessConfig writers = readers;
+  writers.users.push_back("3000");
+  std::vector<std::unique_ptr<Pool>> pools;
+  pools.push_back(std::make_unique<Pool>(
+      "read", std::make_unique<FakeSegment>(16 * kPage),
+      *PoolAccessRules::Resolve("read", readers, kUser, -1)));
+  pools.push_back(std::make_unique<Pool>(
+      "gpu1", FakeSegment::Cuda(16 * kPage, 1),
+      *PoolAccessRules::Resolve("gpu1", writers, kUser, -1)));
+  pools.push_back(std::make_unique<Pool>(
+      "write", std::make_unique<FakeSegment>(16 * kPage),
+      *PoolAccessRules::Resolve("write", writers, kUser, -1)));
+  pools.push_back(std::make_unique<Pool>(
+      "gpu1b", FakeSegment::Cuda(16 * kPage, 1),
+      *PoolAccessRules::Resolve("gpu1b", writers, kUser, -1)));
+  pools.push_back(std::make_unique<Pool>(
+      "gpu0", FakeSegment::Cuda(16 * kPage, 0),
+      *PoolAccessRules::Resolve("gpu0", readers, kUser, -1)));
+  ObjectStore store(std::move(pools), 42);
+  auto defaults_of = [&](uid_t uid, bool read_only) {
+    static pid_t pid = 500;
+    ++pid;
+    OpenedSession s = *store.OpenSession(
+        "t", PeerInfo{{pid, uid, uid, {}}, OwnerKey{uid, pid, 1}, nullptr, ""},
+        read_only);
+    std::vector<std::string> marked;
+    for (const v1::PoolInfo& p : s.pools) {
+      if (p.default_for_device()) marked.push_back(p.name());
+    }
+    return std::make_pair(s.id, marked);
+  };
+  // The owner may write every pool: the first of each device.
+  auto [owner, owner_marked] = defaults_of(kUser, false);
+  EXPECT_EQ(owner_marked, (std::vector<std::string>{"read", "gpu1", "gpu0"}));
+  // Uid 3000 may only read "read" and "gpu0": the host pool it may write
+  // comes first, and on cuda:0 the one it may read.
+  auto [reader, reader_marked] = defaults_of(3000, false);
+  EXPECT_EQ(reader_marked, (std::vector<std::string>{"gpu1", "write", "gpu0"}));
+  // Read-only, it writes nothing: the first pool of each device.
+  auto [ro, ro_marked] = defaults_of(3000, true);
+  EXPECT_EQ(ro_marked, (std::vector<std::string>{"read", "gpu1", "gpu0"}));
+  // A Create naming no pool goes where the host mark says.
+  CreateArgs args;
+  args.size_bytes = kPage;
+  args.session_id = owner;
+  EXPECT_EQ(CreateBlocking(store, args)->placement.pool_id(), 0u);
+  args.session_id = reader;
+  EXPECT_EQ(CreateBlocking(store, args)->placement.pool_id(), 2u);
+  args.session_id = ro;
+  absl::StatusOr<Handout> refused = CreateBlocking(store, args);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "pool 'read'"))
+      << refused.status();
 }
 
 TEST_F(ObjectStoreAccessTest, AUidOnNoListIsRefusedNamingIt) {

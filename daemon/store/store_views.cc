@@ -102,7 +102,7 @@ v1::ListObjectsResponse BuildObjectList(const StoreView& store, uint32_t limit,
   const std::vector<bool> visible = VisiblePools(store, viewer);
   uint64_t total = 0;
   for (size_t i = 0; i < store.pools.size(); ++i) {
-    if (visible[i]) total += store.pools[i]->objects;
+    if (visible[i]) total += store.pools[i]->usage().objects;
   }
   out.set_total(viewer == nullptr ? store.objects.live() : total);
   const absl::btree_map<uint64_t, uint32_t>& by_serial =
@@ -182,6 +182,7 @@ v1::ListClientsResponse BuildClientList(const StoreView& store,
 std::string DescribePoolPressure(const StoreView& store, uint32_t pool_id,
                                  uint64_t capacity) {
   const Pool& pool = *store.pools[pool_id];
+  const Pool::Usage usage = pool.usage();
   absl::flat_hash_map<uint64_t, uint64_t> held;  // session -> bytes
   for (const auto& [id, lease] : store.leases.all()) {
     const Object& obj = store.objects.object(lease.slot);
@@ -206,8 +207,8 @@ std::string DescribePoolPressure(const StoreView& store, uint32_t pool_id,
   return absl::StrFormat(
       "pool '%s' is full: asked for %d bytes, %d of %d bytes free (largest "
       "free block %d); most held by: %s",
-      pool.name(), capacity, pool.allocator().free_bytes(),
-      pool.allocator().size(), pool.allocator().largest_free(), holders);
+      pool.name(), capacity, usage.free_bytes, pool.size_bytes(),
+      usage.largest_free_bytes, holders);
 }
 
 }  // namespace shmtensor::daemon

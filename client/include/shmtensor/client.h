@@ -249,9 +249,10 @@ class Client {
 
   // True when the daemon has a pool on `device` (CreateOptions::device).
   bool HasPoolOn(const Device& device) const;
-  // The name of the pool a Create on `device` without a pool name goes to:
-  // the first pool there this session may write (else one it may read);
-  // NOT_FOUND listing the daemon's pools when it has none there.
+  // The name of the pool a Create on `device` without a pool name goes to,
+  // as the daemon chose it for this session: the first pool there the
+  // session may write, else one it may read; NOT_FOUND listing the
+  // session's pools when there is none there.
   absl::StatusOr<std::string> PoolOn(const Device& device) const;
 
   // The session's secret id (requests carry it); do not show it to others.
