@@ -74,7 +74,7 @@ double Lives(ObjectStore& store, int n) {
   const absl::Time start = absl::Now();
   for (int i = 0; i < n; ++i) {
     daemon::CreateArgs args;
-    args.session_id = a;
+    args.caller = a;
     args.size_bytes = 65536;
     daemon::Handout h = *CreateBlocking(store, args);
     (void)store.ClearStale(a, h);
@@ -116,7 +116,7 @@ void Adoption(int objects) {
   const uint64_t a = old.OpenSession("a", Me())->id;
   for (int i = 0; i < objects; ++i) {
     daemon::CreateArgs args;
-    args.session_id = a;
+    args.caller = a;
     args.size_bytes = 4096;
     daemon::Handout h = *CreateBlocking(old, args);
     (void)old.ClearStale(a, h);

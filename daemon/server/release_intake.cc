@@ -2,8 +2,6 @@
 
 #include <vector>
 
-#include "absl/strings/str_format.h"
-
 namespace shmtensor::daemon {
 
 absl::Status ApplyReleaseMessage(ObjectStore& store, uint64_t session_id,
@@ -19,23 +17,6 @@ absl::Status ApplyReleaseMessage(ObjectStore& store, uint64_t session_id,
     return absl::OkStatus();
   }
   return s;
-}
-
-absl::Status ApplyCarriedReleases(
-    ObjectStore& store, uint64_t session_id,
-    const google::protobuf::RepeatedPtrField<v1::ReleaseLeases>& carried,
-    absl::Status* unknown) {
-  if (static_cast<size_t>(carried.size()) > kDaemonMaxCarriedReleases) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("request carries %d ReleaseLeases copies, at most %d",
-                        carried.size(), kDaemonMaxCarriedReleases));
-  }
-  for (const v1::ReleaseLeases& message : carried) {
-    absl::Status s = ApplyReleaseMessage(store, session_id, message, unknown);
-    if (absl::IsInvalidArgument(s)) break;  // A gap: the stream has the rest.
-    if (!s.ok()) return s;
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace shmtensor::daemon

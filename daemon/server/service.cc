@@ -7,7 +7,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "daemon/os/peer.h"
-#include "daemon/server/release_intake.h"
 #include "daemon/server/session_reactor.h"
 #include "shmtensor/errors.h"
 #include "spdlog/spdlog.h"
@@ -43,7 +42,7 @@ grpc::Status RemoteRefused(const std::string& peer) {
                    "there only, where the kernel says who they are"));
 }
 
-absl::StatusOr<Connection> ObjectStoreService::Caller(
+absl::StatusOr<Connection> ObjectStoreService::ConnectionOf(
     const std::string& peer) const {
   std::optional<Connection> c = connections_.Find(peer);
   if (!c.has_value()) {
@@ -51,13 +50,6 @@ absl::StatusOr<Connection> ObjectStoreService::Caller(
     return absl::PermissionDeniedError(refused.error_message());
   }
   return *std::move(c);
-}
-
-absl::Status ObjectStoreService::Authorize(grpc::CallbackServerContext* ctx,
-                                           uint64_t session_id) const {
-  absl::StatusOr<Connection> caller = Caller(ctx->peer());
-  if (!caller.ok()) return caller.status();
-  return store_.Authorize(session_id, caller->owner);
 }
 
 void ObjectStoreService::LogClientError(uint64_t session_id,
@@ -215,60 +207,41 @@ grpc::ServerUnaryReactor* ObjectStoreService::Serve(
 }
 
 template <typename Request>
-grpc::ServerUnaryReactor* ObjectStoreService::ServeAfterReleases(
+grpc::ServerUnaryReactor* ObjectStoreService::ServeAdmitted(
     grpc::CallbackServerContext* ctx, const Request* req, const Reply& reply,
-    Attempt attempt) {
-  return Serve(ctx, req->session_id(), reply,
-               AfterReleases(ctx, req, std::move(attempt)));
-}
-
-template <typename Request>
-ObjectStoreService::Attempt ObjectStoreService::AfterReleases(
-    grpc::CallbackServerContext* ctx, const Request* req, Attempt then) {
+    AdmittedAttempt attempt) {
+  absl::StatusOr<Connection> conn = ConnectionOf(ctx->peer());
+  if (!conn.ok()) return Answer(ctx, ToGrpcStatus(ctx, conn.status()), nullptr);
+  daemon::Caller caller(req->session_id());
+  caller.owner = conn->owner;
+  caller.carried = &req->releases();
+  caller.releases_through = req->releases_through();
   const absl::Time releases_deadline = BoundedDeadline(ctx, kMaxReleaseWait);
-  auto releases_done = std::make_shared<bool>(req->releases_through() == 0);
-  return [this, ctx, req, releases_deadline, releases_done,
-          then = std::move(then)](
-             absl::Time* wake_at) -> std::optional<grpc::Status> {
-    if (!*releases_done) {
-      absl::StatusOr<bool> done =
-          store_.TryAwaitReleases(req->session_id(), req->releases_through(),
-                                  absl::Now() >= releases_deadline);
-      if (!done.ok()) return ToGrpcStatus(ctx, done.status());
-      if (!*done) {
-        *wake_at = releases_deadline;
-        return std::nullopt;
-      }
-      *releases_done = true;
-    }
-    return then(wake_at);
-  };
-}
-
-// Authorizes the call and applies what it carries of the session's
-// releases; an error to answer with, or nullopt to go on.
-template <typename Request>
-std::optional<grpc::Status> ObjectStoreService::Admit(
-    grpc::CallbackServerContext* ctx, const Request* req) {
-  if (absl::Status s = Authorize(ctx, req->session_id()); !s.ok()) {
-    return ToGrpcStatus(ctx, s);
-  }
-  absl::Status unknown;
-  absl::Status applied = ApplyCarriedReleases(store_, req->session_id(),
-                                              req->releases(), &unknown);
-  if (!unknown.ok()) LogClientError(req->session_id(), unknown);
-  if (!applied.ok()) return ToGrpcStatus(ctx, applied);
-  return std::nullopt;
+  auto skipped = std::make_shared<absl::Status>();
+  return Serve(ctx, req->session_id(), reply,
+               [this, ctx, caller, releases_deadline, skipped,
+                attempt = std::move(attempt)](
+                   absl::Time* wake_at) mutable -> std::optional<grpc::Status> {
+                 caller.releases_last_try = absl::Now() >= releases_deadline;
+                 caller.skipped = skipped.get();
+                 std::optional<absl::Status> done = attempt(caller, wake_at);
+                 if (!skipped->ok()) {
+                   LogClientError(caller.session_id, *skipped);
+                   *skipped = absl::OkStatus();
+                 }
+                 if (!done.has_value()) return std::nullopt;
+                 if (IsAwaitingReleases(*done)) {
+                   *wake_at = releases_deadline;
+                   return std::nullopt;
+                 }
+                 return ToGrpcStatus(ctx, *done);
+               });
 }
 
 grpc::ServerUnaryReactor* ObjectStoreService::HandleCreate(
     grpc::CallbackServerContext* ctx, const v1::CreateRequest* req,
     v1::CreateResponse* resp, const Reply& reply) {
-  if (std::optional<grpc::Status> refused = Admit(ctx, req)) {
-    return Answer(ctx, *refused, reply);
-  }
   auto args = std::make_shared<CreateArgs>();
-  args->session_id = req->session_id();
   args->pool = req->pool();
   args->size_bytes = req->size_bytes();
   args->layout = req->layout();
@@ -276,34 +249,37 @@ grpc::ServerUnaryReactor* ObjectStoreService::HandleCreate(
   args->shared_writable = req->shared_writable();
   const absl::Time deadline =
       BoundedDeadline(ctx, absl::Milliseconds(req->timeout_ms()));
-  return ServeAfterReleases(
+  return ServeAdmitted(
       ctx, req, reply,
-      [this, ctx, resp, args,
-       deadline](absl::Time* wake_at) -> std::optional<grpc::Status> {
+      [this, resp, args, deadline](
+          const daemon::Caller& caller,
+          absl::Time* wake_at) -> std::optional<absl::Status> {
+        args->caller = caller;
         absl::StatusOr<std::optional<Handout>> h =
             store_.TryCreate(*args, absl::Now() >= deadline);
-        if (!h.ok()) return ToGrpcStatus(ctx, h.status());
+        if (!h.ok()) return h.status();
         if (!h->has_value()) {
           *wake_at = deadline;
           return std::nullopt;
         }
-        if (absl::Status s = store_.ClearStale(args->session_id, **h);
+        if (absl::Status s = store_.ClearStale(caller.session_id, **h);
             !s.ok()) {
-          return ToGrpcStatus(ctx, s);
+          return s;
         }
         FillHandout(**std::move(h), resp);
-        return grpc::Status::OK;
+        return absl::OkStatus();
       });
 }
 
 grpc::ServerUnaryReactor* ObjectStoreService::HandleSeal(
     grpc::CallbackServerContext* ctx, const v1::SealRequest* req,
     v1::SealResponse* resp, const Reply& reply) {
-  if (absl::Status s = Authorize(ctx, req->session_id()); !s.ok()) {
-    return Answer(ctx, ToGrpcStatus(ctx, s), reply);
-  }
+  absl::StatusOr<Connection> conn = ConnectionOf(ctx->peer());
+  if (!conn.ok()) return Answer(ctx, ToGrpcStatus(ctx, conn.status()), reply);
+  daemon::Caller caller(req->session_id());
+  caller.owner = conn->owner;
   absl::StatusOr<SealResult> r =
-      store_.Seal(req->session_id(), req->lease_id(), req->exclusive());
+      store_.Seal(caller, req->lease_id(), req->exclusive());
   if (!r.ok()) return Answer(ctx, ToGrpcStatus(ctx, r.status()), reply);
   *resp->mutable_ref() = r->ref;
   resp->set_lease_id(r->lease_id);
@@ -313,9 +289,6 @@ grpc::ServerUnaryReactor* ObjectStoreService::HandleSeal(
 grpc::ServerUnaryReactor* ObjectStoreService::HandleGet(
     grpc::CallbackServerContext* ctx, const v1::GetRequest* req,
     v1::GetResponse* resp, const Reply& reply) {
-  if (std::optional<grpc::Status> refused = Admit(ctx, req)) {
-    return Answer(ctx, *refused, reply);
-  }
   if (req->target_case() != v1::GetRequest::kRef &&
       req->target_case() != v1::GetRequest::kName) {
     return Answer(ctx,
@@ -325,29 +298,30 @@ grpc::ServerUnaryReactor* ObjectStoreService::HandleGet(
   }
   const absl::Duration timeout = absl::Milliseconds(req->timeout_ms());
   const absl::Time deadline = BoundedDeadline(ctx, timeout);
-  return ServeAfterReleases(
-      ctx, req, reply,
-      [this, ctx, req, resp, timeout,
-       deadline](absl::Time* wake_at) -> std::optional<grpc::Status> {
-        absl::StatusOr<std::optional<Handout>> h;
-        if (req->target_case() == v1::GetRequest::kRef) {
-          // A wait for a one-way seal on its way (timeout_ms >
-          // 0).
-          h = store_.TryGet(req->session_id(), req->ref(), req->offer_token(),
-                            req->timeout_ms() > 0, absl::Now() >= deadline);
-        } else {
-          h = store_.TryGetByName(req->session_id(), req->name(), timeout,
-                                  absl::Now() >= deadline);
-        }
-        if (!h.ok()) return ToGrpcStatus(ctx, h.status());
-        if (!h->has_value()) {
-          *wake_at = deadline;
-          return std::nullopt;
-        }
-        resp->set_writable((*h)->writable);
-        FillHandout(**std::move(h), resp);
-        return grpc::Status::OK;
-      });
+  return ServeAdmitted(ctx, req, reply,
+                       [this, req, resp, timeout, deadline](
+                           const daemon::Caller& caller,
+                           absl::Time* wake_at) -> std::optional<absl::Status> {
+                         absl::StatusOr<std::optional<Handout>> h;
+                         if (req->target_case() == v1::GetRequest::kRef) {
+                           // A wait for a one-way seal on its way (timeout_ms >
+                           // 0).
+                           h = store_.TryGet(
+                               caller, req->ref(), req->offer_token(),
+                               req->timeout_ms() > 0, absl::Now() >= deadline);
+                         } else {
+                           h = store_.TryGetByName(caller, req->name(), timeout,
+                                                   absl::Now() >= deadline);
+                         }
+                         if (!h.ok()) return h.status();
+                         if (!h->has_value()) {
+                           *wake_at = deadline;
+                           return std::nullopt;
+                         }
+                         resp->set_writable((*h)->writable);
+                         FillHandout(**std::move(h), resp);
+                         return absl::OkStatus();
+                       });
 }
 
 grpc::ServerUnaryReactor* ObjectStoreService::HandleRelease(
@@ -355,36 +329,28 @@ grpc::ServerUnaryReactor* ObjectStoreService::HandleRelease(
     v1::ReleaseResponse* resp, const Reply& reply) {
   // After the session's releases (and one-way seals) sent before it: the
   // seal of this very lease may be among them.
-  if (std::optional<grpc::Status> refused = Admit(ctx, req)) {
-    return Answer(ctx, *refused, reply);
-  }
-  return ServeAfterReleases(
+  return ServeAdmitted(
       ctx, req, reply,
-      [this, ctx, req, resp](absl::Time*) -> std::optional<grpc::Status> {
-        absl::StatusOr<bool> freed =
-            store_.Release(req->session_id(), req->lease_id());
-        if (!freed.ok()) return ToGrpcStatus(ctx, freed.status());
+      [this, req, resp](const daemon::Caller& caller,
+                        absl::Time*) -> std::optional<absl::Status> {
+        absl::StatusOr<bool> freed = store_.Release(caller, req->lease_id());
+        if (!freed.ok()) return freed.status();
         resp->set_freed(*freed);
-        return grpc::Status::OK;
+        return absl::OkStatus();
       });
 }
 
 grpc::ServerUnaryReactor* ObjectStoreService::HandleDelete(
     grpc::CallbackServerContext* ctx, const v1::DeleteRequest* req,
     v1::DeleteResponse* resp, const Reply& reply) {
-  if (std::optional<grpc::Status> refused = Admit(ctx, req)) {
-    return Answer(ctx, *refused, reply);
-  }
-  return ServeAfterReleases(
+  return ServeAdmitted(
       ctx, req, reply,
-      [this, ctx, req, resp](absl::Time*) -> std::optional<grpc::Status> {
-        absl::StatusOr<bool> freed =
-            store_.Delete(req->session_id(), req->name());
-        if (!freed.ok()) {
-          return ToGrpcStatus(ctx, freed.status());
-        }
+      [this, req, resp](const daemon::Caller& caller,
+                        absl::Time*) -> std::optional<absl::Status> {
+        absl::StatusOr<bool> freed = store_.Delete(caller, req->name());
+        if (!freed.ok()) return freed.status();
         resp->set_freed(*freed);
-        return grpc::Status::OK;
+        return absl::OkStatus();
       });
 }
 
@@ -393,27 +359,29 @@ grpc::ServerUnaryReactor* ObjectStoreService::HandleStats(
     v1::StatsResponse* resp, const Reply& reply) {
   // Without a session: counters only, for any process on the socket.
   if (req->session_id() == 0) {
-    absl::StatusOr<Connection> caller = Caller(ctx->peer());
-    if (!caller.ok())
-      return Answer(ctx, ToGrpcStatus(ctx, caller.status()), reply);
-    *resp = store_.Stats(0, &caller->peer);
+    absl::StatusOr<Connection> conn = ConnectionOf(ctx->peer());
+    if (!conn.ok()) return Answer(ctx, ToGrpcStatus(ctx, conn.status()), reply);
+    *resp = store_.Stats(&conn->peer);
     return Answer(ctx, grpc::Status::OK, reply);
   }
-  if (std::optional<grpc::Status> refused = Admit(ctx, req)) {
-    return Answer(ctx, *refused, reply);
-  }
-  return ServeAfterReleases(
+  return ServeAdmitted(
       ctx, req, reply,
-      [this, req, resp](absl::Time*) -> std::optional<grpc::Status> {
-        *resp = store_.Stats(req->session_id());
-        return grpc::Status::OK;
+      [this, resp](const daemon::Caller& caller,
+                   absl::Time*) -> std::optional<absl::Status> {
+        absl::StatusOr<v1::StatsResponse> stats = store_.SessionStats(caller);
+        if (!stats.ok()) return stats.status();
+        *resp = *std::move(stats);
+        return absl::OkStatus();
       });
 }
 
 grpc::ServerUnaryReactor* ObjectStoreService::HandleEndSession(
     grpc::CallbackServerContext* ctx, const v1::EndSessionRequest* req,
     v1::EndSessionResponse* resp, const Reply& reply) {
-  if (absl::Status s = Authorize(ctx, req->session_id()); !s.ok()) {
+  absl::StatusOr<Connection> conn = ConnectionOf(ctx->peer());
+  if (!conn.ok()) return Answer(ctx, ToGrpcStatus(ctx, conn.status()), reply);
+  if (absl::Status s = store_.Authorize(req->session_id(), conn->owner);
+      !s.ok()) {
     return Answer(ctx, ToGrpcStatus(ctx, s), reply);
   }
   store_.EndSession(req->session_id());
@@ -423,27 +391,22 @@ grpc::ServerUnaryReactor* ObjectStoreService::HandleEndSession(
 grpc::ServerUnaryReactor* ObjectStoreService::HandleOffer(
     grpc::CallbackServerContext* ctx, const v1::OfferRequest* req,
     v1::OfferResponse* resp, const Reply& reply) {
-  if (std::optional<grpc::Status> refused = Admit(ctx, req)) {
-    return Answer(ctx, *refused, reply);
-  }
-  return ServeAfterReleases(
+  return ServeAdmitted(
       ctx, req, reply,
-      [this, ctx, req, resp](absl::Time*) -> std::optional<grpc::Status> {
+      [this, req, resp](const daemon::Caller& caller,
+                        absl::Time*) -> std::optional<absl::Status> {
         absl::StatusOr<OfferGrant> offer =
-            store_.Offer(req->session_id(), req->lease_id());
-        if (!offer.ok()) return ToGrpcStatus(ctx, offer.status());
+            store_.Offer(caller, req->lease_id());
+        if (!offer.ok()) return offer.status();
         *resp->mutable_ref() = offer->ref;
         resp->set_offer_token(offer->token);
-        return grpc::Status::OK;
+        return absl::OkStatus();
       });
 }
 
 grpc::ServerUnaryReactor* ObjectStoreService::HandleCreateMany(
     grpc::CallbackServerContext* ctx, const v1::CreateManyRequest* req,
     v1::CreateManyResponse* resp, const Reply& reply) {
-  if (std::optional<grpc::Status> refused = Admit(ctx, req)) {
-    return Answer(ctx, *refused, reply);
-  }
   if (req->sizes_size() == 0 ||
       static_cast<size_t>(req->sizes_size()) > ObjectStore::kMaxBatch) {
     return Answer(ctx,
@@ -457,12 +420,13 @@ grpc::ServerUnaryReactor* ObjectStoreService::HandleCreateMany(
   const absl::Time deadline = BoundedDeadline(
       ctx, req->stock() ? absl::ZeroDuration()
                         : absl::Milliseconds(req->timeout_ms()));
-  return ServeAfterReleases(
+  return ServeAdmitted(
       ctx, req, reply,
-      [this, ctx, req, resp,
-       deadline](absl::Time* wake_at) -> std::optional<grpc::Status> {
+      [this, req, resp, deadline](
+          const daemon::Caller& caller,
+          absl::Time* wake_at) -> std::optional<absl::Status> {
         CreateArgs args;
-        args.session_id = req->session_id();
+        args.caller = caller;
         args.pool = req->pool();
         args.stock = req->stock();
         // Resumed where the last try stopped: only the first one waits.
@@ -476,9 +440,11 @@ grpc::ServerUnaryReactor* ObjectStoreService::HandleCreateMany(
             *wake_at = deadline;
             return std::nullopt;
           }
-          if (failed.ok()) failed = store_.ClearStale(args.session_id, **h);
+          if (failed.ok()) {
+            failed = store_.ClearStale(caller.session_id, **h);
+          }
           if (!failed.ok()) {
-            if (i == 0) return ToGrpcStatus(ctx, failed);
+            if (i == 0) return failed;
             resp->set_stopped_code(static_cast<int>(failed.code()));
             resp->set_stopped_message(
                 std::string(failed.message().substr(0, kMaxErrorBytes)));
@@ -486,16 +452,13 @@ grpc::ServerUnaryReactor* ObjectStoreService::HandleCreateMany(
           }
           FillHandout(**std::move(h), resp->add_created());
         }
-        return grpc::Status::OK;
+        return absl::OkStatus();
       });
 }
 
 grpc::ServerUnaryReactor* ObjectStoreService::HandleGetMany(
     grpc::CallbackServerContext* ctx, const v1::GetManyRequest* req,
     v1::GetManyResponse* resp, const Reply& reply) {
-  if (std::optional<grpc::Status> refused = Admit(ctx, req)) {
-    return Answer(ctx, *refused, reply);
-  }
   if (static_cast<size_t>(req->refs_size()) > ObjectStore::kMaxBatch) {
     return Answer(
         ctx,
@@ -508,15 +471,15 @@ grpc::ServerUnaryReactor* ObjectStoreService::HandleGetMany(
                                                            req->refs().end());
   const absl::Time deadline =
       BoundedDeadline(ctx, absl::Milliseconds(req->timeout_ms()));
-  return ServeAfterReleases(
+  return ServeAdmitted(
       ctx, req, reply,
-      [this, ctx, req, resp, refs,
-       deadline](absl::Time* wake_at) -> std::optional<grpc::Status> {
+      [this, req, resp, refs, deadline](
+          const daemon::Caller& caller,
+          absl::Time* wake_at) -> std::optional<absl::Status> {
         absl::StatusOr<std::optional<std::vector<absl::StatusOr<Handout>>>>
-            got = store_.TryGetMany(req->session_id(), *refs,
-                                    req->timeout_ms() > 0,
+            got = store_.TryGetMany(caller, *refs, req->timeout_ms() > 0,
                                     absl::Now() >= deadline);
-        if (!got.ok()) return ToGrpcStatus(ctx, got.status());
+        if (!got.ok()) return got.status();
         if (!got->has_value()) {
           *wake_at = deadline;
           return std::nullopt;
@@ -533,7 +496,7 @@ grpc::ServerUnaryReactor* ObjectStoreService::HandleGetMany(
             r->set_reason(ErrorReasonOf(h.status()));
           }
         }
-        return grpc::Status::OK;
+        return absl::OkStatus();
       });
 }
 

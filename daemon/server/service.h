@@ -128,28 +128,25 @@ class ObjectStoreService final : public ObjectStoreServiceBase {
   void Register(SessionReactor* r);
   void Unregister(SessionReactor* r);
   // The connection the call came on; PERMISSION_DENIED for any other peer.
-  absl::StatusOr<Connection> Caller(const std::string& peer) const;
-  // Caller(), then that `session_id` is open and belongs to its process.
-  absl::Status Authorize(grpc::CallbackServerContext* ctx,
-                         uint64_t session_id) const;
-  // Authorize, then the releases the request carries; an error to answer
-  // with, or nullopt.
+  absl::StatusOr<Connection> ConnectionOf(const std::string& peer) const;
+  // One try of a data-plane call as `caller` (caller.h: the store admits it
+  // under the lock the call takes): its status, the response filled when
+  // OK; or nullopt for "not yet" with *wake_at the latest time to try again
+  // (the call's deadline).
+  using AdmittedAttempt = std::function<std::optional<absl::Status>(
+      const Caller& caller, absl::Time* wake_at)>;
+  // How every data-plane call of a session is answered: Serve of `attempt`
+  // as the request's session from the connection it came on, carrying the
+  // request's releases and following its releases_through. A try the store
+  // answers IsAwaitingReleases waits for the session's stream, at most
+  // 10 s (kMaxReleaseWait); later tries then fail DEADLINE_EXCEEDED.
+  // Leases and seals of carried releases the session does not hold are
+  // logged (rate-limited).
   template <typename Request>
-  std::optional<grpc::Status> Admit(grpc::CallbackServerContext* ctx,
-                                    const Request* req);
-  // `then`, once the session's releases through the request's
-  // releases_through were applied (waiting for its stream at most 10 s).
-  template <typename Request>
-  Attempt AfterReleases(grpc::CallbackServerContext* ctx, const Request* req,
-                        Attempt then);
-  // Serve of `attempt` once the request's releases were applied
-  // (AfterReleases): how every call of a session that can observe its
-  // releases and one-way seals is answered.
-  template <typename Request>
-  grpc::ServerUnaryReactor* ServeAfterReleases(grpc::CallbackServerContext* ctx,
-                                               const Request* req,
-                                               const Reply& reply,
-                                               Attempt attempt);
+  grpc::ServerUnaryReactor* ServeAdmitted(grpc::CallbackServerContext* ctx,
+                                          const Request* req,
+                                          const Reply& reply,
+                                          AdmittedAttempt attempt);
   // Answers with `attempt` now, or parks the call (counted against the
   // waiter limits) until it can; `reply` serializes the response on OK.
   grpc::ServerUnaryReactor* Serve(grpc::CallbackServerContext* ctx,

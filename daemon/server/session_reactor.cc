@@ -12,7 +12,7 @@ namespace shmtensor::daemon {
 SessionReactor::SessionReactor(ObjectStoreService& service,
                                grpc::CallbackServerContext* ctx)
     : service_(service), ctx_(ctx), peer_(ctx->peer()) {
-  absl::StatusOr<Connection> caller = service_.Caller(peer_);
+  absl::StatusOr<Connection> caller = service_.ConnectionOf(peer_);
   if (!caller.ok()) {
     FinishOnce(RemoteRefused(peer_));
     return;

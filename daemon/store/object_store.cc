@@ -140,18 +140,28 @@ void ObjectStore::WaitForChange(uint64_t seen, absl::Time deadline) const {
   mu_.AwaitWithDeadline(absl::Condition(&changed), deadline);
 }
 
-v1::StatsResponse ObjectStore::Stats(uint64_t session_id,
-                                     const PeerCredentials* caller) const {
+v1::StatsResponse ObjectStore::Stats(const PeerCredentials* viewer) const {
   absl::MutexLock lock(&mu_);
+  return StatsLocked(0, nullptr, viewer);
+}
+
+absl::StatusOr<v1::StatsResponse> ObjectStore::SessionStats(
+    const Caller& caller) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Session*> session = Admit(caller);
+  if (!session.ok()) return session.status();
+  return StatsLocked(caller.session_id, *session, nullptr);
+}
+
+v1::StatsResponse ObjectStore::StatsLocked(
+    uint64_t session_id, const Session* session,
+    const PeerCredentials* caller) const {
   v1::StatsResponse out;
   out.set_daemon_epoch(epoch_);
-  const Session* session = sessions_.FindOrNull(session_id);
   for (size_t i = 0; i < pools_.size(); ++i) {
-    // A session that ended meanwhile sees no pool at all.
     v1::PoolAccess access = v1::POOL_ACCESS_READ_WRITE;
-    if (session_id != 0) {
-      access =
-          session != nullptr ? session->access[i] : v1::POOL_ACCESS_UNSPECIFIED;
+    if (session != nullptr) {
+      access = session->access[i];
     } else if (caller != nullptr) {
       access = pools_[i]->access().AccessOf(*caller);
     }
@@ -184,11 +194,9 @@ v1::StatsResponse ObjectStore::Stats(uint64_t session_id,
   out.set_offers(session_id == 0 ? offers_.size()
                                  : offers_.CountOf(session_id));
   uint64_t stock_objects = 0, stock_bytes = 0;
-  if (session_id != 0) {
-    if (session != nullptr) {
-      stock_objects = session->stock_objects;
-      stock_bytes = session->stock_bytes;
-    }
+  if (session != nullptr) {
+    stock_objects = session->stock_objects;
+    stock_bytes = session->stock_bytes;
   } else {
     for (const auto& [id, s] : sessions_.all()) {
       stock_objects += s.stock_objects;
@@ -239,9 +247,6 @@ absl::StatusOr<ObjectStore::Lease*> ObjectStore::FindLease(uint64_t session_id,
 
 absl::StatusOr<ObjectStore::Lease*> ObjectStore::LookupLease(
     uint64_t session_id, uint64_t lease_id) {
-  if (absl::StatusOr<Session*> s = sessions_.Find(session_id); !s.ok()) {
-    return s.status();
-  }
   return leases_.Lookup(session_id, lease_id);
 }
 
@@ -260,11 +265,13 @@ uint64_t ObjectStore::AddLease(uint64_t session_id, Session& session,
   return id;
 }
 
-bool ObjectStore::DropLease(uint64_t lease_id) {
+bool ObjectStore::DropLease(uint64_t lease_id, Session* holder) {
   const Lease lease = leases_.Remove(lease_id);
   if (ledger_ != nullptr) ledger_->DropLease(lease_id);
   Object& obj = objects_.object(lease.slot);
-  if (Session* s = sessions_.FindOrNull(lease.session); s != nullptr) {
+  if (Session* s =
+          holder != nullptr ? holder : sessions_.FindOrNull(lease.session);
+      s != nullptr) {
     sessions_.Unhold(*s, lease_id, lease.slot, obj.capacity);
   }
   // Invariant: a live object's lease count equals the leases naming it.

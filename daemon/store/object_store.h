@@ -18,6 +18,12 @@
 //
 // The store never touches pool bytes; it only hands out offsets.
 //
+// Admission: every data-plane call takes a Caller (caller.h) and admits it
+// under the one lock the call takes (Admit): one session lookup, the
+// caller's process checked, the releases its request carries applied, and
+// the releases it follows checked. A call whose releases have not all
+// arrived fails IsAwaitingReleases, for the service to try again.
+//
 // Waiting: TryCreate (for memory), TryGetByName (for a name to be sealed)
 // and TryAwaitReleases (for a session's releases) never block: they answer,
 // or say "not yet" (nullopt / false) for the caller to try again after the
@@ -59,10 +65,12 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "daemon/ledger/ledger.h"
 #include "daemon/memory/pool.h"
 #include "daemon/memory/writer_map.h"
 #include "daemon/os/peer.h"
+#include "daemon/store/caller.h"
 #include "daemon/store/lease_table.h"
 #include "daemon/store/limits.h"
 #include "daemon/store/object_table.h"
@@ -137,7 +145,7 @@ struct OfferGrant {
 using CancelledFn = std::function<bool()>;
 
 struct CreateArgs {
-  uint64_t session_id = 0;
+  Caller caller = Caller(0);
   std::string pool;  // Empty: the first pool.
   uint64_t size_bytes = 0;
   v1::Layout layout;
@@ -320,8 +328,8 @@ class ObjectStore {
     return pools_[pool_id]->segment();
   }
 
-  // A write lease on a new object; its `stale` ranges must go through
-  // ClearStale before the handout reaches the creator.
+  // A write lease on a new object for args.caller; its `stale` ranges must
+  // go through ClearStale before the handout reaches the creator.
   absl::StatusOr<std::optional<Handout>> TryCreate(const CreateArgs& args,
                                                    bool last_try);
   // Zeros the handout's stale ranges, without the store's lock (no one but
@@ -332,23 +340,23 @@ class ObjectStore {
   // written by several uids again (so they are cleared next time), drops
   // the handout's lease (the object goes) and returns the error.
   absl::Status ClearStale(uint64_t session_id, const Handout& handout);
-  absl::StatusOr<SealResult> Seal(uint64_t session_id, uint64_t lease_id,
+  absl::StatusOr<SealResult> Seal(const Caller& caller, uint64_t lease_id,
                                   bool exclusive);
   // Seal with a new size and layout (SealArgs). INVALID_ARGUMENT naming the
   // values for a layout that is invalid or does not fit the capacity.
-  absl::StatusOr<SealResult> Seal(uint64_t session_id, uint64_t lease_id,
+  absl::StatusOr<SealResult> Seal(const Caller& caller, uint64_t lease_id,
                                   const SealArgs& args);
   // A lease on the object `ref` names. With a nonzero `offer_token` of an
   // offer of that object, the new lease takes the offer's pin over (the
   // offer ends); a token that pins nothing (taken, expired, another
   // object's) changes nothing, but words a stale ref's error.
-  absl::StatusOr<Handout> Get(uint64_t session_id, const v1::ObjectRef& ref,
+  absl::StatusOr<Handout> Get(const Caller& caller, const v1::ObjectRef& ref,
                               uint64_t offer_token = 0);
   // Get that, with `wait`, says "not yet" (nullopt) for an object not
   // sealed yet (its one-way seal is on its way), until `last_try`, which
   // then fails DEADLINE_EXCEEDED naming the ref. An object its creator
   // discarded meanwhile (or whose session ended) is a stale ref: NOT_FOUND.
-  absl::StatusOr<std::optional<Handout>> TryGet(uint64_t session_id,
+  absl::StatusOr<std::optional<Handout>> TryGet(const Caller& caller,
                                                 const v1::ObjectRef& ref,
                                                 uint64_t offer_token, bool wait,
                                                 bool last_try);
@@ -357,7 +365,7 @@ class ObjectStore {
   // Most refs a call takes.
   static constexpr size_t kMaxBatch = 1024;
   absl::StatusOr<std::optional<std::vector<absl::StatusOr<Handout>>>>
-  TryGetMany(uint64_t session_id, const std::vector<v1::ObjectRef>& refs,
+  TryGetMany(const Caller& caller, const std::vector<v1::ObjectRef>& refs,
              bool wait, bool last_try);
   // [P19] Pins the object of the session's read lease `lease_id` for a
   // receiver in another process (offer_table.h) and returns its ref and the
@@ -367,19 +375,19 @@ class ObjectStore {
   // limits.max_offers_per_session untaken offers; the lease lookup's errors
   // (FindLease). The pinned capacity is charged to the session's uid until
   // the offer ends.
-  absl::StatusOr<OfferGrant> Offer(uint64_t session_id, uint64_t lease_id);
+  absl::StatusOr<OfferGrant> Offer(const Caller& caller, uint64_t lease_id);
   // Ends the offers whose grace after their session's end has passed
   // (limits.offer_grace_ms), freeing what nothing else holds. Returns how
   // many. The daemon calls it with ReapExitedProcesses.
   int ExpireOffers(absl::Time now = absl::Now());
   // `timeout` only words the last try's error (0: NOT_FOUND at once).
-  absl::StatusOr<std::optional<Handout>> TryGetByName(uint64_t session_id,
+  absl::StatusOr<std::optional<Handout>> TryGetByName(const Caller& caller,
                                                       const std::string& name,
                                                       absl::Duration timeout,
                                                       bool last_try);
   // Returns true when the release freed the object's memory. Releases (this
   // and ReleaseBatch) still apply while shutting down.
-  absl::StatusOr<bool> Release(uint64_t session_id, uint64_t lease_id);
+  absl::StatusOr<bool> Release(const Caller& caller, uint64_t lease_id);
 
   // Applies one ReleaseLeases message of the session (from its stream, or a
   // copy a unary request carried): drops each lease the session holds (an id
@@ -420,13 +428,14 @@ class ObjectStore {
   absl::StatusOr<WaitToken> BeginWait(uint64_t session_id);
   void EndWait(const WaitToken& token);
   // Returns true when the memory was freed now (false: deferred).
-  absl::StatusOr<bool> Delete(uint64_t session_id, const std::string& name);
+  absl::StatusOr<bool> Delete(const Caller& caller, const std::string& name);
 
-  // Only the pools session `session_id` may use; for no session (0), the
-  // pools `caller` may use (all of them when it is null: the daemon's own
-  // use).
-  v1::StatsResponse Stats(uint64_t session_id = 0,
-                          const PeerCredentials* caller = nullptr) const;
+  // The store's counters and the pools `viewer` may use (all of them when
+  // it is null: the daemon's own use), for any process on the socket.
+  v1::StatsResponse Stats(const PeerCredentials* viewer = nullptr) const;
+  // Stats of the caller's session: only the pools it may use, and its own
+  // stock.
+  absl::StatusOr<v1::StatsResponse> SessionStats(const Caller& caller);
 
   // Monitoring snapshots (one lock each). Status fills the store's part of
   // DaemonStatus: pools, counts, limits, uptime, epoch. With a `viewer` (a
@@ -466,6 +475,12 @@ class ObjectStore {
                                        const OwnerKey& peer)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   AdoptedState AdoptedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Stats of session `session` (id `session_id`), or with none (null, 0)
+  // of the pools `viewer` may use (all when it is null too).
+  v1::StatsResponse StatsLocked(uint64_t session_id,
+                                const SessionTable::Session* session,
+                                const PeerCredentials* viewer) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A successor's restore from `state` (Adopt).
   absl::Status Restore(LedgerState state);
   // Records the object in `slot` as it is now in the ledger (state, name
@@ -512,16 +527,35 @@ class ObjectStore {
   absl::Status AccessError(const Session& s, uint32_t pool_id,
                            absl::string_view what) const;
 
-  // Seal under the lock (both Seal forms, one-way seals).
-  absl::StatusOr<SealResult> SealLocked(uint64_t session_id, uint64_t lease_id,
-                                        const SealArgs& args)
+  // The session of `caller` (caller.h), admitted: open and, when
+  // caller.owner is set, that process's (else SESSION_ENDED, one message
+  // for both); the ReleaseLeases copies it carries applied; every release
+  // through caller.releases_through applied (else AwaitingReleasesError, or
+  // on caller.releases_last_try the DEADLINE_EXCEEDED naming both seqs).
+  // INVALID_ARGUMENT for more than kDaemonMaxCarriedReleases copies. The
+  // one session lookup of a data-plane call; the pointer lives while mu_ is
+  // held and no session is opened or ended.
+  absl::StatusOr<Session*> Admit(const Caller& caller)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ReleaseBatch for the open session `s` (id `session_id`).
+  absl::Status ReleaseBatchLocked(uint64_t session_id, Session& s, uint64_t seq,
+                                  absl::Span<const uint64_t> lease_ids,
+                                  absl::Span<const v1::OneWaySeal> seals)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Seal under the lock (both Seal forms, one-way seals), for the open
+  // session `s` (id `session_id`).
+  absl::StatusOr<SealResult> SealLocked(uint64_t session_id, Session& s,
+                                        uint64_t lease_id, const SealArgs& args)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A one-way seal: SealLocked, and when refused, the write lease dropped
   // (the object discarded) if it is one. Returns the refusal.
-  absl::Status ApplyOneWaySeal(uint64_t session_id, const v1::OneWaySeal& seal)
+  absl::Status ApplyOneWaySeal(uint64_t session_id, Session& s,
+                               const v1::OneWaySeal& seal)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Get under the lock; nullopt: not sealed yet, and `wait`.
+  // Get under the lock, for the open session `s` (id `session_id`);
+  // nullopt: not sealed yet, and `wait`.
   absl::StatusOr<std::optional<Handout>> GetLocked(uint64_t session_id,
+                                                   Session& s,
                                                    const v1::ObjectRef& ref,
                                                    uint64_t offer_token,
                                                    bool wait, bool last_try)
@@ -529,20 +563,22 @@ class ObjectStore {
   // The object in `slot` leaves the stock (sealed or discarded).
   void Unstock(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // The lease `lease_id` of session `session_id`; UNAVAILABLE while
-  // shutting down, else as LookupLease.
+  // The lease `lease_id` of the open session `session_id` (the caller
+  // admitted it); UNAVAILABLE while shutting down, else as LookupLease.
   absl::StatusOr<Lease*> FindLease(uint64_t session_id, uint64_t lease_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The same lookup during shutdown too (for releases): FAILED_PRECONDITION
-  // for a session not open or a lease already released, NOT_FOUND for one
+  // The same lookup during shutdown too (for releases):
+  // FAILED_PRECONDITION for a lease already released, NOT_FOUND for one
   // never issued, PERMISSION_DENIED for another session's.
   absl::StatusOr<Lease*> LookupLease(uint64_t session_id, uint64_t lease_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t AddLease(uint64_t session_id, Session& session, uint32_t slot,
                     bool write) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops a lease; discards the object if it was the unsealed writer's.
-  // Returns true when the object was freed.
-  bool DropLease(uint64_t lease_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns true when the object was freed. `holder`: the lease's session
+  // when the caller has it at hand (else it is looked up).
+  bool DropLease(uint64_t lease_id, Session* holder = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ResumeSession's reconciliation of session `s`'s leases with `account`
   // (validated), recorded in `opened`.
   void ReconcileLeases(Session& s, const LeaseAccount& account,

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/release_protocol.h"
 #include "daemon/store/layout.h"
 #include "daemon/store/object_store.h"
 #include "daemon/store/store_views.h"
@@ -36,9 +37,10 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::TryCreate(
     }
   }
   absl::MutexLock lock(&mu_);
-  if (shutting_down_) return ShuttingDownError();
-  absl::StatusOr<Session*> session = sessions_.Find(args.session_id);
+  absl::StatusOr<Session*> session = Admit(args.caller);
   if (!session.ok()) return session.status();
+  if (shutting_down_) return ShuttingDownError();
+  const uint64_t session_id = args.caller.session_id;
   absl::StatusOr<uint32_t> chosen = PoolFor(**session, args.pool);
   if (!chosen.ok()) return chosen.status();
   const uint32_t pool_id = *chosen;
@@ -85,7 +87,7 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::TryCreate(
         limits_.max_stock_bytes_per_client));
   }
   const std::optional<uint64_t> got =
-      pool.AllocateObject(args.session_id, place, args.stock);
+      pool.AllocateObject(session_id, place, args.stock);
   if (!got.has_value()) {
     if (!last_try) return std::nullopt;
     return absl::ResourceExhaustedError(
@@ -99,7 +101,7 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::TryCreate(
   obj.capacity = capacity;
   obj.layout = args.layout;
   obj.name = args.name;
-  obj.creator = args.session_id;
+  obj.creator = session_id;
   obj.created = absl::Now();
   if (args.shared_writable) obj.state = State::kSharedWritable;
   obj.stock = args.stock;
@@ -113,7 +115,7 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::TryCreate(
   // [P21] Bytes another uid wrote are cleared before this one gets them.
   std::vector<WriterMap::Range> stale =
       pool.ClaimForWriter(offset, capacity, (*session)->peer.process.uid);
-  const uint64_t lease = AddLease(args.session_id, **session, slot, true);
+  const uint64_t lease = AddLease(session_id, **session, slot, true);
   Handout h = MakeHandout(slot, lease, true);
   if (!stale.empty()) ++objects_.object(slot).holds;  // Until ClearStale.
   h.stale = std::move(stale);
@@ -143,23 +145,26 @@ absl::Status ObjectStore::ClearStale(uint64_t session_id,
   return cleared;
 }
 
-absl::StatusOr<SealResult> ObjectStore::Seal(uint64_t session_id,
+absl::StatusOr<SealResult> ObjectStore::Seal(const Caller& caller,
                                              uint64_t lease_id,
                                              bool exclusive) {
   SealArgs args;
   args.exclusive = exclusive;
-  return Seal(session_id, lease_id, args);
+  return Seal(caller, lease_id, args);
 }
 
-absl::StatusOr<SealResult> ObjectStore::Seal(uint64_t session_id,
+absl::StatusOr<SealResult> ObjectStore::Seal(const Caller& caller,
                                              uint64_t lease_id,
                                              const SealArgs& args) {
   absl::MutexLock lock(&mu_);
+  absl::StatusOr<Session*> session = Admit(caller);
+  if (!session.ok()) return session.status();
   if (shutting_down_) return ShuttingDownError();
-  return SealLocked(session_id, lease_id, args);
+  return SealLocked(caller.session_id, **session, lease_id, args);
 }
 
 absl::StatusOr<SealResult> ObjectStore::SealLocked(uint64_t session_id,
+                                                   Session& s,
                                                    uint64_t lease_id,
                                                    const SealArgs& args) {
   absl::StatusOr<Lease*> lease = FindLease(session_id, lease_id);
@@ -215,9 +220,10 @@ absl::StatusOr<SealResult> ObjectStore::SealLocked(uint64_t session_id,
   } else {
     objects_.SetState(slot, State::kPendingTransfer);
     JournalObject(slot);
-    sessions_.FindOrNull(session_id)->pending_transfers.insert(slot);
+    s.pending_transfers.insert(slot);
     HoldTransfer(slot, true);
-    DropLease(lease_id);  // Cannot free: the transfer now holds the object.
+    // Cannot free: the transfer now holds the object.
+    DropLease(lease_id, &s);
   }
   // Wakes the Gets waiting for this seal (by name, or by ref).
   Changed();
@@ -236,21 +242,22 @@ void ObjectStore::Unstock(uint32_t slot) {
   }
 }
 
-absl::Status ObjectStore::ApplyOneWaySeal(uint64_t session_id,
+absl::Status ObjectStore::ApplyOneWaySeal(uint64_t session_id, Session& s,
                                           const v1::OneWaySeal& seal) {
   SealArgs args;
   args.exclusive = seal.exclusive();
   args.relayout = seal.size_bytes() != 0 || seal.has_layout();
   args.size_bytes = seal.size_bytes();
   args.layout = seal.layout();
-  absl::StatusOr<SealResult> r = SealLocked(session_id, seal.lease_id(), args);
+  absl::StatusOr<SealResult> r =
+      SealLocked(session_id, s, seal.lease_id(), args);
   if (r.ok()) return absl::OkStatus();
   // Refused: a write lease of an unsealed object goes with its object, so
   // that a Get waiting for the seal fails instead of waiting on.
   absl::StatusOr<Lease*> lease = LookupLease(session_id, seal.lease_id());
   if (lease.ok() && (*lease)->write &&
       objects_.object((*lease)->slot).state == State::kWriting) {
-    DropLease(seal.lease_id());
+    DropLease(seal.lease_id(), &s);
     Changed();
   }
   return absl::NotFoundError(absl::StrFormat(
@@ -258,25 +265,28 @@ absl::Status ObjectStore::ApplyOneWaySeal(uint64_t session_id,
       seal.lease_id(), r.status().message()));
 }
 
-absl::StatusOr<Handout> ObjectStore::Get(uint64_t session_id,
+absl::StatusOr<Handout> ObjectStore::Get(const Caller& caller,
                                          const v1::ObjectRef& ref,
                                          uint64_t offer_token) {
   absl::StatusOr<std::optional<Handout>> h =
-      TryGet(session_id, ref, offer_token, /*wait=*/false, /*last_try=*/true);
+      TryGet(caller, ref, offer_token, /*wait=*/false, /*last_try=*/true);
   if (!h.ok()) return h.status();
   return **std::move(h);
 }
 
 absl::StatusOr<std::optional<Handout>> ObjectStore::TryGet(
-    uint64_t session_id, const v1::ObjectRef& ref, uint64_t offer_token,
+    const Caller& caller, const v1::ObjectRef& ref, uint64_t offer_token,
     bool wait, bool last_try) {
   absl::MutexLock lock(&mu_);
+  absl::StatusOr<Session*> session = Admit(caller);
+  if (!session.ok()) return session.status();
   if (shutting_down_) return ShuttingDownError();
-  return GetLocked(session_id, ref, offer_token, wait, last_try);
+  return GetLocked(caller.session_id, **session, ref, offer_token, wait,
+                   last_try);
 }
 
 absl::StatusOr<std::optional<std::vector<absl::StatusOr<Handout>>>>
-ObjectStore::TryGetMany(uint64_t session_id,
+ObjectStore::TryGetMany(const Caller& caller,
                         const std::vector<v1::ObjectRef>& refs, bool wait,
                         bool last_try) {
   if (refs.size() > kMaxBatch) {
@@ -284,6 +294,8 @@ ObjectStore::TryGetMany(uint64_t session_id,
         "GetMany of %d refs, at most %d", refs.size(), kMaxBatch));
   }
   absl::MutexLock lock(&mu_);
+  absl::StatusOr<Session*> session = Admit(caller);
+  if (!session.ok()) return session.status();
   if (shutting_down_) return ShuttingDownError();
   if (wait && !last_try) {
     for (const v1::ObjectRef& ref : refs) {
@@ -297,7 +309,8 @@ ObjectStore::TryGetMany(uint64_t session_id,
   out.reserve(refs.size());
   for (const v1::ObjectRef& ref : refs) {
     absl::StatusOr<std::optional<Handout>> h =
-        GetLocked(session_id, ref, 0, wait, /*last_try=*/true);
+        GetLocked(caller.session_id, **session, ref, 0, wait,
+                  /*last_try=*/true);
     if (h.ok()) {
       out.push_back(**std::move(h));
     } else {
@@ -308,10 +321,8 @@ ObjectStore::TryGetMany(uint64_t session_id,
 }
 
 absl::StatusOr<std::optional<Handout>> ObjectStore::GetLocked(
-    uint64_t session_id, const v1::ObjectRef& ref, uint64_t offer_token,
-    bool wait, bool last_try) {
-  absl::StatusOr<Session*> session = sessions_.Find(session_id);
-  if (!session.ok()) return session.status();
+    uint64_t session_id, Session& session, const v1::ObjectRef& ref,
+    uint64_t offer_token, bool wait, bool last_try) {
   absl::StatusOr<uint32_t> slot = objects_.ResolveRef(ref);
   if (!slot.ok() && wait && offer_token == 0 &&
       IsStaleReference(slot.status())) {
@@ -338,10 +349,9 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::GetLocked(
         kReasonStaleReference);
   }
   const Object& obj = objects_.object(*slot);
-  const bool can_write =
-      (**session).access[obj.pool] == v1::POOL_ACCESS_READ_WRITE;
-  if (!Allowed(**session, obj.pool, obj.state == State::kSharedWritable)) {
-    return AccessError(**session, obj.pool,
+  const bool can_write = session.access[obj.pool] == v1::POOL_ACCESS_READ_WRITE;
+  if (!Allowed(session, obj.pool, obj.state == State::kSharedWritable)) {
+    return AccessError(session, obj.pool,
                        absl::StrCat(obj.state == State::kSharedWritable
                                         ? "get of shared-writable "
                                         : "get of ",
@@ -365,8 +375,8 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::GetLocked(
               " was sealed for exclusive transfer and was already taken")),
           kReasonAlreadyTaken);
     case State::kPendingTransfer: {
-      if (absl::Status s = sessions_.CheckHold(**session, *slot, obj.capacity,
-                                               leases_.size());
+      if (absl::Status s =
+              sessions_.CheckHold(session, *slot, obj.capacity, leases_.size());
           !s.ok()) {
         return s;
       }
@@ -378,7 +388,7 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::GetLocked(
       }
       HoldTransfer(*slot, false);
       // A session that may only read the pool takes it to read.
-      const uint64_t lease = AddLease(session_id, **session, *slot, can_write);
+      const uint64_t lease = AddLease(session_id, session, *slot, can_write);
       return MakeHandout(*slot, lease, can_write);
     }
     case State::kSealed:
@@ -392,8 +402,8 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::GetLocked(
         sessions_.ChargeUid(offered->uid,
                             -static_cast<int64_t>(offered->bytes));
       }
-      if (absl::Status s = sessions_.CheckHold(**session, *slot, obj.capacity,
-                                               leases_.size());
+      if (absl::Status s =
+              sessions_.CheckHold(session, *slot, obj.capacity, leases_.size());
           !s.ok()) {
         if (offered != nullptr) {
           sessions_.ChargeUid(offered->uid,
@@ -402,7 +412,7 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::GetLocked(
         return s;
       }
       const bool write = obj.state == State::kSharedWritable;
-      const uint64_t lease = AddLease(session_id, **session, *slot, write);
+      const uint64_t lease = AddLease(session_id, session, *slot, write);
       if (offered != nullptr) {
         offers_.Take(offer_token, *slot, ref.generation());
         if (ledger_ != nullptr) ledger_->DropOffer(offer_token);
@@ -414,9 +424,12 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::GetLocked(
   return absl::InternalError("unreachable object state");
 }
 
-absl::StatusOr<OfferGrant> ObjectStore::Offer(uint64_t session_id,
+absl::StatusOr<OfferGrant> ObjectStore::Offer(const Caller& caller,
                                               uint64_t lease_id) {
   absl::MutexLock lock(&mu_);
+  absl::StatusOr<Session*> session = Admit(caller);
+  if (!session.ok()) return session.status();
+  const uint64_t session_id = caller.session_id;
   absl::StatusOr<Lease*> lease = FindLease(session_id, lease_id);
   if (!lease.ok()) return lease.status();
   const uint32_t slot = (*lease)->slot;
@@ -437,7 +450,7 @@ absl::StatusOr<OfferGrant> ObjectStore::Offer(uint64_t session_id,
                         open, limits_.max_offers_per_session));
   }
   if (absl::Status room = CheckPinRoom(1); !room.ok()) return room;
-  Session& s = *sessions_.FindOrNull(session_id);  // FindLease checked it.
+  Session& s = **session;
   uint64_t token = Random64();
   while (token == 0 || offers_.Contains(token)) token = Random64();
   OfferTable::Offer offer;
@@ -482,13 +495,14 @@ void ObjectStore::EndOffer(const OfferTable::Offer& offer) {
 }
 
 absl::StatusOr<std::optional<Handout>> ObjectStore::TryGetByName(
-    uint64_t session_id, const std::string& name, absl::Duration timeout,
+    const Caller& caller, const std::string& name, absl::Duration timeout,
     bool last_try) {
   if (absl::Status s = ValidateName(name); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
-  if (shutting_down_) return ShuttingDownError();
-  absl::StatusOr<Session*> session = sessions_.Find(session_id);
+  absl::StatusOr<Session*> session = Admit(caller);
   if (!session.ok()) return session.status();
+  if (shutting_down_) return ShuttingDownError();
+  const uint64_t session_id = caller.session_id;
   const std::optional<uint32_t> slot = objects_.Named(name);
   if (slot.has_value() && objects_.object(*slot).state == State::kSealed) {
     const Object& obj = objects_.object(*slot);
@@ -515,13 +529,57 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::TryGetByName(
                    absl::FormatDuration(timeout)));
 }
 
-absl::StatusOr<bool> ObjectStore::Release(uint64_t session_id,
+absl::StatusOr<bool> ObjectStore::Release(const Caller& caller,
                                           uint64_t lease_id) {
   absl::MutexLock lock(&mu_);
   // Applied even while shutting down: dropping a lease is always safe.
-  absl::StatusOr<Lease*> lease = LookupLease(session_id, lease_id);
+  absl::StatusOr<Session*> session = Admit(caller);
+  if (!session.ok()) return session.status();
+  absl::StatusOr<Lease*> lease = LookupLease(caller.session_id, lease_id);
   if (!lease.ok()) return lease.status();
-  return DropLease(lease_id);
+  return DropLease(lease_id, *session);
+}
+
+absl::StatusOr<ObjectStore::Session*> ObjectStore::Admit(const Caller& caller) {
+  Session* s = sessions_.FindOrNull(caller.session_id);
+  if (s == nullptr ||
+      (caller.owner.has_value() && s->peer.owner != *caller.owner)) {
+    return SessionNotOpenError(caller.session_id);
+  }
+  if (caller.carried != nullptr && !caller.carried->empty()) {
+    if (static_cast<size_t>(caller.carried->size()) >
+        kDaemonMaxCarriedReleases) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("request carries %d ReleaseLeases copies, at most %d",
+                          caller.carried->size(), kDaemonMaxCarriedReleases));
+    }
+    std::vector<v1::OneWaySeal> seals;
+    for (const v1::ReleaseLeases& message : *caller.carried) {
+      // A seq applied already (its stream message, or this request's
+      // earlier try) is skipped at once.
+      if (s->releases.Reached(message.seq())) continue;
+      seals.assign(message.seals().begin(), message.seals().end());
+      absl::Status r =
+          ReleaseBatchLocked(caller.session_id, *s, message.seq(),
+                             absl::MakeConstSpan(message.lease_ids().data(),
+                                                 message.lease_ids().size()),
+                             seals);
+      if (absl::IsInvalidArgument(r)) break;  // A gap: the stream has the rest.
+      if (absl::IsNotFound(r)) {
+        if (caller.skipped != nullptr) *caller.skipped = r;
+      } else if (!r.ok()) {
+        return r;
+      }
+    }
+  }
+  if (!s->releases.Reached(caller.releases_through)) {
+    if (caller.releases_last_try) {
+      return s->releases.NotReachedError(caller.releases_through);
+    }
+    return AwaitingReleasesError(caller.releases_through,
+                                 s->releases.applied());
+  }
+  return s;
 }
 
 absl::Status ObjectStore::ReleaseBatch(
@@ -530,14 +588,21 @@ absl::Status ObjectStore::ReleaseBatch(
   absl::MutexLock lock(&mu_);
   absl::StatusOr<Session*> session = sessions_.Find(session_id);
   if (!session.ok()) return session.status();
-  absl::StatusOr<bool> due = (*session)->releases.Apply(seq);
+  return ReleaseBatchLocked(session_id, **session, seq, lease_ids, seals);
+}
+
+absl::Status ObjectStore::ReleaseBatchLocked(
+    uint64_t session_id, Session& s, uint64_t seq,
+    absl::Span<const uint64_t> lease_ids,
+    absl::Span<const v1::OneWaySeal> seals) {
+  absl::StatusOr<bool> due = s.releases.Apply(seq);
   if (!due.ok()) return due.status();
   // Applied already, from the copy a unary request carried.
   if (!*due) return absl::OkStatus();
   Changed();
   absl::Status refused;
   for (const v1::OneWaySeal& seal : seals) {
-    if (absl::Status r = ApplyOneWaySeal(session_id, seal);
+    if (absl::Status r = ApplyOneWaySeal(session_id, s, seal);
         !r.ok() && refused.ok()) {
       refused = r;
     }
@@ -547,13 +612,13 @@ absl::Status ObjectStore::ReleaseBatch(
     // Applied even while shutting down (releases in flight when SIGTERM
     // came are not errors).
     if (LookupLease(session_id, id).ok()) {
-      DropLease(id);
+      DropLease(id, &s);
     } else {
       unknown.push_back(id);
     }
   }
   if (ledger_ != nullptr) {
-    ledger_->SetReleasesApplied((*session)->client_id, seq);
+    ledger_->SetReleasesApplied(s.client_id, seq);
   }
   if (unknown.empty()) return refused;
   // At most 8 ids named: the message is logged, and a client can send
@@ -580,13 +645,13 @@ absl::StatusOr<bool> ObjectStore::TryAwaitReleases(uint64_t session_id,
   return (*session)->releases.NotReachedError(seq);
 }
 
-absl::StatusOr<bool> ObjectStore::Delete(uint64_t session_id,
+absl::StatusOr<bool> ObjectStore::Delete(const Caller& caller,
                                          const std::string& name) {
   if (absl::Status s = ValidateName(name); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
-  if (shutting_down_) return ShuttingDownError();
-  absl::StatusOr<Session*> session = sessions_.Find(session_id);
+  absl::StatusOr<Session*> session = Admit(caller);
   if (!session.ok()) return session.status();
+  if (shutting_down_) return ShuttingDownError();
   const std::optional<uint32_t> slot = objects_.Named(name);
   if (!slot.has_value()) {
     return absl::NotFoundError(absl::StrCat("no object named ", Quoted(name)));

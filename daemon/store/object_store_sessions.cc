@@ -318,7 +318,7 @@ void ObjectStore::ReconcileLeases(Session& s, const LeaseAccount& account,
         objects_.object((*lease)->slot).state != State::kWriting) {
       continue;
     }
-    if (absl::Status r = ApplyOneWaySeal(opened->id, seal); !r.ok()) {
+    if (absl::Status r = ApplyOneWaySeal(opened->id, s, seal); !r.ok()) {
       spdlog::warn("client {}: {}", s.client_id, std::string(r.message()));
     }
   }

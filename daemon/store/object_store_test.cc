@@ -5,6 +5,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
+#include "common/release_protocol.h"
 #include "daemon/memory/fake_segment.h"
 #include "daemon/store/store_views.h"
 #include "gtest/gtest.h"
@@ -44,7 +46,7 @@ class ObjectStoreTest : public ::testing::Test {
       uint64_t session, uint64_t bytes, std::string name = "",
       absl::Duration timeout = absl::ZeroDuration()) {
     CreateArgs args;
-    args.session_id = session;
+    args.caller = session;
     args.size_bytes = bytes;
     args.name = std::move(name);
     args.timeout = timeout;
@@ -172,7 +174,7 @@ TEST_F(ObjectStoreTest, ExclusiveTransferHasExactlyOneTaker) {
 
 TEST_F(ObjectStoreTest, SharedWritableObjectIsWritableByEveryHolder) {
   CreateArgs args;
-  args.session_id = a_;
+  args.caller = a_;
   args.size_bytes = 2 * kPage;
   args.shared_writable = true;
   Handout h = *CreateBlocking(*store_, args);
@@ -201,7 +203,7 @@ TEST_F(ObjectStoreTest, SharedWritableObjectIsWritableByEveryHolder) {
   EXPECT_EQ(Used(), 0u);
   EXPECT_TRUE(IsStaleReference(store_->Get(b_, h.ref).status()));
   // No name: a name would publish what nobody sealed.
-  args.session_id = b_;
+  args.caller = b_;
   args.name = "ring";
   absl::StatusOr<Handout> named = CreateBlocking(*store_, args);
   EXPECT_EQ(named.status().code(), absl::StatusCode::kInvalidArgument);
@@ -342,7 +344,7 @@ TEST_F(ObjectStoreTest, BadCreateArguments) {
   EXPECT_EQ(Create(a_, kPage, std::string("a\0b", 3)).status().code(),
             absl::StatusCode::kInvalidArgument);
   CreateArgs args;
-  args.session_id = a_;
+  args.caller = a_;
   args.size_bytes = kPage;
   args.pool = "nope";
   EXPECT_EQ(CreateBlocking(*store_, args).status().code(),
@@ -352,7 +354,7 @@ TEST_F(ObjectStoreTest, BadCreateArguments) {
 
 TEST_F(ObjectStoreTest, EmptyTypedObjectTakesNoMemory) {
   CreateArgs args;
-  args.session_id = a_;
+  args.caller = a_;
   args.layout.set_dtype(v1::DTYPE_FLOAT32);
   args.layout.add_shape(0);
   args.layout.add_shape(3);
@@ -419,6 +421,134 @@ TEST_F(ObjectStoreTest, StreamReleasesApplyInOrderAndSkipUnknownLeases) {
 
 // Releases that were in flight when SIGTERM came still apply: none is
 // refused, or logged as a lease the session does not hold.
+// The caller of a data-plane call as the service makes it: session `id` of
+// process `pid` (kUser), from the connection of process `from`.
+Caller From(uint64_t id, pid_t from) {
+  Caller c(id);
+  c.owner = OwnerKey{kUser, from, 1};
+  return c;
+}
+
+v1::ReleaseLeases Message(uint64_t seq, std::vector<uint64_t> ids) {
+  v1::ReleaseLeases m;
+  m.set_seq(seq);
+  for (uint64_t id : ids) m.add_lease_ids(id);
+  return m;
+}
+
+// [P15] Every data-plane call admits its caller under its own lock: from
+// another process, the session is not open, with the message a session
+// that is not open gets, and nothing changes.
+TEST_F(ObjectStoreTest, EveryCallActsOnlyForTheSessionsOwnProcess) {
+  Handout h = *Create(a_, kPage, "n");
+  SealResult sealed = *store_->Seal(From(a_, 1), h.lease_id, false);
+  Handout w = *Create(a_, kPage);
+  const Caller stranger = From(a_, 2);  // Session a_ is process 1's.
+  std::vector<absl::Status> refused;
+  CreateArgs args;
+  args.caller = stranger;
+  args.size_bytes = kPage;
+  refused.push_back(store_->TryCreate(args, true).status());
+  refused.push_back(store_->Seal(stranger, w.lease_id, false).status());
+  refused.push_back(store_->Get(stranger, sealed.ref).status());
+  refused.push_back(
+      store_->TryGetByName(stranger, "n", absl::ZeroDuration(), true).status());
+  refused.push_back(
+      store_->TryGetMany(stranger, {sealed.ref}, false, true).status());
+  refused.push_back(store_->Release(stranger, sealed.lease_id).status());
+  refused.push_back(store_->Offer(stranger, sealed.lease_id).status());
+  refused.push_back(store_->Delete(stranger, "n").status());
+  refused.push_back(store_->SessionStats(stranger).status());
+  const absl::Status not_open = store_->SessionStats(From(12345, 1)).status();
+  for (size_t i = 0; i < refused.size(); ++i) {
+    EXPECT_TRUE(IsSessionEnded(refused[i])) << i << ": " << refused[i];
+    EXPECT_EQ(refused[i].message(),
+              absl::StrReplaceAll(
+                  not_open.message(),
+                  {{"0000000000003039", absl::StrFormat("%016x", a_)}}))
+        << i;
+  }
+  const v1::StatsResponse st = store_->Stats();
+  EXPECT_EQ(st.objects(), 2u);
+  EXPECT_EQ(st.leases(), 2u);
+  EXPECT_EQ(st.named_objects(), 1u);
+  EXPECT_TRUE(store_->Seal(From(a_, 1), w.lease_id, false).ok());
+}
+
+// The releases a request carries are applied under the call's own lock,
+// before the call: one call drops them and serves what they made room for.
+TEST_F(ObjectStoreTest, ACallAppliesTheReleasesItCarriesFirst) {
+  Handout h1 = *Create(a_, 8 * kPage);
+  Handout h2 = *Create(a_, 8 * kPage);
+  google::protobuf::RepeatedPtrField<v1::ReleaseLeases> carried;
+  *carried.Add() = Message(1, {h1.lease_id});
+  *carried.Add() = Message(2, {h2.lease_id, 999});  // 999: not held.
+  absl::Status skipped;
+  CreateArgs args;
+  args.caller = From(a_, 1);
+  args.caller.carried = &carried;
+  args.caller.releases_through = 2;
+  args.caller.skipped = &skipped;
+  args.size_bytes = 16 * kPage;  // Fits only once both are released.
+  absl::StatusOr<std::optional<Handout>> h = store_->TryCreate(args, true);
+  ASSERT_TRUE(h.ok()) << h.status();
+  ASSERT_TRUE(h->has_value());
+  EXPECT_EQ(skipped.code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(absl::StrContains(skipped.message(), "999")) << skipped;
+  // The same copies again (a retry, or the stream's) change nothing.
+  skipped = absl::OkStatus();
+  EXPECT_TRUE(store_->SessionStats(args.caller).ok());
+  EXPECT_TRUE(skipped.ok()) << skipped;
+  EXPECT_TRUE(store_->ReleaseBatch(a_, 2, {h2.lease_id}).ok());
+  EXPECT_EQ(store_->Stats().leases(), 1u);
+}
+
+// A call that follows releases not yet arrived is not served: it says so
+// (for the service to wait for the stream), and on its last try fails
+// naming both seqs. A copy past a gap is left to the stream.
+TEST_F(ObjectStoreTest, ACallWaitsForTheReleasesItFollows) {
+  Handout h1 = *Create(a_, kPage);
+  Handout h2 = *Create(a_, kPage);
+  google::protobuf::RepeatedPtrField<v1::ReleaseLeases> carried;
+  *carried.Add() = Message(2, {h2.lease_id});  // Seq 1 has not arrived.
+  Caller c = From(a_, 1);
+  c.carried = &carried;
+  c.releases_through = 2;
+  absl::StatusOr<bool> r = store_->Release(c, h1.lease_id);
+  EXPECT_TRUE(IsAwaitingReleases(r.status())) << r.status();
+  EXPECT_EQ(store_->Stats().leases(), 2u);  // Nothing was applied.
+  c.releases_last_try = true;
+  r = store_->Release(c, h1.lease_id);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "2 not reached"))
+      << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "through 0"))
+      << r.status();
+  // Seq 1 arrives on the stream: the call goes through, seq 2 from its copy.
+  ASSERT_TRUE(store_->ReleaseBatch(a_, 1, {}).ok());
+  c.releases_last_try = false;
+  EXPECT_TRUE(*store_->Release(c, h1.lease_id));
+  EXPECT_EQ(store_->Stats().leases(), 0u);
+}
+
+TEST_F(ObjectStoreTest, ACallCarryingTooManyReleasesIsRefusedNamingThem) {
+  google::protobuf::RepeatedPtrField<v1::ReleaseLeases> carried;
+  for (uint64_t i = 1; i <= kDaemonMaxCarriedReleases + 1; ++i) {
+    *carried.Add() = Message(i, {});
+  }
+  Caller c = From(a_, 1);
+  c.carried = &carried;
+  absl::Status s = store_->SessionStats(c).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(
+      s.message(),
+      absl::StrFormat("carries %d ReleaseLeases copies, at most %d",
+                      kDaemonMaxCarriedReleases + 1,
+                      kDaemonMaxCarriedReleases)))
+      << s;
+  EXPECT_TRUE(store_->ReleaseBatch(a_, 1, {}).ok());  // None was applied.
+}
+
 TEST_F(ObjectStoreTest, ReleasesStillApplyWhileShuttingDown) {
   Handout h1 = *Create(a_, kPage);
   Handout h2 = *Create(a_, kPage);
@@ -501,7 +631,7 @@ TEST(ObjectStoreLimitsTest, LimitsNameTheClientAndTheLimit) {
                      .max_bytes_per_client = 4 * kPage});
   const uint64_t a = Open(store, "a", 7);
   const uint64_t b = Open(store, "b", 8);
-  CreateArgs args{.session_id = a, .size_bytes = 5 * kPage};
+  CreateArgs args{.caller = a, .size_bytes = 5 * kPage};
   absl::StatusOr<Handout> h = CreateBlocking(store, args);
   EXPECT_EQ(h.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(h.status().message().find("'a' pid 7 holds 0 bytes; 20480 more "
@@ -519,7 +649,7 @@ TEST(ObjectStoreLimitsTest, LimitsNameTheClientAndTheLimit) {
                                       "(limits.max_leases_per_client = 2)"),
             std::string::npos)
       << h.status();
-  args.session_id = b;
+  args.caller = b;
   args.size_bytes = kPage;
   ASSERT_TRUE(CreateBlocking(store, args).ok());
   ASSERT_TRUE(CreateBlocking(store, args).ok());
@@ -541,7 +671,7 @@ TEST(ObjectStoreHugePagesTest, LargeObjectsTakeWholeAlignedHugePages) {
   const uint64_t s = Open(store, "s", 1);
   auto create = [&](uint64_t bytes) {
     CreateArgs args;
-    args.session_id = s;
+    args.caller = s;
     args.size_bytes = bytes;
     return *CreateBlocking(store, args);
   };
@@ -597,7 +727,7 @@ class ObjectStoreAccessTest : public ::testing::Test {
   }
   absl::StatusOr<Handout> CreateIn(uint64_t session, const std::string& pool) {
     CreateArgs args;
-    args.session_id = session;
+    args.caller = session;
     args.size_bytes = kPage;
     args.pool = pool;
     return CreateBlocking(*store_, args);
@@ -618,12 +748,12 @@ TEST_F(ObjectStoreAccessTest, SessionsSeeAndUseOnlyTheirPools) {
   EXPECT_EQ(writer.descriptor_secret.size(), kDescriptorSecretBytes);
   // The default pool is the first it may write; "private" is unknown to it.
   CreateArgs args;
-  args.session_id = writer.id;
+  args.caller = writer.id;
   args.size_bytes = kPage;
   EXPECT_EQ(CreateBlocking(*store_, args)->placement.pool_id(), 1u);
   EXPECT_EQ(CreateIn(writer.id, "private").status().code(),
             absl::StatusCode::kNotFound);
-  EXPECT_EQ(store_->Stats(writer.id).pools_size(), 1);
+  EXPECT_EQ(store_->SessionStats(writer.id)->pools_size(), 1);
   // Another user's object in a pool it may not read: refused, naming it.
   Handout mine = *CreateIn(owner.id, "private");
   SealResult sealed = *store_->Seal(owner.id, mine.lease_id, false);
@@ -686,11 +816,11 @@ TEST(ObjectStoreDefaultPoolTest, TheDaemonMarksOnePoolPerDeviceForEachSession) {
   // A Create naming no pool goes where the host mark says.
   CreateArgs args;
   args.size_bytes = kPage;
-  args.session_id = owner;
+  args.caller = owner;
   EXPECT_EQ(CreateBlocking(store, args)->placement.pool_id(), 0u);
-  args.session_id = reader;
+  args.caller = reader;
   EXPECT_EQ(CreateBlocking(store, args)->placement.pool_id(), 2u);
-  args.session_id = ro;
+  args.caller = ro;
   absl::StatusOr<Handout> refused = CreateBlocking(store, args);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_TRUE(absl::StrContains(refused.status().message(), "pool 'read'"))
@@ -710,7 +840,7 @@ TEST_F(ObjectStoreAccessTest, ReadersReadAndNeverWrite) {
   Handout h = *CreateIn(owner.id, "shared");
   SealResult sealed = *store_->Seal(owner.id, h.lease_id, false);
   CreateArgs named;
-  named.session_id = owner.id;
+  named.caller = owner.id;
   named.size_bytes = kPage;
   named.pool = "shared";
   named.name = "weights";
@@ -719,7 +849,7 @@ TEST_F(ObjectStoreAccessTest, ReadersReadAndNeverWrite) {
   Handout x = *CreateIn(owner.id, "shared");
   SealResult xfer = *store_->Seal(owner.id, x.lease_id, true);
   CreateArgs sw;
-  sw.session_id = owner.id;
+  sw.caller = owner.id;
   sw.size_bytes = kPage;
   sw.pool = "shared";
   sw.shared_writable = true;
@@ -856,7 +986,7 @@ struct OfferStore {
   absl::StatusOr<Handout> Create(uint64_t session, uint64_t bytes,
                                  bool shared_writable = false) {
     CreateArgs args;
-    args.session_id = session;
+    args.caller = session;
     args.size_bytes = bytes;
     args.shared_writable = shared_writable;
     return CreateBlocking(*store, args);

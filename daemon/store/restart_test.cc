@@ -65,7 +65,7 @@ PeerInfo Invisible(uint64_t connection) {
 absl::StatusOr<Handout> Create(ObjectStore& store, uint64_t session,
                                uint64_t bytes, std::string name = "") {
   CreateArgs args;
-  args.session_id = session;
+  args.caller = session;
   args.size_bytes = bytes;
   args.name = std::move(name);
   return CreateBlocking(store, args);

@@ -50,7 +50,7 @@ absl::StatusOr<T> Block(ObjectStore& store, uint64_t session_id,
 absl::StatusOr<Handout> CreateBlocking(ObjectStore& store,
                                        const CreateArgs& args) {
   return Block<Handout>(
-      store, args.session_id, absl::Now() + args.timeout, args.cancelled,
+      store, args.caller.session_id, absl::Now() + args.timeout, args.cancelled,
       [&](bool last_try) { return store.TryCreate(args, last_try); });
 }
 

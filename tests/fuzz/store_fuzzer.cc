@@ -167,7 +167,7 @@ void Run(const uint8_t* data, size_t size) {
       case 0:
       case 11: {  // Create, untyped or with a layout off the wire.
         CreateArgs a;
-        a.session_id = c.id;
+        a.caller = c.id;
         if (op % 13 == 11) {
           a.layout.ParseFromString(in.Bytes(in.Byte() % 24));
           a.size_bytes = in.Byte() % 3 == 0 ? in.U64() : 0;
