@@ -64,5 +64,91 @@ TEST(DTypeTable, SpellingsAgreeWithTheItemSize) {
   }
 }
 
+// Every spelling the table gives a dtype parses back to it.
+TEST(ParseDType, ReadsEveryRowsNamesAndTypeStrings) {
+  for (const DTypeInfo* d = DTypesBegin(); d != DTypesEnd(); ++d) {
+    if (d->dtype == DType::kUnspecified) continue;
+    SCOPED_TRACE(d->name);
+    EXPECT_EQ(ParseDType(d->name).value(), d->dtype);
+    if (d->numpy != nullptr) {
+      EXPECT_EQ(ParseDType(d->numpy).value(), d->dtype);
+      EXPECT_EQ(DTypeOfTypestr(d->numpy, "x").value(), d->dtype);
+    }
+    if (d->torch) {
+      EXPECT_EQ(ParseDType(std::string("torch.") + d->name).value(), d->dtype);
+    }
+  }
+}
+
+// What NumPy and torch mean by these, and nothing else.
+TEST(ParseDType, MeansWhatNumPyAndTorchMean) {
+  EXPECT_EQ(ParseDType("<f4").value(), DType::kFloat32);
+  EXPECT_EQ(ParseDType("=f8").value(), DType::kFloat64);
+  EXPECT_EQ(ParseDType("|u1").value(), DType::kUInt8);
+  EXPECT_EQ(ParseDType(">u1").value(), DType::kUInt8);  // One byte: no order.
+  EXPECT_EQ(ParseDType("b1").value(), DType::kBool);
+  EXPECT_EQ(ParseDType("?").value(), DType::kBool);
+  EXPECT_EQ(ParseDType("c16").value(), DType::kComplex128);
+  // torch.float is float32 (NumPy's "float" is float64: not the table's).
+  EXPECT_EQ(ParseDType("torch.float").value(), DType::kFloat32);
+  EXPECT_EQ(ParseDType("torch.double").value(), DType::kFloat64);
+  EXPECT_EQ(ParseDType("torch.half").value(), DType::kFloat16);
+  EXPECT_EQ(ParseDType("torch.long").value(), DType::kInt64);
+  EXPECT_EQ(ParseDType("torch.int").value(), DType::kInt32);
+  EXPECT_EQ(ParseDType("torch.short").value(), DType::kInt16);
+  EXPECT_EQ(ParseDType("torch.cfloat").value(), DType::kComplex64);
+  EXPECT_EQ(ParseDType("torch.cdouble").value(), DType::kComplex128);
+  // NumPy's own spellings are the binding's to read.
+  for (const char* numpy_only : {"float", "int", "d", "f", "b", "double",
+                                 "float7", "", "bytes", "torch"}) {
+    SCOPED_TRACE(numpy_only);
+    EXPECT_EQ(ParseDType(numpy_only).status().code(),
+              absl::StatusCode::kNotFound);
+  }
+}
+
+TEST(ParseDType, RefusesBigEndianSayingHowToConvert) {
+  for (const char* text : {">i4", ">f8", ">c8"}) {
+    SCOPED_TRACE(text);
+    absl::Status s = ParseDType(text).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StrContains(s.message(), text)) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "big-endian")) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "newbyteorder('<')")) << s;
+  }
+}
+
+TEST(ParseDType, RefusesTypesItDoesNotStoreNamingThem) {
+  // Type strings NumPy has and shmtensor does not store.
+  for (const char* text : {"f16", "<f16", "c32", "i16", "u3"}) {
+    SCOPED_TRACE(text);
+    absl::Status s = ParseDType(text).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StrContains(s.message(), text)) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "no shmtensor equivalent"));
+  }
+  // torch's types the table lacks, or has for NumPy only.
+  for (const char* text : {"torch.complex32", "torch.uint16", "torch.nope",
+                           "torch.", "torch.bytes"}) {
+    SCOPED_TRACE(text);
+    absl::Status s = ParseDType(text).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StrContains(s.message(), text)) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(),
+                                  "supported torch dtypes: "
+                                  "bfloat16, bool, complex128"))
+        << s;
+  }
+  // NumPy's type strings of what no table kind is, named as the binding
+  // shows them.
+  for (const char* typestr : {"|V8", "<U1", "|O", "<M8[ns]", "|S3", ""}) {
+    SCOPED_TRACE(typestr);
+    absl::Status s = DTypeOfTypestr(typestr, "shown").status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StrContains(s.message(), "dtype shown has no"));
+  }
+  EXPECT_EQ(DTypeOfTypestr("|b1", "bool").value(), DType::kBool);
+}
+
 }  // namespace
 }  // namespace shmtensor

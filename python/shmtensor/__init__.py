@@ -103,23 +103,6 @@ def connect(address=None, client_name=None, connect_timeout=5.0,
         raise DaemonUnavailableError(f"{e} ({why})", e.code, e.reason) from e
 
 
-def _device_name(device):
-    """'cpu' or 'cuda:N' for a device given as None, a string, an int (a CUDA
-    ordinal) or a torch.device."""
-    if device is None:
-        return "cpu"
-    if isinstance(device, int) and not isinstance(device, bool):
-        return f"cuda:{device}"
-    name = str(device)
-    if name == "cuda":  # torch's "current CUDA device".
-        torch = _dtypes._torch()
-        index = 0
-        if torch is not None and torch.cuda.is_available():
-            index = torch.cuda.current_device()
-        return f"cuda:{index}"
-    return name
-
-
 def _current_stream(device_name):
     """torch's current stream on a CUDA device, as a handle (0: the legacy
     default stream)."""
@@ -133,8 +116,8 @@ class Client(_core.Client):
     """A session with shmtensord. Thread-safe. Use shmtensor.connect().
 
     create(), create_bytes(), get(), delete(), stats() and the properties
-    client_id, address and daemon_epoch are the native base class's (see
-    help(shmtensor.Client.create)); put() and has_pool_on() are here. The
+    client_id, address, daemon_epoch and has_pool_on() are the native base
+    class's (see help(shmtensor.Client.create)); put() is here. The
     session's own id is its secret and is never shown: only this process
     may act for the session, whoever learns it.
     """
@@ -143,10 +126,6 @@ class Client(_core.Client):
 
     def __repr__(self):
         return f"<shmtensor.Client {self.client_id} of {self.address}>"
-
-    def has_pool_on(self, device):
-        """True when the daemon has a pool on `device` ("cpu", "cuda:N")."""
-        return self._has_pool_on(_device_name(device))
 
     def put(self, obj, name=None, exclusive=False, timeout=None, device=None):
         """Copies an array or tensor in and seals it; returns the ref.
@@ -202,7 +181,7 @@ class Client(_core.Client):
         """(ptr, shape, dtype code, nbytes, keep, target, stream) of what
         put() copies: C-contiguous data at ptr, alive while `keep` is."""
         torch = _dtypes._torch()
-        target = None if device is None else _device_name(device)
+        target = None if device is None else _core._device_name(device)
         stream = 0
         if torch is not None and isinstance(obj, torch.Tensor):
             t = obj.detach()
@@ -216,10 +195,10 @@ class Client(_core.Client):
                 t = t.to("cpu")  # Another accelerator's: through the host.
             own = f"cuda:{t.device.index}" if t.device.type == "cuda" else None
             if own is not None and target is None:
-                target = own if self._has_pool_on(own) else "cpu"
+                target = own if self.has_pool_on(own) else "cpu"
             if own is not None and target == "cpu":
                 t = t.to("cpu")
-            code = _dtypes.code_of_torch(t.dtype)
+            code = _core._dtype_code(t.dtype)
             t = t.resolve_conj().resolve_neg().contiguous()
             if own is not None and target == own:
                 # The copy is queued after the work that produced t.
@@ -233,7 +212,7 @@ class Client(_core.Client):
                                         t.data_ptr(), t)
         else:
             a = _np.asarray(obj)
-            code = _dtypes.code_of_numpy(a.dtype)
+            code = _core._dtype_code(a.dtype)
             if not a.flags.c_contiguous:  # (ascontiguousarray makes 0-d 1-d)
                 a = a.copy(order="C")
             shape, nbytes, ptr, keep = (list(a.shape), a.nbytes,
@@ -357,7 +336,5 @@ class View(_core.View):
 # shmtensor._unpickle_ref load as ObjectRef.
 _unpickle_ref = ObjectRef
 
-# create() and get() make these classes' instances; create() reads dtypes
-# and devices with these helpers.
-_core._bind_package(Buffer, View, _dtypes.dtype_code, _dtypes._CACHE,
-                    _device_name)
+# create() and get() make these classes' instances.
+_core._bind_object_classes(Buffer, View)

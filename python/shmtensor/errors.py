@@ -122,6 +122,8 @@ _BY_CODE = {
     "UNAVAILABLE": DaemonUnavailableError,
 }
 
+# One class per reason of the C++ table (shmtensor/errors.h); test_errors.py
+# checks that every reason the table has is here.
 _BY_REASON = {
     "ERROR_REASON_STALE_REFERENCE": StaleReferenceError,
     "ERROR_REASON_ALREADY_TAKEN": AlreadyTakenError,

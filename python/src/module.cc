@@ -1,6 +1,8 @@
-// shmtensor._core: the binding over the C++ client. The Python package
-// (shmtensor/__init__.py) adds dtype handling, put(), tensor() and the
-// exception classes on top; this module is not meant to be used alone.
+// shmtensor._core: the binding over the C++ client. It converts arguments
+// by the C++ rules (py_args.h) and calls the client; it never calls into
+// the package. The Python package (shmtensor/__init__.py) adds put(),
+// numpy() and tensor() and the exception classes on top; this module is not
+// meant to be used alone.
 //
 // The lifecycle's types (Client, Buffer, View, ObjectRef) are native CPython
 // (py_client.h, py_objects.h); the module's functions and BatchRing are
@@ -23,6 +25,7 @@
 #include "bench/python/hooks.h"
 #endif
 #include "python/src/exports.h"
+#include "python/src/py_args.h"
 #include "python/src/py_client.h"
 #include "python/src/py_objects.h"
 #include "python/src/py_ref.h"
@@ -30,6 +33,7 @@
 #include "shmtensor/client.h"
 #include "shmtensor/defaults.h"
 #include "shmtensor/dtype.h"
+#include "shmtensor/errors.h"
 
 using namespace shmtensor;          // NOLINT: the module body only.
 using namespace shmtensor::python;  // NOLINT
@@ -116,18 +120,37 @@ PYBIND11_MODULE(_core, m) {
         Client::FlushAll();
       },
       "For multiprocessing's exit: see Client::FlushAll (shmtensor/client.h).");
+  // The error reasons (shmtensor/errors.h), checked against the package's
+  // exceptions (test_errors.py): (value, wire name), in value order.
+  m.def("_error_reasons", [] {
+    py::list rows;
+    for (const ErrorReasonInfo* r = ErrorReasonsBegin(); r != ErrorReasonsEnd();
+         ++r) {
+      rows.append(py::make_tuple(static_cast<int>(r->reason), r->name));
+    }
+    return py::tuple(rows);
+  });
+  // The conversions every method applies to its arguments (py_args.h), for
+  // the package's put(), which reads dtypes and devices off arrays and
+  // tensors.
   m.def(
-      "_bind_package",
-      [](py::handle buffer_class, py::handle view_class, py::handle dtype_code,
-         py::handle dtype_cache, py::handle device_name) {
+      "_dtype_code",
+      [](py::handle dtype) { return static_cast<int>(DTypeArg(dtype.ptr())); },
+      "_dtype_code(dtype): the wire code of a dtype in any spelling.");
+  m.def(
+      "_device_name",
+      [](py::handle device) { return DeviceName(DeviceArg(device.ptr())); },
+      "_device_name(device): 'cpu' or 'cuda:N' for a device in any "
+      "spelling.");
+  m.def(
+      "_bind_object_classes",
+      [](py::handle buffer_class, py::handle view_class) {
         BindObjectClasses(buffer_class, view_class);
-        BindPackage(dtype_code, dtype_cache, device_name);
       },
-      py::arg("buffer_class"), py::arg("view_class"), py::arg("dtype_code"),
-      py::arg("dtype_cache"), py::arg("device_name"),
-      "For the package, once: its Buffer and View classes (subclasses of "
-      "the native ones) and the dtype and device helpers Client uses (see "
-      "python/src/py_objects.h, py_client.h).");
+      py::arg("buffer_class"), py::arg("view_class"),
+      "For the package, once: the subclasses of Buffer and View that "
+      "create() and get() make (python/src/py_objects.h). Optional: without "
+      "it they make the native types.");
   m.def(
       "_in_pool",
       [](uintptr_t address) {

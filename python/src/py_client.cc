@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/call_canceller.h"
+#include "python/src/py_args.h"
 #include "python/src/py_objects.h"
 #include "python/src/py_ref.h"
 #include "python/src/py_support.h"
@@ -32,11 +33,6 @@ struct ClientObject {
 };
 
 PyTypeObject* g_client_type = nullptr;
-
-// The package's helpers (BindPackage): strong references, never dropped.
-PyObject* g_dtype_code = nullptr;
-PyObject* g_dtype_cache = nullptr;
-PyObject* g_device_name = nullptr;
 
 Client& Self(PyObject* self) {
   return *reinterpret_cast<ClientObject*>(self)->client;
@@ -146,31 +142,6 @@ std::vector<int64_t> Shape(PyObject* shape) {
   return dims;
 }
 
-// The wire code of a dtype in any spelling: the package's cache first, its
-// dtype_code() for a spelling not seen before.
-DType DTypeOf(PyObject* dtype) {
-  PyObject* code = PyDict_GetItemWithError(g_dtype_cache, dtype);  // Borrowed.
-  py::object made;
-  if (code == nullptr) {
-    PyErr_Clear();  // Not there, or unhashable: dtype_code() handles both.
-    made = py::reinterpret_steal<py::object>(
-        PyObject_CallOneArg(g_dtype_code, dtype));
-    if (!made) throw py::error_already_set();
-    code = made.ptr();
-  }
-  const long c = PyLong_AsLong(code);
-  if (c == -1 && PyErr_Occurred()) throw py::error_already_set();
-  return static_cast<DType>(c);
-}
-
-Device DeviceOf(PyObject* device) {
-  if (IsNone(device)) return Device::Host();
-  py::object name = py::reinterpret_steal<py::object>(
-      PyObject_CallOneArg(g_device_name, device));
-  if (!name) throw py::error_already_set();
-  return Check(ParseDevice(name.cast<std::string>()));
-}
-
 // Runs `attempt(wait)` and returns what it got, raising its error. A wait
 // is one call to the daemon, which answers when it can (memory freed, a
 // name sealed) or at the end of `timeout` (None: never), and formats the
@@ -255,9 +226,9 @@ PyObject* ClientCreate(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
              2, a);
     CreateOptions o;
     o.shape = Shape(a[0]);
-    o.dtype = DTypeOf(a[1]);
+    o.dtype = DTypeArg(a[1]);
     o.name = Text("name", a[2]);
-    o.device = DeviceOf(a[4]);
+    o.device = DeviceArg(a[4]);
     o.shared_writable = Truth(a[5], false);
     return NewBufferFor(Self(self), o, a[3]);
   });
@@ -402,17 +373,13 @@ PyObject* ClientAddress(PyObject* self, void*) {
 }
 
 PyObject* ClientHasPoolOn(PyObject* self, PyObject* device) {
-  return Guarded([&] {
-    return PyBool_FromLong(Self(self).HasPoolOn(
-        Check(ParseDevice(RequiredText("device", device)))));
-  });
+  return Guarded(
+      [&] { return PyBool_FromLong(Self(self).HasPoolOn(DeviceArg(device))); });
 }
 
 PyObject* ClientPoolOn(PyObject* self, PyObject* device) {
-  return Guarded([&] {
-    return ToPython(Check(
-        Self(self).PoolOn(Check(ParseDevice(RequiredText("device", device))))));
-  });
+  return Guarded(
+      [&] { return ToPython(Check(Self(self).PoolOn(DeviceArg(device)))); });
 }
 
 // _put(src, shape, dtype, nbytes, name, exclusive, timeout, device="cpu",
@@ -438,8 +405,7 @@ PyObject* ClientPut(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
     o.name = Text("name", a[4]);
     const bool exclusive = Truth(a[5], false);
     const absl::Duration timeout = Timeout(a[6]);
-    o.device = Check(
-        ParseDevice(a[7] == nullptr ? "cpu" : RequiredText("device", a[7])));
+    o.device = DeviceArg(a[7]);
     const CudaStream stream =
         a[8] == nullptr ? 0 : ArgAs<CudaStream>(kFn, "stream", a[8]);
     // The caller keeps `src` alive and unchanged for this call.
@@ -591,9 +557,10 @@ PyMethodDef kClientMethods[] = {
      "range is opened, which is cheaper when you only read it. For a name, "
      "waits up to `timeout` seconds for an object of that name to be sealed "
      "(None: without limit; 0: NotFoundError at once; else TimeoutError)."},
-    {"_has_pool_on", ClientHasPoolOn, METH_O,
-     "_has_pool_on(device)\n--\n\n"
-     "True when the daemon has a pool on `device` (\"cpu\", \"cuda:N\")."},
+    {"has_pool_on", ClientHasPoolOn, METH_O,
+     "has_pool_on(device)\n--\n\n"
+     "True when the daemon has a pool this session may use on `device` "
+     "(None or \"cpu\", \"cuda\", \"cuda:N\", an int, a torch.device)."},
     {"_pool_on", ClientPoolOn, METH_O,
      "_pool_on(device)\n--\n\n"
      "The name of the pool create() on `device` goes to by default."},
@@ -656,16 +623,6 @@ void AddClientType(py::module_& m) {
   if (type == nullptr) throw py::error_already_set();
   g_client_type = reinterpret_cast<PyTypeObject*>(type);
   m.add_object("Client", py::handle(type));
-}
-
-void BindPackage(py::handle dtype_code, py::handle dtype_cache,
-                 py::handle device_name) {
-  if (!PyDict_Check(dtype_cache.ptr())) {
-    throw py::type_error("dtype_cache must be a dict");
-  }
-  g_dtype_code = dtype_code.inc_ref().ptr();
-  g_dtype_cache = dtype_cache.inc_ref().ptr();
-  g_device_name = device_name.inc_ref().ptr();
 }
 
 Client& ClientOf(py::handle obj) {

@@ -1,11 +1,11 @@
 // shmtensor._core.Client: a session with shmtensord as a native Python type,
-// which the package's shmtensor.Client subclasses (adding put() and the
-// methods that need Python-level dtype or device handling).
+// which the package's shmtensor.Client subclasses (adding put(), which
+// reads NumPy arrays and torch tensors).
 //
 // Every method and property is hand-written CPython (py_support.h says
-// why): they convert their arguments themselves, ask the package only for
-// what it alone knows (a dtype or device spelt in a way not seen before:
-// BindPackage), and release the GIL while they wait for the daemon.
+// why): they convert their arguments themselves (py_args.h: dtypes and
+// devices by the C++ rules), call the client, and release the GIL while
+// they wait for the daemon.
 //
 // Ownership: the instance owns its Client; dropping it closes the session
 // (with the GIL released).
@@ -26,13 +26,6 @@ namespace py = pybind11;
 
 // Creates the type and adds it to `m` as Client.
 void AddClientType(py::module_& m);
-
-// The package's helpers, once at import: `dtype_code(dtype)` (the wire code
-// of any dtype spelling, or InvalidArgumentError), `dtype_cache` (a dict it
-// fills, spelling -> code, read first), and `device_name(device)` ("cpu" or
-// "cuda:N" for any device spelling).
-void BindPackage(py::handle dtype_code, py::handle dtype_cache,
-                 py::handle device_name);
 
 // The Client of `obj` (a _core.Client, or an instance of a subclass);
 // TypeError otherwise.

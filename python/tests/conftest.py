@@ -36,6 +36,19 @@ from shmtensor_testing import (Daemon, HugeTmpfs, daemon_path,  # noqa: E402,F40
 DAEMON = daemon_path()
 
 
+def proto_enum(enum, prefix):
+    """{value: name without `prefix`} of enum `enum` of the repository's
+    shmtensor.proto: what the wire says, for tests that check a table
+    against it."""
+    import re
+    with open(os.path.join(REPO, "proto", "shmtensor", "v1",
+                           "shmtensor.proto")) as f:
+        text = f.read()
+    body = re.search(r"enum %s \{(.*?)\}" % enum, text, re.S).group(1)
+    return {int(code): name for name, code in
+            re.findall(r"^\s*%s(\w+)\s*=\s*(\d+);" % prefix, body, re.M)}
+
+
 def child_env(**extra):
     """The environment of a child interpreter that imports the same
     package as this one."""

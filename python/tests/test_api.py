@@ -475,8 +475,11 @@ def test_bad_arguments_name_the_value(client):
         (lambda: client.delete(3), TypeError, "name must be a str, got int"),
         (lambda: client.delete(None), TypeError,
          "name must be a str, got NoneType"),
-        (lambda: client._has_pool_on(None), TypeError,
-         "device must be a str, got NoneType"),
+        (lambda: client.has_pool_on(object()), shmtensor.InvalidArgumentError,
+         "device '<object object at .*' is not one of 'cpu', 'cuda', "
+         "'cuda:N'"),
+        (lambda: client.has_pool_on(-1), shmtensor.InvalidArgumentError,
+         "device -1 is not a CUDA device ordinal"),
         (lambda: client.delete("never-bound"), shmtensor.NotFoundError,
          "never-bound"),
         (lambda: client.has_pool_on("gpu:0"), shmtensor.InvalidArgumentError,
@@ -510,7 +513,7 @@ def test_each_native_type_defines_its_attributes_once(client):
         shmtensor._core.View: info | {"writable", "closed", "close"},
         shmtensor._core.Client: {
             "create", "create_bytes", "get", "get_many", "delete", "stats",
-            "_put", "_put_many", "_has_pool_on", "_pool_on", "client_id",
+            "_put", "_put_many", "has_pool_on", "_pool_on", "client_id",
             "daemon_epoch", "address"},
     }
     for native, names in expected.items():

@@ -1,11 +1,16 @@
 """Every dtype round-trips exactly with NumPy and with torch; zero-copy is
 asserted by address."""
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
 
 import shmtensor
+from conftest import child_env, proto_enum
+from shmtensor import _core
 
 NUMPY_DTYPES = ["bool", "uint8", "int8", "int16", "int32", "int64", "float16",
                 "float32", "float64", "complex64", "complex128", "uint16",
@@ -104,25 +109,13 @@ def test_zero_copy_through_buffer_and_dlpack(client):
     assert torch.from_dlpack(view).data_ptr() == view.address
 
 
-def _proto_dtypes():
-    """{code: name} of the wire enum, read from the repository's proto."""
-    import os
-    import re
-    from conftest import REPO
-    with open(os.path.join(REPO, "proto", "shmtensor", "v1",
-                           "shmtensor.proto")) as f:
-        text = f.read()
-    body = re.search(r"enum DType \{(.*?)\}", text, re.S).group(1)
-    return {int(code): name.lower() for name, code in
-            re.findall(r"^\s*DTYPE_(\w+)\s*=\s*(\d+);", body, re.M)}
-
-
 def test_the_dtype_table_is_the_protos():
     """The package's codes come from one table (the C++ one, via _core); it
     and the proto's DType enum name the same codes the same way, so a dtype
     added to one and not the other fails here."""
     from shmtensor import _dtypes
-    proto = _proto_dtypes()
+    proto = {code: name.lower()
+             for code, name in proto_enum("DType", "DTYPE_").items()}
     table = {row[0]: row[1] for row in _dtypes.TABLE}
     assert table == {code: "bytes" if code == 0 else name
                      for code, name in proto.items()}
@@ -132,18 +125,66 @@ def test_the_dtype_table_is_the_protos():
         if numpy_name is not None:  # NumPy has it (all but bfloat16).
             assert _dtypes.numpy_dtype(code) == np.dtype(name)
             assert np.dtype(name).itemsize == itemsize
-            assert _dtypes.dtype_code(name) == code
+            assert _core._dtype_code(name) == code
         if has_torch:
             assert _dtypes.torch_dtype(code) == getattr(torch, name)
-            assert _dtypes.code_of_torch(getattr(torch, name)) == code
+            assert _core._dtype_code(getattr(torch, name)) == code
             assert torch.empty((), dtype=getattr(torch, name)).element_size() == itemsize
         else:  # uint16/32/64: arrays, never tensors (torch 1.13 lacks them).
             assert _dtypes.torch_dtype(code) is None
 
 
 def test_float_means_what_numpy_says():
-    """One answer to what "float" means: NumPy's (float64), in every call
-    that takes a dtype string; C++ parses no dtype strings at all."""
+    """One answer to what a dtype spelling means: the binding parses it in
+    C++ (ParseDType) where the table spells it, and asks NumPy for the rest,
+    so "float" is float64 and every spelling agrees with numpy.dtype."""
     from shmtensor import _dtypes
-    assert _dtypes.dtype_code("float") == _dtypes.dtype_code(np.dtype(float))
-    assert _dtypes.numpy_dtype(_dtypes.dtype_code("float")) == np.float64
+    assert _core._dtype_code("float") == _core._dtype_code(np.dtype(float))
+    assert _dtypes.numpy_dtype(_core._dtype_code("float")) == np.float64
+    spellings = ["float", "int", "f", "d", "i8", "=f4", "|u1", "?", "b1",
+                 "double", "single", "half", "short", "intc", "longlong",
+                 "complex", "bool", "uint8", np.float32, np.bool_,
+                 np.longlong, float, int, bool, complex, None]
+    for s in spellings:
+        d = np.dtype(s)
+        assert _dtypes.numpy_dtype(_core._dtype_code(s)) == d, s
+
+
+def test_torch_names_and_aliases_mean_what_torch_says():
+    """A torch dtype, its name and torch's aliases of it ("torch.float" is
+    float32, not NumPy's float64) give one code; torch types the table
+    lacks, or has for NumPy only, are refused naming them."""
+    from shmtensor import _dtypes
+    for alias in ["float", "double", "half", "long", "int", "short", "cfloat",
+                  "cdouble", "float32", "bfloat16", "bool", "uint8"]:
+        t = getattr(torch, alias)
+        code = _core._dtype_code(t)
+        assert _core._dtype_code("torch." + alias) == code, alias
+        assert _dtypes.torch_dtype(code) == t, alias
+    refused = ["complex32", "uint16", "uint32", "quint8", "float8_e4m3fn"]
+    for name in refused:
+        t = getattr(torch, name, None)
+        for spelling in ([t] if t is not None else []) + ["torch." + name]:
+            with pytest.raises(shmtensor.InvalidArgumentError,
+                               match=f"torch.{name}' has no shmtensor "
+                                     f"equivalent"):
+                _core._dtype_code(spelling)
+
+
+def test_the_binding_never_imports_numpy_or_torch_for_a_dtype():
+    """A torch name is parsed by the table: naming one never imports torch
+    (which costs seconds), and a process without torch can still say
+    "torch.float32"."""
+    code = """
+import sys, shmtensor
+from shmtensor import _core
+assert "torch" not in sys.modules
+assert _core._dtype_code("torch.float32") == 9
+assert _core._dtype_code("torch.half") == 7
+assert _core._device_name("cuda") == "cuda:0"
+assert "torch" not in sys.modules
+print("OK")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                         text=True, env=child_env(), timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "OK", out.stderr

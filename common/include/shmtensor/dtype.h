@@ -8,6 +8,9 @@
 
 #include <cstdint>
 
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
 namespace shmtensor {
 
 enum class DType : int {
@@ -69,12 +72,35 @@ inline int64_t ItemSize(DType dtype) {
 }
 
 // Canonical name ("float32", "bytes" for kUnspecified, "invalid" outside
-// the enum). Strings are parsed by the language bindings only, by their
-// own ecosystem's rules (Python: NumPy's, where "float" is float64).
+// the enum).
 inline const char* DTypeName(DType dtype) {
   const DTypeInfo* info = FindDType(dtype);
   return info == nullptr ? "invalid" : info->name;
 }
+
+// The dtype of `text` spelt as the table spells dtypes, for every binding:
+//  - a name of the table ("float32", "bfloat16"; not "bytes");
+//  - a NumPy type string of a table kind ('b', 'i', 'u', 'f', 'c') with
+//    the item size in bytes, after an optional byte order ('<', '=', '|',
+//    '>'): "<f4", "f4", "|u1", "b1"; or "?" (bool);
+//  - "torch." and a name torch has of the table's ("torch.float32"), or one
+//    of torch's aliases of them ("torch.float", "torch.double",
+//    "torch.half", "torch.long", "torch.int", "torch.short",
+//    "torch.cfloat", "torch.cdouble").
+// Each means what NumPy (or torch) says it means. INVALID_ARGUMENT naming
+// the text for a big-endian type string (saying how to convert), and for a
+// type string or torch name of a type shmtensor does not store (naming the
+// ones it does). NOT_FOUND for any other text: a binding may read it by
+// its own ecosystem's rules (Python: NumPy's, where "float" is float64) and
+// pass NumPy's type string for it to DTypeOfTypestr.
+absl::StatusOr<DType> ParseDType(absl::string_view text);
+
+// The dtype of NumPy type string `typestr` (numpy.dtype.str: "<f4", "|b1",
+// "|V8", "<U1", "|O"), named `shown_as` (e.g. str(numpy.dtype)) in the
+// error for a type shmtensor does not store; INVALID_ARGUMENT for that, and
+// for a big-endian type of more than one byte.
+absl::StatusOr<DType> DTypeOfTypestr(absl::string_view typestr,
+                                     absl::string_view shown_as);
 
 }  // namespace shmtensor
 

@@ -27,6 +27,32 @@ inline constexpr char kReasonAlreadyTaken[] = "ERROR_REASON_ALREADY_TAKEN";
 inline constexpr char kReasonLargerThanPool[] = "ERROR_REASON_LARGER_THAN_POOL";
 inline constexpr char kReasonLimitExceeded[] = "ERROR_REASON_LIMIT_EXCEEDED";
 
+// Values equal the wire enum shmtensor.v1.ErrorReason.
+enum class ErrorReason : int {
+  kUnspecified = 0,
+  kStaleReference = 1,
+  kSessionEnded = 2,
+  kAlreadyTaken = 3,
+  kLargerThanPool = 4,
+  kLimitExceeded = 5,
+};
+inline constexpr int kMaxErrorReasonValue = 5;
+
+// The one table of error reasons, as dtype.h's is of dtypes: errors_test
+// checks it against the proto's ErrorReason enum row for row, and the
+// Python package's test its exceptions against it (_core._error_reasons).
+struct ErrorReasonInfo {
+  ErrorReason reason;
+  // The proto's name, which travels on the wire (kReason* above; the
+  // payload's and the metadata's value).
+  const char* name;
+};
+// The row of `reason`, or null for a value outside the enum.
+const ErrorReasonInfo* FindErrorReason(ErrorReason reason);
+// Every row, in value order (kUnspecified first).
+const ErrorReasonInfo* ErrorReasonsBegin();
+const ErrorReasonInfo* ErrorReasonsEnd();
+
 // Returns `status` with `reason` attached.
 absl::Status WithReason(absl::Status status, absl::string_view reason);
 // The reason attached to `status`, or "" if none.

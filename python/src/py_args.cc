@@ -1,0 +1,100 @@
+#include "python/src/py_args.h"
+
+#include <pybind11/pybind11.h>
+
+#include <cstring>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "python/src/py_support.h"
+
+namespace shmtensor::python {
+namespace {
+
+std::string Str(PyObject* obj) {
+  return py::str(py::handle(obj)).cast<std::string>();
+}
+
+std::string Repr(PyObject* obj) {
+  return py::repr(py::handle(obj)).cast<std::string>();
+}
+
+// sys.modules[name], or null when it was never imported: the binding
+// never imports NumPy or torch itself.
+py::object Loaded(const char* name) {
+  PyObject* m = PyImport_GetModule(py::str(name).ptr());
+  if (m == nullptr && PyErr_Occurred()) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(m);
+}
+
+absl::Status Unknown(PyObject* dtype) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown dtype ", Repr(dtype)));
+}
+
+// What numpy.dtype makes of `dtype`, through its type string.
+DType ByNumPy(PyObject* dtype) {
+  py::object numpy = Loaded("numpy");
+  if (!numpy) throw StatusError{Unknown(dtype)};
+  py::object descr;
+  try {
+    descr = numpy.attr("dtype")(py::handle(dtype));
+  } catch (const py::error_already_set& e) {
+    if (!e.matches(PyExc_TypeError) && !e.matches(PyExc_ValueError)) throw;
+    throw StatusError{Unknown(dtype)};
+  }
+  const std::string typestr = descr.attr("str").cast<std::string>();
+  return Check(DTypeOfTypestr(typestr, Str(descr.ptr())));
+}
+
+bool IsTorchDType(PyObject* obj) {
+  return std::strcmp(Py_TYPE(obj)->tp_name, "torch.dtype") == 0;
+}
+
+}  // namespace
+
+DType DTypeArg(PyObject* dtype) {
+  if (PyUnicode_Check(dtype)) {
+    Py_ssize_t size = 0;
+    const char* text = PyUnicode_AsUTF8AndSize(dtype, &size);
+    if (text == nullptr) throw py::error_already_set();
+    absl::StatusOr<DType> parsed =
+        ParseDType(absl::string_view(text, static_cast<size_t>(size)));
+    if (!absl::IsNotFound(parsed.status())) return Check(std::move(parsed));
+    return ByNumPy(dtype);
+  }
+  // str(torch.float) is "torch.float32": torch names its dtypes by the
+  // table's names.
+  if (IsTorchDType(dtype)) return Check(ParseDType(Str(dtype)));
+  return ByNumPy(dtype);
+}
+
+Device DeviceArg(PyObject* device) {
+  if (device == nullptr || device == Py_None) return Device::Host();
+  if (PyLong_Check(device) && !PyBool_Check(device)) {
+    const long index = PyLong_AsLong(device);
+    if (index == -1 && PyErr_Occurred()) throw py::error_already_set();
+    if (index < 0 || index > INT32_MAX) {
+      throw StatusError{absl::InvalidArgumentError(absl::StrCat(
+          "device ", index, " is not a CUDA device ordinal (>= 0)"))};
+    }
+    return Device::Cuda(static_cast<int>(index));
+  }
+  const std::string name = Str(device);
+  if (name == "cuda") {
+    // torch's "current CUDA device", as torch keeps it (torch.cuda.
+    // set_device): only torch knows it, in the CUDA runtime it loaded.
+    int index = 0;
+    if (py::object torch = Loaded("torch")) {
+      py::object cuda = torch.attr("cuda");
+      if (cuda.attr("is_available")().cast<bool>()) {
+        index = cuda.attr("current_device")().cast<int>();
+      }
+    }
+    return Device::Cuda(index);
+  }
+  return Check(ParseDevice(name));
+}
+
+}  // namespace shmtensor::python
