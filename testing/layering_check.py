@@ -2,7 +2,8 @@
 """Checks that the tree keeps its layers: every quoted #include of the C++
 sources is allowed by the rules below, which are the architecture
 CONTRIBUTING.md draws (proto -> common -> {daemon, client} -> {python, ctl};
-inside the daemon os -> memory -> ledger -> store -> server -> the top), and
+inside the daemon os -> memory -> ledger -> store -> server -> the top; the
+server sees the store through its facade only), and
 the installed headers (client/include/, common/include/) include only each
 other, Abseil and system headers: never an internal or generated one, which
 `cmake --install` does not install. Prints each
@@ -26,6 +27,14 @@ def daemon_layer(include):
     if parts[0] != "daemon":
         return None
     return parts[1] if len(parts) > 2 else "top"
+
+
+# What the gRPC adapters (daemon/server) may see of the store: the facade
+# that owns the one lock and admits every call (a Caller), the monitoring
+# views built under it, and the limits. Its tables, and the pools inside
+# it, are the store's own.
+STORE_FACADE = {"daemon/store/object_store.h", "daemon/store/caller.h",
+                "daemon/store/store_views.h", "daemon/store/limits.h"}
 
 
 # Where the project's own headers live, as an include names them.
@@ -59,6 +68,13 @@ def rules_for(path, client_headers, public_headers):
     if top == "client":
         rules.append(("the binding and the CLI sit above the client",
                       lambda i: i.startswith(("python/", "ctl/"))))
+    if path.parts[:2] == ("daemon", "server"):
+        rules.append(("the gRPC adapters reach the store through its facade "
+                      "only (" + ", ".join(sorted(STORE_FACADE)) + "), "
+                      "and the pools not at all",
+                      lambda i: (i.startswith("daemon/store/") and
+                                 i not in STORE_FACADE) or
+                      i.startswith("daemon/memory/")))
     if top == "daemon" and len(path.parts) > 2:
         layer = path.parts[1]
         if layer in DAEMON_LAYERS:
