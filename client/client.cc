@@ -484,10 +484,8 @@ absl::StatusOr<std::vector<SealedRef>> Client::PutMany(
       continue;
     }
     std::shared_ptr<internal::Lease> lease = bufs[i].lease();
-    const WriteRevocation how = lease.use_count() > 2
-                                    ? WriteRevocation::kImmediate
-                                    : lease->revocation();
-    if (absl::Status s = lease->CloseForSeal(kLegacyDefaultStream, how);
+    if (absl::Status s =
+            lease->CloseForSeal(kLegacyDefaultStream, lease->revocation());
         !s.ok()) {
       return s;
     }

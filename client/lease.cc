@@ -11,18 +11,26 @@ namespace shmtensor::internal {
 
 bool Lease::ClosesAtOnce(WriteRevocation revocation,
                          const PoolMapping& mapping) {
-  switch (revocation) {
-    case WriteRevocation::kImmediate:
-      return true;
-    case WriteRevocation::kDeferred:
-      return false;
-    case WriteRevocation::kWhenExposed:
-      break;
-  }
+  if (revocation == WriteRevocation::kImmediate) return true;
+  // An export alive now outlives the write access: nobody vouches for it.
+  if (exports_.load(std::memory_order_acquire) > 0) return true;
+  // Raw pointers: kDeferred's caller vouches that none is left.
+  if (revocation == WriteRevocation::kDeferred) return false;
   return exposed_.load(std::memory_order_acquire) ||
          mapping.Exposed(placement_.offset(), placement_.capacity_bytes());
 }
 
+LeaseExport::LeaseExport(std::shared_ptr<Lease> lease)
+    : lease_(std::move(lease)) {
+  lease_->exports_.fetch_add(1, std::memory_order_acq_rel);
+}
+
+LeaseExport::~LeaseExport() {
+  lease_->exports_.fetch_sub(1, std::memory_order_acq_rel);
+}
+
+int LiveExports(const Lease& lease) { return lease.live_exports(); }
+bool LeaseExposed(const Lease& lease) { return lease.exposed(); }
 void* LeaseAddress(const Lease& lease) { return lease.data(); }
 absl::Status LeaseHeld(const Lease& lease) { return lease.CheckHeld(); }
 

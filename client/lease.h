@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "client/client_core.h"
+#include "client/lease_address.h"
 #include "shmtensor/sealed_ref.h"
 
 namespace shmtensor::internal {
@@ -63,20 +64,23 @@ class Lease : public std::enable_shared_from_this<Lease> {
   // (ClientOptions::write_revocation) until a seal chooses. Host pools only.
   WriteRevocation revocation() const;
   // A raw pointer to the writable bytes was handed out (Buffer::data(),
-  // View::mutable_data()) and may outlive the lease: under kWhenExposed its
-  // range closes at once, here and in every later writable use of any of
+  // View::mutable_data(), the Python `address`) and may outlive the lease's
+  // write access: under kWhenExposed its range closes at once when that
+  // access ends (ClosesAtOnce), and in every later writable use of any of
   // its bytes in this process (PoolMapping::MarkExposed). No-op for a
   // read-only lease or a CUDA pool.
   void MarkExposed();
+  // Counted exports alive now (LeaseExport, lease_address.h).
+  int live_exports() const { return exports_.load(std::memory_order_acquire); }
+  bool exposed() const { return exposed_.load(std::memory_order_acquire); }
 
-  // Before sealing. Host: closes the writable range to read-only, so that
-  // from here on a write through the old pointer faults (kImmediate), or
-  // just stops handing it out (kDeferred: the caller vouched that no pointer
-  // is left; the range stays open in this process's writable mapping for
-  // its next writable use). CUDA: waits until the work
-  // queued on `stream` is done (all of this process's work on the device
-  // for kLegacyDefaultStream), so no reader can see the object before the
-  // producer's writes have landed.
+  // Before sealing. Host: closes the writable range to read-only where
+  // ClosesAtOnce says so, so that from here on a write through a pointer
+  // left in it faults; else just stops handing it out (the range stays open
+  // in this process's writable mapping for its next writable use). CUDA: waits
+  // until the work queued on `stream` is done (all of this process's work on
+  // the device for kLegacyDefaultStream), so no reader can see the object
+  // before the producer's writes have landed.
   absl::Status CloseForSeal(
       CudaStream stream = kLegacyDefaultStream,
       WriteRevocation revocation = WriteRevocation::kImmediate);
@@ -124,9 +128,11 @@ class Lease : public std::enable_shared_from_this<Lease> {
   // Closes the range this lease opened for writing, if still open, as
   // revocation_ says. Called under mu_ or in the destructor.
   void CloseWritableRange();
-  // Whether giving up write access under `revocation` must close the range
-  // in `mapping` now (kWhenExposed resolved: a raw pointer may be left).
-  // Host pools.
+  // The one decision of whether giving up write access under `revocation`
+  // must close the range in `mapping` now: always for kImmediate; while a
+  // counted export lives (LeaseExport), whatever the revocation; and for
+  // kWhenExposed when a raw pointer was exposed, by this lease or by an
+  // earlier use of any of the range in this process. Host pools.
   bool ClosesAtOnce(WriteRevocation revocation, const PoolMapping& mapping);
   // CUDA: events on the streams the object was used on (or, if they cannot
   // be recorded, none after waiting for the device). Called by the last
@@ -147,7 +153,9 @@ class Lease : public std::enable_shared_from_this<Lease> {
   bool held_ = true;                  // Guarded by mu_.
   bool shared_writable_ = false;      // Guarded by mu_.
   std::atomic<bool> exposed_{false};  // MarkExposed was called.
-  std::atomic<bool> lost_{false};     // MarkLost was called.
+  std::atomic<int> exports_{0};       // Live LeaseExports.
+  friend class LeaseExport;
+  std::atomic<bool> lost_{false};  // MarkLost was called.
   // Set once its release began (so a lost lease is no loss).
   std::atomic<bool> releasing_{false};
   // Where Register entered the lease (null: not registered). Set at most

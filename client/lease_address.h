@@ -1,11 +1,27 @@
-// The address of a lease's bytes, and whether they are still the lease's,
-// for adapters that export them (the
-// Python binding's arrays, tensors and ring slots) without including
-// client/lease.h, which needs the generated protobuf headers: the binding
-// is also built where only the public headers and the client library are
-// at hand (testing/gpu/gpu_check.sh builds it on the GPU machine).
+// Exports of a lease's bytes, for the adapters that make them (the Python
+// binding's arrays, buffer-protocol exports and DLPack tensors, the C++
+// torch adapter's tensors) without including client/lease.h, which needs
+// the generated protobuf headers: the binding is also built where only the
+// public headers and the client library are at hand
+// (testing/gpu/gpu_check.sh builds it on the GPU machine).
+//
+// Every pointer into pool memory that leaves the library is an export of
+// its lease, of one of two kinds:
+//  - counted: it lives in an object whose life the library sees (an array,
+//    a tensor, a capsule), which holds a LeaseExport for as long as it
+//    lives;
+//  - exposed: a raw pointer (Buffer::data(), View::mutable_data(), the
+//    Python `address`), whose life nobody sees: it marks the lease exposed
+//    for good (Lease::MarkExposed).
+// Whether a writable range closes at once when its lease gives up write
+// access (seal, release) is decided in one place from these
+// (Lease::ClosesAtOnce): at once while any counted export lives, whatever
+// the WriteRevocation, and for an exposed one under kWhenExposed (the
+// default), so no pointer that left can write after a seal.
 #ifndef SHMTENSOR_CLIENT_LEASE_ADDRESS_H_
 #define SHMTENSOR_CLIENT_LEASE_ADDRESS_H_
+
+#include <memory>
 
 #include "absl/status/status.h"
 
@@ -13,9 +29,34 @@ namespace shmtensor::internal {
 
 class Lease;
 
+// A counted export: holds a share of the lease (so the object lives, and
+// its memory stays unreused, while the export does) and counts itself in
+// the lease from construction to destruction. Not copyable or movable: one
+// per export, owned by what exports.
+//
+// Thread safety: constructed and destroyed on any thread.
+class LeaseExport {
+ public:
+  explicit LeaseExport(std::shared_ptr<Lease> lease);
+  ~LeaseExport();
+  LeaseExport(const LeaseExport&) = delete;
+  LeaseExport& operator=(const LeaseExport&) = delete;
+
+  const std::shared_ptr<Lease>& lease() const { return lease_; }
+
+ private:
+  std::shared_ptr<Lease> lease_;
+};
+
+// Counted exports of the lease alive now.
+int LiveExports(const Lease& lease);
+// Whether a raw pointer into the lease's writable bytes was handed out
+// (Lease::MarkExposed).
+bool LeaseExposed(const Lease& lease);
+
 // The first byte of the lease's range in this process: Lease::data(). Marks
-// nothing exposed (unlike Buffer::data()), so it is for an export that
-// holds a share of the lease while it lives: Buffer::Seal counts those.
+// nothing exposed (unlike Buffer::data()): for the maker of a counted
+// export, whose LeaseExport lives as long as the pointer.
 void* LeaseAddress(const Lease& lease);
 // Lease::CheckHeld(): FAILED_PRECONDITION (STALE_REFERENCE) once a resume
 // found the daemon no longer holds the lease. Every export checks it.

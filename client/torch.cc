@@ -26,9 +26,10 @@ absl::StatusOr<at::Tensor> ToTensor(const View& view, CudaStream stream) {
   std::vector<int64_t> strides;
   for (int64_t s : view.strides_bytes()) strides.push_back(s / item);
   const Device& device = view.info().device;
-  // The deleter owns a share of the lease: the last tensor releases it (for
-  // CUDA, once the work on `stream` is done as well).
-  auto keep = view.lease();
+  // The deleter owns a counted export of the lease (lease_address.h): the
+  // last tensor releases it (for CUDA, once the work on `stream` is done as
+  // well).
+  auto keep = std::make_shared<internal::LeaseExport>(view.lease());
   if (device.is_cuda()) view.UseOnStream(stream);
   // libtorch reports errors by exception: this is its one adapter.
   try {

@@ -67,6 +67,15 @@ Buffer::Buffer(ObjectInfo info, std::shared_ptr<internal::Lease> lease,
                bool named)
     : info_(std::move(info)), lease_(std::move(lease)), named_(named) {}
 
+namespace {
+
+absl::Status NoLongerWritable() {
+  return absl::FailedPreconditionError(
+      "buffer is no longer writable: it was sealed or discarded");
+}
+
+}  // namespace
+
 void* Buffer::data() const {
   if (lease_ == nullptr) return nullptr;
   lease_->MarkExposed();
@@ -74,10 +83,7 @@ void* Buffer::data() const {
 }
 
 absl::Status Buffer::CopyFrom(const void* src, uint64_t size, uint64_t offset) {
-  if (lease_ == nullptr) {
-    return absl::FailedPreconditionError(
-        "buffer is no longer writable: it was sealed or discarded");
-  }
+  if (lease_ == nullptr) return NoLongerWritable();
   if (offset > info_.size_bytes || size > info_.size_bytes - offset) {
     return absl::OutOfRangeError(absl::StrFormat(
         "CopyFrom of %d bytes at offset %d does not fit the buffer's %d bytes",
@@ -98,10 +104,7 @@ absl::Status Buffer::CopyFrom(const void* src, uint64_t size, uint64_t offset) {
 }
 
 absl::Status Buffer::Fill(absl::FunctionRef<void(absl::Span<uint8_t>)> fill) {
-  if (lease_ == nullptr) {
-    return absl::FailedPreconditionError(
-        "buffer is no longer writable: it was sealed or discarded");
-  }
+  if (lease_ == nullptr) return NoLongerWritable();
   if (lease_->device().is_cuda()) {
     return absl::FailedPreconditionError(
         absl::StrCat("Fill writes through the host; this buffer is in ",
@@ -116,10 +119,7 @@ absl::Status Buffer::Fill(absl::FunctionRef<void(absl::Span<uint8_t>)> fill) {
 absl::StatusOr<SealedRef> Buffer::Seal(
     bool exclusive, CudaStream stream,
     std::optional<WriteRevocation> revocation) {
-  if (lease_ == nullptr) {
-    return absl::FailedPreconditionError(
-        "buffer is no longer writable: it was sealed or discarded");
-  }
+  if (lease_ == nullptr) return NoLongerWritable();
   if (lease_->shared_writable()) {  // Before anything changes: it stays.
     return absl::FailedPreconditionError(
         "a shared-writable object is never sealed (CreateOptions::"
@@ -128,12 +128,9 @@ absl::StatusOr<SealedRef> Buffer::Seal(
   // Close the writable range (host) or wait for the GPU's writes (CUDA)
   // before the daemon publishes the object, so no write of this process can
   // land after a reader could see it.
-  WriteRevocation how = revocation.value_or(lease_->revocation());
-  // Another holder of the lease is an adapter's export (an array or tensor
-  // over the bytes) that outlives this seal: it may still be written through.
-  if (how == WriteRevocation::kWhenExposed && lease_.use_count() > 1) {
-    how = WriteRevocation::kImmediate;
-  }
+  // Whether the range closes at once is the lease's decision (exports
+  // alive, pointers exposed: Lease::ClosesAtOnce).
+  const WriteRevocation how = revocation.value_or(lease_->revocation());
   if (absl::Status s = lease_->CloseForSeal(stream, how); !s.ok()) {
     return s;
   }

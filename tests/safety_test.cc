@@ -12,6 +12,7 @@
 
 #include "absl/strings/match.h"
 #include "client/lease.h"
+#include "client/lease_address.h"
 #include "gtest/gtest.h"
 #include "shmtensor/client.h"
 #include "shmtensor/errors.h"
@@ -124,10 +125,11 @@ TEST_F(SafetyTest, BuffersFilledWithoutAPointerChangeNoPageTable) {
     // Every lifecycle reuses the same memory, or the counts mean nothing.
     if (!offset) offset = lease.placement().offset();
     EXPECT_EQ(lease.placement().offset(), *offset);
-    std::shared_ptr<internal::Lease> export_share;
+    std::unique_ptr<internal::LeaseExport> export_share;
     switch (how) {
       case Fill::kLiveExport:
-        export_share = buf->lease();  // What an adapter's array holds.
+        // What an adapter's array or tensor holds.
+        export_share = std::make_unique<internal::LeaseExport>(buf->lease());
         [[fallthrough]];
       case Fill::kCopyFrom:
         EXPECT_TRUE(buf->CopyFrom(src.data(), kBytes).ok());
@@ -205,6 +207,7 @@ TEST_F(SafetyTest, DeferredRevocationRecyclesRangesWithoutMprotect) {
       Client::Connect({.address = daemon_->address(), .stock_bytes = 0});
   ASSERT_TRUE(eager_client.ok()) << eager_client.status();
   internal::PoolMapping* mapping = nullptr;
+  bool hold_export = false;
   // One lifecycle; returns the pool mapping's mprotect count after it.
   auto lifecycle = [&](Client& c, bool exclusive,
                        std::optional<WriteRevocation> r) -> uint64_t {
@@ -213,6 +216,10 @@ TEST_F(SafetyTest, DeferredRevocationRecyclesRangesWithoutMprotect) {
     const internal::Lease& lease = *buf->lease();
     mapping = *lease.core().Mapping(lease.placement().pool_id());
     std::memset(buf->data(), 3, 64 << 10);
+    std::unique_ptr<internal::LeaseExport> exported;
+    if (hold_export) {
+      exported = std::make_unique<internal::LeaseExport>(buf->lease());
+    }
     absl::StatusOr<SealedRef> ref =
         buf->Seal(exclusive, kLegacyDefaultStream, r);
     EXPECT_TRUE(ref.ok()) << ref.status();
@@ -220,6 +227,7 @@ TEST_F(SafetyTest, DeferredRevocationRecyclesRangesWithoutMprotect) {
     EXPECT_TRUE(v.ok()) << v.status();
     EXPECT_EQ(v->writable(), exclusive);
     EXPECT_TRUE(AllBytes(*v, 3));
+    exported.reset();
     // Both waiting: the memory is free again before the next Create, which
     // so gets the same range.
     EXPECT_TRUE(v->Release().ok());
@@ -239,6 +247,13 @@ TEST_F(SafetyTest, DeferredRevocationRecyclesRangesWithoutMprotect) {
     const uint64_t before = lifecycle(*deferred, exclusive, std::nullopt);
     EXPECT_EQ(lifecycle(*deferred, exclusive, WriteRevocation::kImmediate),
               before + (exclusive ? 2 : 1));
+    // So does an export alive at the seal, whatever the caller vouched for
+    // (the lease counts it: nobody can vouch for it).
+    const uint64_t vouched = lifecycle(*deferred, exclusive, std::nullopt);
+    hold_export = true;
+    EXPECT_EQ(lifecycle(*deferred, exclusive, std::nullopt),
+              vouched + (exclusive ? 2 : 1));
+    hold_export = false;
     // The default client: open and close for every writable use.
     const uint64_t eager = lifecycle(*eager_client, exclusive, std::nullopt);
     EXPECT_EQ(lifecycle(*eager_client, exclusive, std::nullopt),

@@ -12,22 +12,29 @@
 namespace shmtensor::python {
 namespace {
 
-// Drops a lease share from a destructor that may hold the GIL: the last
-// share releases the lease with an RPC, which must not stall Python. Any
-// other share just goes, GIL held (a share dropped at the same moment on
-// another thread may make this one the last after all: then the release
-// message goes out with the GIL held, which delays Python, nothing else).
-void DropWithoutGil(std::shared_ptr<internal::Lease>* lease) {
-  if (lease->use_count() > 1) {
-    delete lease;
+// A counted export of the source's lease (client/lease_address.h), for
+// the object that exports to own; null for a source without a lease.
+internal::LeaseExport* ExportOf(const ExportSource& src) {
+  return src.lease == nullptr ? nullptr : new internal::LeaseExport(src.lease);
+}
+
+// Ends an export from a destructor that may hold the GIL: its lease share
+// goes, and the last share releases the lease with an RPC, which must not
+// stall Python. Any other share just goes, GIL held (a share dropped at
+// the same moment on another thread may make this one the last after all:
+// then the release message goes out with the GIL held, which delays
+// Python, nothing else).
+void DropWithoutGil(internal::LeaseExport* e) {
+  if (e == nullptr || e->lease().use_count() > 1) {
+    delete e;
     return;
   }
   if (PyGILState_Check()) {
     PyThreadState* state = PyEval_SaveThread();
-    delete lease;
+    delete e;
     PyEval_RestoreThread(state);
   } else {
-    delete lease;
+    delete e;
   }
 }
 
@@ -62,10 +69,10 @@ Formats FormatsOf(DType dtype) {
 #endif
 }
 
-// What a buffer export's owner keeps alive: the lease share and the arrays
-// the Py_buffer points to.
+// What a buffer export's owner keeps alive: the lease's export and the
+// arrays the Py_buffer points to.
 struct BufferExport {
-  std::shared_ptr<internal::Lease>* lease;
+  internal::LeaseExport* lease = nullptr;
   std::vector<Py_ssize_t> shape;
   std::vector<Py_ssize_t> strides;  // Bytes.
 };
@@ -115,14 +122,12 @@ struct DLContext {
   DLManagedTensor managed;
   std::vector<int64_t> shape;
   std::vector<int64_t> strides;  // Elements.
-  std::shared_ptr<internal::Lease>* lease;
-  std::shared_ptr<std::atomic<int>> counter;
+  internal::LeaseExport* lease = nullptr;
   std::function<void()> on_release;
 };
 
 void DeleteDLContext(DLManagedTensor* self) {
   auto* ctx = static_cast<DLContext*>(self->manager_ctx);
-  if (ctx->counter) --*ctx->counter;
   if (ctx->on_release) ctx->on_release();
   DropWithoutGil(ctx->lease);
   delete ctx;
@@ -163,9 +168,8 @@ py::array MakeArray(const ExportSource& src) {
   static py::object* dtypes[kMaxDTypeValue + 1] = {};
   py::object*& dt = dtypes[static_cast<int>(info.dtype)];
   if (dt == nullptr) dt = new py::object(py::dtype(format));  // Never freed.
-  auto* lease = new std::shared_ptr<internal::Lease>(src.lease);
-  py::capsule owner(lease, [](void* p) {
-    DropWithoutGil(static_cast<std::shared_ptr<internal::Lease>*>(p));
+  py::capsule owner(ExportOf(src), [](void* p) {
+    DropWithoutGil(static_cast<internal::LeaseExport*>(p));
   });
   py::array arr(py::reinterpret_borrow<py::dtype>(*dt), shape, strides,
                 src.data, owner);
@@ -194,10 +198,8 @@ py::capsule MakeDLPack(const ExportSource& src) {
     ctx->shape = info.shape;
     for (int64_t s : info.strides_bytes) ctx->strides.push_back(s / item);
   }
-  ctx->lease = new std::shared_ptr<internal::Lease>(src.lease);
-  ctx->counter = src.dlpack_exports;
+  ctx->lease = ExportOf(src);
   ctx->on_release = src.on_release;
-  if (ctx->counter) ++*ctx->counter;
   DLTensor& t = ctx->managed.dl_tensor;
   t.data = src.data;
   t.device = info.device.is_cuda()
@@ -273,7 +275,7 @@ int FillBuffer(const ExportSource& src, Py_buffer* out, int flags) {
        !f_order)) {
     return BufferError("the object is not laid out contiguously as asked");
   }
-  e->lease = new std::shared_ptr<internal::Lease>(src.lease);
+  e->lease = ExportOf(src);
   PyObject* owner =
       PyCapsule_New(e.get(), "shmtensor.buffer_export", DeleteBufferExport);
   if (owner == nullptr) {

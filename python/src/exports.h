@@ -1,8 +1,13 @@
-// Zero-copy exports of shmtensor memory to NumPy and DLPack (torch).
+// Zero-copy exports of shmtensor memory to NumPy, DLPack (torch) and the
+// buffer protocol.
 //
-// Every export owns a share of the object's lease, so the object stays alive,
-// and its memory unreused, exactly as long as any array or tensor made from
-// it lives, even after the Buffer or View it came from is gone.
+// Every export owns a counted export of the object's lease
+// (internal::LeaseExport, client/lease_address.h), so the object stays
+// alive, and its memory unreused, exactly as long as any array or tensor
+// made from it lives, even after the Buffer or View it came from is gone;
+// and the lease knows it lives, so a seal closes the range at once
+// (Lease::ClosesAtOnce): nothing written through an export lands after the
+// seal.
 //
 // Thread safety: call with the GIL held; the exports' destructors may run on
 // any thread and release the GIL while they drop the lease.
@@ -29,8 +34,6 @@ struct ExportSource {
   void* data;
   std::shared_ptr<internal::Lease> lease;
   bool writable;
-  // Counts live DLPack exports (may be null).
-  std::shared_ptr<std::atomic<int>> dlpack_exports;
   // DLPack only: called once the consumer is done with the tensor, before
   // its lease share goes (may be empty; must not need the GIL).
   std::function<void()> on_release;

@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_format.h"
 #include "client/batch_ring.h"
+#include "client/lease_address.h"
 #include "client/offer.h"
 #include "client/pool_mapping.h"
 #ifdef SHMTENSOR_BENCH_HOOKS
@@ -142,6 +143,22 @@ PYBIND11_MODULE(_core, m) {
       [](py::handle device) { return DeviceName(DeviceArg(device.ptr())); },
       "_device_name(device): 'cpu' or 'cuda:N' for a device in any "
       "spelling.");
+  // For tests (and a curious user): what the lease of a Buffer or View
+  // knows of the pointers into it that left the package (lease_address.h).
+  m.def(
+      "_exports_of",
+      [](py::handle obj) {
+        const std::shared_ptr<internal::Lease>* lease = nullptr;
+        try {
+          lease = &BufferOf(obj).get().lease();
+        } catch (const py::type_error&) {
+          lease = &ViewOf(obj).get().lease();
+        }
+        return py::make_tuple(internal::LiveExports(**lease),
+                              internal::LeaseExposed(**lease));
+      },
+      "_exports_of(buffer_or_view): (counted exports alive, whether a raw "
+      "address was handed out) of its lease.");
   m.def(
       "_bind_object_classes",
       [](py::handle buffer_class, py::handle view_class) {
@@ -216,7 +233,6 @@ PYBIND11_MODULE(_core, m) {
                            static_cast<uint8_t*>(src.data) + offset,
                            src.lease,
                            src.writable,
-                           nullptr,
                            {}});
       },
       py::arg("view"), py::arg("offset") = 0, py::arg("nbytes") = py::none(),
@@ -281,7 +297,7 @@ PYBIND11_MODULE(_core, m) {
             if (!data.ok())
               throw py::value_error(std::string(data.status().message()));
             const ObjectInfo info = BytesInfo(nbytes);
-            return MakeDLPack({&info, *data, r.lease, true, nullptr, {}});
+            return MakeDLPack({&info, *data, r.lease, true, {}});
           },
           py::arg("slot"), py::arg("nbytes"),
           "A DLPack capsule (uint8) over a claimed slot, to fill.")
@@ -301,7 +317,7 @@ PYBIND11_MODULE(_core, m) {
             // The lease share in the capsule keeps the slot (and the header
             // its release writes) mapped until the last tensor dies.
             return MakeDLPack(
-                {&info, a.data, r.lease, true, nullptr, std::move(a.release)});
+                {&info, a.data, r.lease, true, std::move(a.release)});
           },
           py::arg("slot"), py::arg("generation"), py::arg("nbytes"),
           "A DLPack capsule (uint8) over a handed slot; the slot is free "

@@ -303,11 +303,6 @@ PyObject* ClientNew(PyTypeObject* type, PyObject* args, PyObject* kwds) {
     o.client_name = name;
     o.connect_timeout = absl::Seconds(connect_timeout);
     o.read_only = read_only != 0;
-    // Every pointer this package hands out into a writable buffer or view is
-    // an array or tensor it counts (PyBuffer, MakeArray, MakeDLPack), and a
-    // lease is released only when the last is gone; where one is alive at a
-    // seal, PyBuffer::Seal asks for kImmediate.
-    o.write_revocation = WriteRevocation::kDeferred;
     std::optional<absl::StatusOr<Client>> c;
     {
       ReleaseGil release;

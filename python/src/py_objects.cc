@@ -380,8 +380,11 @@ PyObject* ViewClosed(PyObject* s, void*) {
 
 PyObject* ViewAddress(PyObject* s, void*) {
   return Guarded([&] {
-    return ToPython(
-        reinterpret_cast<uintptr_t>(ValueOf<PyView>(s).get().data()));
+    // A raw pointer: into writable bytes, it marks them exposed
+    // (View::mutable_data).
+    const View& v = ValueOf<PyView>(s).get();
+    const void* p = v.writable() ? v.mutable_data() : v.data();
+    return ToPython(reinterpret_cast<uintptr_t>(p));
   });
 }
 
@@ -430,8 +433,10 @@ PyGetSetDef* BufferGetSet() {
        nullptr},
       {"address", BufferAddress, nullptr,
        "Address of the first byte in this process, for identity checks. Not "
-       "a view: it keeps nothing alive, and after seal() a write through it "
-       "is undefined (arrays and tensors are the way to write).",
+       "a view: it keeps nothing alive. Taking it marks the buffer's memory "
+       "exposed: at seal() it is write-protected at once, so a write "
+       "through the address faults instead of changing the sealed object "
+       "(arrays and tensors are the way to write).",
        nullptr},
   });
 }
@@ -469,8 +474,7 @@ const Buffer& PyBuffer::get() const {
 
 py::array PyBuffer::Array() {
   const Buffer& b = get();
-  py::array arr = MakeArray({&b.info(), internal::LeaseAddress(*b.lease()),
-                             b.lease(), /*writable=*/true, nullptr});
+  py::array arr = MakeArray(Source());
   arrays_.push_back(py::weakref(arr));
   return arr;
 }
@@ -478,7 +482,7 @@ py::array PyBuffer::Array() {
 py::capsule PyBuffer::DLPack(const py::object& stream) {
   const Buffer& b = get();
   DeclareDlpackStream(stream, [&](CudaStream s) { b.UseOnStream(s); });
-  return MakeDLPack(Source());  // Counted in dlpack_.
+  return MakeDLPack(Source());
 }
 
 SealedRef PyBuffer::Seal(bool exclusive, CudaStream stream) {
@@ -488,26 +492,22 @@ SealedRef PyBuffer::Seal(bool exclusive, CudaStream stream) {
         "a shared-writable object is never sealed; drop or discard the "
         "buffer when done")};
   }
-  std::vector<py::object> live;
-  for (const py::weakref& w : arrays_) {
-    py::object a = w();
-    if (!a.is_none()) live.push_back(a);
-  }
-  const int tensors = dlpack_ == nullptr ? 0 : dlpack_->load();
-  if (exclusive && (!live.empty() || tensors > 0)) {
+  // Every array, tensor and buffer-protocol export of the buffer counts
+  // itself in the lease (exports.h), which decides from that whether the
+  // range closes at once (Lease::ClosesAtOnce).
+  const int exports = internal::LiveExports(*buffer_.lease());
+  if (exclusive && exports > 0) {
     throw py::buffer_error(
-        std::to_string(live.size() + tensors) +
+        std::to_string(exports) +
         " arrays or tensors made from this buffer are still alive; delete "
         "them before seal(exclusive=True): the consumer will own the memory");
   }
-  // Arrays made before a shared seal stay readable, no longer writable; a
-  // write through one (or through a tensor, which torch cannot make
-  // read-only) faults, so their memory is closed at once. With none alive,
-  // nothing can write here any more: the range may stay open.
-  const WriteRevocation revocation = live.empty() && tensors == 0
-                                         ? WriteRevocation::kDeferred
-                                         : WriteRevocation::kImmediate;
-  for (py::object& a : live) {
+  // Arrays made before a shared seal stay readable, no longer writable: a
+  // write through one raises instead of faulting (a write through a
+  // tensor, which torch cannot make read-only, faults).
+  for (const py::weakref& w : arrays_) {
+    py::object a = w();
+    if (a.is_none()) continue;
     py::detail::array_proxy(a.ptr())->flags &=
         ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
   }
@@ -519,7 +519,7 @@ SealedRef PyBuffer::Seal(bool exclusive, CudaStream stream) {
   std::optional<absl::StatusOr<SealedRef>> sealed;
   {
     ReleaseGil release;
-    sealed = b.Seal(exclusive, stream, revocation);
+    sealed = b.Seal(exclusive, stream);
   }
   if (!sealed->ok() && b.valid()) buffer_ = std::move(b);
   return Check(*std::move(sealed));
@@ -536,9 +536,7 @@ void PyBuffer::Discard() {
 
 ExportSource PyBuffer::Source() {
   const Buffer& b = get();
-  if (dlpack_ == nullptr) dlpack_ = std::make_shared<std::atomic<int>>(0);
-  return {&b.info(), internal::LeaseAddress(*b.lease()), b.lease(), true,
-          dlpack_};
+  return {&b.info(), internal::LeaseAddress(*b.lease()), b.lease(), true};
 }
 
 // -- PyView -------------------------------------------------------------
@@ -560,8 +558,7 @@ const View& PyView::get() const {
 
 ExportSource PyView::Source() const {
   const View& v = get();
-  return {&v.info(), const_cast<void*>(v.data()), v.lease(), v.writable(),
-          nullptr};
+  return {&v.info(), const_cast<void*>(v.data()), v.lease(), v.writable()};
 }
 
 void PyView::Close() {

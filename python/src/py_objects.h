@@ -40,8 +40,9 @@ namespace shmtensor::python {
 namespace py = pybind11;
 
 // What a Buffer holds. Its arrays and DLPack tensors take the address from
-// the lease, not Buffer::data(): they are counted here, and Seal chooses
-// the revocation from them, so they mark nothing exposed.
+// the lease, not Buffer::data(): they are counted exports of the lease
+// (exports.h), so they mark nothing exposed, and the lease decides at Seal
+// from them whether the range closes at once.
 class PyBuffer {
  public:
   explicit PyBuffer(Buffer b) : buffer_(std::move(b)) {}
@@ -54,23 +55,20 @@ class PyBuffer {
   const Buffer& get() const;
   bool valid() const { return buffer_.valid(); }
 
-  // A writable ndarray over the buffer, counted for Seal.
+  // A writable ndarray over the buffer (made read-only at a shared seal).
   py::array Array();
-  // A DLPack capsule over the buffer, counted for Seal; `stream` as
-  // __dlpack__'s.
+  // A DLPack capsule over the buffer; `stream` as __dlpack__'s.
   py::capsule DLPack(const py::object& stream);
   // Seals: see Buffer.seal's docstring (py_objects.cc).
   SealedRef Seal(bool exclusive, CudaStream stream);
   void Discard();
-  // What an export of the buffer needs; its DLPack exports are counted for
-  // Seal.
+  // What an export of the buffer needs.
   ExportSource Source();
 
  private:
   Buffer buffer_;
-  std::vector<py::weakref> arrays_;  // NumPy arrays exported.
-  // Live DLPack exports; made at the first.
-  std::shared_ptr<std::atomic<int>> dlpack_;
+  // NumPy arrays exported, to make read-only at a shared seal.
+  std::vector<py::weakref> arrays_;
 };
 
 // What a View holds.

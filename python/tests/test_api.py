@@ -372,8 +372,10 @@ def test_seal_without_live_exports_defers_closing_not_safety(client):
     # mapping (no page-table change now, none when the memory is reused
     # here). Views still read through the read-only mapping.
     buf = client.create(1024, "float32")
-    written = buf.address
-    np.asarray(buf)[:] = 5.0
+    a = np.asarray(buf)  # An export: counted while it lives.
+    written = a.__array_interface__["data"][0]
+    a[:] = 5.0
+    del a
     ref = buf.seal()
     assert "w" in _perms_at(written)  # Left open for the next buffer here.
     view = client.get(ref)
@@ -386,9 +388,18 @@ def test_seal_without_live_exports_defers_closing_not_safety(client):
     # The same memory, recycled for the next buffer, is written in place.
     del view, a, ref
     buf2 = client.create(1024, "float32")
-    assert buf2.address == written
-    np.asarray(buf2)[:] = 6.0
+    a2 = np.asarray(buf2)
+    assert a2.__array_interface__["data"][0] == written
+    a2[:] = 6.0
+    del a2
     assert np.asarray(client.get(buf2.seal())).tolist() == [6.0] * 1024
+    # A raw address handed out is a pointer nobody counts: the seal closes
+    # the range, and so does every later seal of that memory here.
+    buf3 = client.create(1024, "float32")
+    raw = buf3.address
+    ref3 = buf3.seal()
+    assert "w" not in _perms_at(raw)
+    del ref3
 
 
 def test_exclusive_seal_refuses_live_exports(client):

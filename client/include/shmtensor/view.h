@@ -35,25 +35,27 @@ struct ObjectInfo {
 // How a writable buffer, or the writable view of a taken transfer, gives up
 // this process's write access to host-pool memory when it is sealed or
 // released.
+//
+// Whatever the choice, an export an adapter made from the lease (an array
+// or tensor, which the lease counts) that is alive when the write access
+// ends closes the range at once. The choice is about raw pointers.
 enum class WriteRevocation {
   // The default: kImmediate where a raw pointer into the range may be left,
   // kDeferred where none can be. A pointer may be left when this buffer's
-  // data() (or this writable view's mutable_data()) was called, when an
-  // export an adapter made from its lease() is still alive at the seal, or
-  // when any byte of the range was ever handed out by data() or
-  // mutable_data() in this process before (an old pointer may still point
-  // there). A buffer filled only through CopyFrom or Fill leaves none, so
-  // recycled memory changes no page table: the lifecycle costs its round
-  // trips and nothing more.
+  // data() (or this writable view's mutable_data()) was called, or when any
+  // byte of the range was ever handed out by data() or mutable_data() in
+  // this process before (an old pointer may still point there). A buffer
+  // filled only through CopyFrom or Fill leaves none, so recycled memory
+  // changes no page table: the lifecycle costs its round trips and nothing
+  // more.
   kWhenExposed,
   // At once, with mprotect: a write through any pointer kept from it (say,
   // data() saved before Seal) faults instead of changing what others see.
   // Costs two page-table changes per writable use (open and close); what
   // that is per lifecycle: docs/performance.md (lifecycle_bench section 5).
   kImmediate,
-  // The caller vouches that no pointer into the bytes outlives the seal or
-  // release (the Python package can: it counts the arrays and tensors it
-  // made, and asks for kImmediate when one is alive). The range then stays
+  // The caller vouches that no raw pointer into the bytes outlives the seal
+  // or release. With no export alive, the range then stays
   // writable in this process's writable mapping, into which no view or
   // tensor points once its lease is gone, and the next writable use of that
   // memory here needs no page-table change. Readers are unaffected: every
@@ -173,12 +175,14 @@ class Buffer {
   absl::Status Fill(absl::FunctionRef<void(absl::Span<uint8_t>)> fill);
 
   // Makes the object immutable and returns its ref; the Buffer becomes
-  // invalid. From here on a write through the old data() pointer faults
-  // (host pools; see the class comment of View for CUDA pools), unless
-  // `revocation` (default: the client's ClientOptions::write_revocation) is
-  // kDeferred, by which the caller vouches that no such pointer is left.
-  // With the default kWhenExposed, a buffer whose data() was never called
-  // and with no tensor left is sealed without a page-table change.
+  // invalid. From here on a write
+  // through an export made from the lease that is still alive faults (host
+  // pools; see the class comment of View for CUDA pools), and so does one
+  // through the old data() pointer, unless `revocation` (default: the
+  // client's ClientOptions::write_revocation) is kDeferred, by which the
+  // caller vouches that no such pointer is left. With the default
+  // kWhenExposed, a buffer whose data() was never called and with no export
+  // left is sealed without a page-table change.
   // Shared seal: the SealedRef holds a lease that keeps the object alive.
   // Exclusive seal (hand-off to exactly one consumer): the SealedRef holds
   // nothing, this process loses write access (the taker alone may write),
