@@ -12,8 +12,12 @@ namespace shmtensor::internal {
 bool Lease::ClosesAtOnce(WriteRevocation revocation,
                          const PoolMapping& mapping) {
   if (revocation == WriteRevocation::kImmediate) return true;
-  // An export alive now outlives the write access: nobody vouches for it.
-  if (exports_.load(std::memory_order_acquire) > 0) return true;
+  // An export alive now, or an escaped pointer, outlives the write access:
+  // nobody vouches for it.
+  if (exports_.load(std::memory_order_acquire) > 0 ||
+      escaped_.load(std::memory_order_acquire)) {
+    return true;
+  }
   // Raw pointers: kDeferred's caller vouches that none is left.
   if (revocation == WriteRevocation::kDeferred) return false;
   return exposed_.load(std::memory_order_acquire) ||
@@ -30,7 +34,8 @@ LeaseExport::~LeaseExport() {
 }
 
 int LiveExports(const Lease& lease) { return lease.live_exports(); }
-bool LeaseExposed(const Lease& lease) { return lease.exposed(); }
+void MarkEscaped(Lease& lease) { lease.MarkEscaped(); }
+bool LeaseEscaped(const Lease& lease) { return lease.escaped(); }
 void* LeaseAddress(const Lease& lease) { return lease.data(); }
 absl::Status LeaseHeld(const Lease& lease) { return lease.CheckHeld(); }
 
@@ -54,6 +59,10 @@ void Lease::CloseWritableRange() {
     }
     access_ = Access::kRead;
   }
+}
+
+void Lease::MarkEscaped() {
+  if (opened_rw_range_) escaped_.store(true, std::memory_order_release);
 }
 
 void Lease::MarkExposed() {

@@ -70,9 +70,14 @@ class Lease : public std::enable_shared_from_this<Lease> {
   // its bytes in this process (PoolMapping::MarkExposed). No-op for a
   // read-only lease or a CUDA pool.
   void MarkExposed();
+  // A raw pointer to the writable bytes was handed past the adapter's
+  // caller (lease_address.h): the range closes at once when the write
+  // access ends, whatever the revocation. No-op for a read-only lease or a
+  // CUDA pool.
+  void MarkEscaped();
   // Counted exports alive now (LeaseExport, lease_address.h).
   int live_exports() const { return exports_.load(std::memory_order_acquire); }
-  bool exposed() const { return exposed_.load(std::memory_order_acquire); }
+  bool escaped() const { return escaped_.load(std::memory_order_acquire); }
 
   // Before sealing. Host: closes the writable range to read-only where
   // ClosesAtOnce says so, so that from here on a write through a pointer
@@ -130,9 +135,10 @@ class Lease : public std::enable_shared_from_this<Lease> {
   void CloseWritableRange();
   // The one decision of whether giving up write access under `revocation`
   // must close the range in `mapping` now: always for kImmediate; while a
-  // counted export lives (LeaseExport), whatever the revocation; and for
-  // kWhenExposed when a raw pointer was exposed, by this lease or by an
-  // earlier use of any of the range in this process. Host pools.
+  // counted export lives (LeaseExport) or once a pointer escaped, whatever
+  // the revocation; and for kWhenExposed when a raw pointer was exposed, by
+  // this lease or by an earlier use of any of the range in this process.
+  // Host pools.
   bool ClosesAtOnce(WriteRevocation revocation, const PoolMapping& mapping);
   // CUDA: events on the streams the object was used on (or, if they cannot
   // be recorded, none after waiting for the device). Called by the last
@@ -154,6 +160,7 @@ class Lease : public std::enable_shared_from_this<Lease> {
   bool shared_writable_ = false;      // Guarded by mu_.
   std::atomic<bool> exposed_{false};  // MarkExposed was called.
   std::atomic<int> exports_{0};       // Live LeaseExports.
+  std::atomic<bool> escaped_{false};  // MarkEscaped was called.
   friend class LeaseExport;
   std::atomic<bool> lost_{false};  // MarkLost was called.
   // Set once its release began (so a lost lease is no loss).

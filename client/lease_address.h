@@ -6,18 +6,23 @@
 // (testing/gpu/gpu_check.sh builds it on the GPU machine).
 //
 // Every pointer into pool memory that leaves the library is an export of
-// its lease, of one of two kinds:
+// its lease, of one of three kinds:
 //  - counted: it lives in an object whose life the library sees (an array,
 //    a tensor, a capsule), which holds a LeaseExport for as long as it
 //    lives;
-//  - exposed: a raw pointer (Buffer::data(), View::mutable_data(), the
-//    Python `address`), whose life nobody sees: it marks the lease exposed
-//    for good (Lease::MarkExposed).
+//  - escaped: a raw pointer an adapter handed past its own caller to
+//    whoever uses it (the Python package's `address`): nobody who seals
+//    can vouch for it; it marks the lease for good (LeaseEscaped);
+//  - exposed: a raw pointer the C++ API hands its caller (Buffer::data(),
+//    View::mutable_data()), who may vouch for it (WriteRevocation::
+//    kDeferred); it marks the lease, and the memory for every later use in
+//    this process (Lease::MarkExposed).
 // Whether a writable range closes at once when its lease gives up write
 // access (seal, release) is decided in one place from these
-// (Lease::ClosesAtOnce): at once while any counted export lives, whatever
-// the WriteRevocation, and for an exposed one under kWhenExposed (the
-// default), so no pointer that left can write after a seal.
+// (Lease::ClosesAtOnce): at once while a counted export lives or once one
+// escaped, whatever the WriteRevocation, and for an exposed one under
+// kWhenExposed (the default), so no pointer that left can write after a
+// seal unless its holder vouched for it.
 #ifndef SHMTENSOR_CLIENT_LEASE_ADDRESS_H_
 #define SHMTENSOR_CLIENT_LEASE_ADDRESS_H_
 
@@ -50,9 +55,11 @@ class LeaseExport {
 
 // Counted exports of the lease alive now.
 int LiveExports(const Lease& lease);
-// Whether a raw pointer into the lease's writable bytes was handed out
-// (Lease::MarkExposed).
-bool LeaseExposed(const Lease& lease);
+// Marks a raw pointer into the lease's writable bytes handed past the
+// adapter's caller (see above); no-op for a read-only lease or a CUDA
+// pool. Whether one was.
+void MarkEscaped(Lease& lease);
+bool LeaseEscaped(const Lease& lease);
 
 // The first byte of the lease's range in this process: Lease::data(). Marks
 // nothing exposed (unlike Buffer::data()): for the maker of a counted

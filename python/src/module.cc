@@ -155,10 +155,10 @@ PYBIND11_MODULE(_core, m) {
           lease = &ViewOf(obj).get().lease();
         }
         return py::make_tuple(internal::LiveExports(**lease),
-                              internal::LeaseExposed(**lease));
+                              internal::LeaseEscaped(**lease));
       },
       "_exports_of(buffer_or_view): (counted exports alive, whether a raw "
-      "address was handed out) of its lease.");
+      "address escaped) of its lease.");
   m.def(
       "_bind_object_classes",
       [](py::handle buffer_class, py::handle view_class) {

@@ -1,5 +1,6 @@
 #include "python/src/py_args.h"
 
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
 #include <cstring>
@@ -33,8 +34,19 @@ absl::Status Unknown(PyObject* dtype) {
       absl::StrCat("unknown dtype ", Repr(dtype)));
 }
 
-// What numpy.dtype makes of `dtype`, through its type string.
+// The dtype of a numpy.dtype, through its type string; an error names it
+// as NumPy shows it.
+DType OfDescr(py::handle descr) {
+  const std::string typestr = descr.attr("str").cast<std::string>();
+  absl::StatusOr<DType> d = DTypeOfTypestr(typestr, typestr);
+  if (d.ok()) return *d;
+  return Check(DTypeOfTypestr(typestr, Str(descr.ptr())));
+}
+
+// What numpy.dtype makes of `dtype`. A numpy.dtype itself (an array's
+// .dtype: put()'s every call) is read as it is.
 DType ByNumPy(PyObject* dtype) {
+  if (py::isinstance<py::dtype>(dtype)) return OfDescr(dtype);
   py::object numpy = Loaded("numpy");
   if (!numpy) throw StatusError{Unknown(dtype)};
   py::object descr;
@@ -44,8 +56,7 @@ DType ByNumPy(PyObject* dtype) {
     if (!e.matches(PyExc_TypeError) && !e.matches(PyExc_ValueError)) throw;
     throw StatusError{Unknown(dtype)};
   }
-  const std::string typestr = descr.attr("str").cast<std::string>();
-  return Check(DTypeOfTypestr(typestr, Str(descr.ptr())));
+  return OfDescr(descr);
 }
 
 bool IsTorchDType(PyObject* obj) {

@@ -303,6 +303,11 @@ PyObject* ClientNew(PyTypeObject* type, PyObject* args, PyObject* kwds) {
     o.client_name = name;
     o.connect_timeout = absl::Seconds(connect_timeout);
     o.read_only = read_only != 0;
+    // This package hands out no pointer its user could keep from one buffer
+    // to the next use of its memory: every one is an export the lease counts
+    // or an escaped address (client/lease_address.h), which close the
+    // range at once whatever the revocation.
+    o.write_revocation = WriteRevocation::kDeferred;
     std::optional<absl::StatusOr<Client>> c;
     {
       ReleaseGil release;

@@ -332,8 +332,10 @@ PyObject* BufferValid(PyObject* s, void*) {
 
 PyObject* BufferAddress(PyObject* s, void*) {
   return Guarded([&] {
-    return ToPython(
-        reinterpret_cast<uintptr_t>(ValueOf<PyBuffer>(s).get().data()));
+    // A raw pointer handed to the user: it escapes (lease_address.h).
+    internal::Lease& lease = *ValueOf<PyBuffer>(s).get().lease();
+    internal::MarkEscaped(lease);
+    return ToPython(reinterpret_cast<uintptr_t>(internal::LeaseAddress(lease)));
   });
 }
 
@@ -380,11 +382,12 @@ PyObject* ViewClosed(PyObject* s, void*) {
 
 PyObject* ViewAddress(PyObject* s, void*) {
   return Guarded([&] {
-    // A raw pointer: into writable bytes, it marks them exposed
-    // (View::mutable_data).
+    // A raw pointer handed to the user: into writable bytes, it escapes
+    // (lease_address.h); a read-only view's points into the read-only
+    // mapping.
     const View& v = ValueOf<PyView>(s).get();
-    const void* p = v.writable() ? v.mutable_data() : v.data();
-    return ToPython(reinterpret_cast<uintptr_t>(p));
+    if (v.writable()) internal::MarkEscaped(*v.lease());
+    return ToPython(reinterpret_cast<uintptr_t>(v.data()));
   });
 }
 
@@ -433,10 +436,11 @@ PyGetSetDef* BufferGetSet() {
        nullptr},
       {"address", BufferAddress, nullptr,
        "Address of the first byte in this process, for identity checks. Not "
-       "a view: it keeps nothing alive. Taking it marks the buffer's memory "
-       "exposed: at seal() it is write-protected at once, so a write "
-       "through the address faults instead of changing the sealed object "
-       "(arrays and tensors are the way to write).",
+       "a view: it keeps nothing alive. Taking it marks the buffer: at "
+       "seal() its memory is write-protected at once, so a write through "
+       "the address faults instead of changing the sealed object (arrays "
+       "and tensors are the way to write). After the buffer is gone, a "
+       "write through it is a use-after-free, as in C.",
        nullptr},
   });
 }
