@@ -1,14 +1,13 @@
 """[P10] Every pointer into pool memory that leaves the package is known to
 the lease it points into: an array, a tensor, a DLPack capsule or a
 buffer-protocol export counts itself there while it lives; a raw address
-marks the lease exposed. The lease alone decides from that whether a seal
+escapes (it marks the lease). The lease alone decides from that whether a seal
 write-protects the memory at once (client/lease_address.h), so a write
 through any of them never changes a sealed object.
 
 test_every_attribute_that_returns_memory_is_counted walks every attribute
 of Buffer and View: one added without being classified here fails it."""
 
-import ctypes
 import gc
 import signal
 
@@ -21,11 +20,11 @@ from conftest import run_python
 from shmtensor import _core
 
 # How each attribute of Buffer and View hands out memory: "counted" (what
-# it returns counts itself in the lease while it lives), "exposed" (a raw
+# it returns counts itself in the lease while it lives), "escaped" (a raw
 # address: the lease is marked), or None (no memory: it returns a value, a
 # ref, the object itself, or changes its state).
 KINDS = {
-    "address": "exposed",
+    "address": "escaped",
     "__array__": "counted",
     "__dlpack__": "counted",
     "numpy": "counted",
@@ -81,10 +80,10 @@ def check_attributes(obj, fresh, address):
     for name in sorted(own_attributes(type(obj))):
         assert name in KINDS, (
             f"{type(obj).__name__}.{name} is not classified: does it hand out "
-            f"memory? Count it (a LeaseExport) or mark it exposed, and add "
+            f"memory? Count it (a LeaseExport) or mark it escaped, and add "
             f"it to KINDS")
         kind = KINDS[name]
-        if kind == "exposed":
+        if kind == "escaped":
             continue  # Taken last, below: it marks the lease for good.
         target = fresh() if name in STATEFUL else obj
         attr = getattr(target, name)
@@ -104,12 +103,12 @@ def check_attributes(obj, fresh, address):
             assert not is_memory(value, address, obj.nbytes), (name, value)
             del value
         del attr, target
-    # The exposed ones, last: a raw address into writable memory marks the
+    # The escaped ones, last: a raw address into writable memory marks the
     # lease for good. A read-only view's points into the read-only mapping,
     # where no write lands: nothing to mark.
     assert _core._exports_of(obj) == (exports0, False)
     writable = getattr(obj, "writable", True)
-    for name in (n for n, k in KINDS.items() if k == "exposed"):
+    for name in (n for n, k in KINDS.items() if k == "escaped"):
         assert getattr(obj, name) == address, name
         assert _core._exports_of(obj) == (exports0, writable), name
         assert mapping_is_writable(address) == writable, name
@@ -159,7 +158,7 @@ def test_a_buffer_without_the_buffer_protocol_says_so(client):
 
 
 def test_a_write_through_an_address_after_seal_faults(client, daemon):
-    """The raw address of a buffer is an exposed pointer: the seal
+    """The raw address of a buffer escapes: the seal
     write-protects the memory at once, so a write through it faults and the
     sealed object keeps its bytes."""
     child = run_python(
