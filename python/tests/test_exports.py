@@ -51,7 +51,9 @@ KINDS = {
 # Definitions every type has, not attributes of a buffer or view.
 GENERIC = {"__module__", "__doc__", "__slots__", "__new__", "__init__",
            "__weaklistoffset__", "__qualname__", "__dict__", "__weakref__",
-           "__getattribute__"}
+           "__getattribute__",
+           # Python 3.13 records these for every class statement.
+           "__firstlineno__", "__static_attributes__"}
 # State-changing attributes: classified, called on an object of their own.
 STATEFUL = {"seal", "discard", "close", "__enter__", "__exit__"}
 
