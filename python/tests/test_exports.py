@@ -27,6 +27,7 @@ KINDS = {
     "address": "escaped",
     "__array__": "counted",
     "__dlpack__": "counted",
+    "__buffer__": "counted",  # Python 3.12+ (PEP 688): the buffer protocol.
     "numpy": "counted",
     "tensor": "counted",
     "shape": None,
@@ -91,6 +92,8 @@ def check_attributes(obj, fresh, address):
         attr = getattr(target, name)
         if name == "__exit__":
             value = attr(None, None, None)
+        elif name == "__buffer__":
+            value = attr(0x1c)  # PyBUF_RECORDS_RO: strides and format.
         elif callable(attr):
             value = attr()
         else:
