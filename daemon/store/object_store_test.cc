@@ -468,6 +468,13 @@ TEST_F(ObjectStoreTest, EveryCallActsOnlyForTheSessionsOwnProcess) {
                   {{"0000000000003039", absl::StrFormat("%016x", a_)}}))
         << i;
   }
+  // [P15] A process that carries releases for another's session applies
+  // none of them: the lease stays (the counts below).
+  google::protobuf::RepeatedPtrField<v1::ReleaseLeases> carried;
+  *carried.Add() = Message(1, {sealed.lease_id});
+  Caller lying = stranger;
+  lying.carried = &carried;
+  EXPECT_TRUE(IsSessionEnded(store_->SessionStats(lying).status()));
   const v1::StatsResponse st = store_->Stats();
   EXPECT_EQ(st.objects(), 2u);
   EXPECT_EQ(st.leases(), 2u);
