@@ -363,13 +363,23 @@ absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::ConnectOnce(
   if (any_host) {
     // The session is open: give the hand-over time of its own, whatever
     // opening it took of connect_timeout.
-    absl::StatusOr<std::vector<PoolDescriptor>> fds = FetchPoolDescriptors(
+    absl::StatusOr<SessionDescriptors> fds = FetchPoolDescriptors(
         core->socket_path_, core->session_id_, opened.descriptor_secret(),
         std::max(deadline, absl::Now() + absl::Seconds(5)), daemon_uid);
     if (!fds.ok()) return fds.status();
     // Every descriptor is owned by a mapping (or closed) from here on.
+    if (fds->release_ring >= 0) {
+      // A ring this client cannot use (another layout) leaves the seals on
+      // the stream.
+      absl::StatusOr<std::unique_ptr<RingMapping>> ring =
+          RingMapping::Map(fds->release_ring);
+      if (ring.ok()) {
+        core->ring_ = *std::move(ring);
+        core->ring_on_.store(true, std::memory_order_release);
+      }
+    }
     absl::Status failed;
-    for (const PoolDescriptor& d : *fds) {
+    for (const PoolDescriptor& d : fds->pools) {
       if (d.pool_id >= pools ||
           core->pools_[d.pool_id].kind() != v1::MEMORY_KIND_HOST ||
           core->mappings_[d.pool_id] != nullptr) {
@@ -416,6 +426,7 @@ ClientCore::~ClientCore() {
     releaser_.release();  // Its thread is the parent's.
     stock_.release();     // So is this one's,
     writer_.release();    // and this one's.
+    ring_.release();      // Not in this process (MADV_DONTFORK).
     return;
   }
   // Its thread makes calls: stopped before anything it uses goes. Its
@@ -503,6 +514,10 @@ absl::Status ClientCore::ResumeLocked(const std::shared_ptr<Connection>& broken,
   // Both under held_mu_ (and the outbox's lock): a release leaves held_ and is
   // queued under both (ReleaseLease), so the account either names its
   // lease or counts its message in releases_through, never neither.
+  // The daemon drops the ring of a session it resumes (a successor never
+  // had it): seals go on the stream from here on. Cleared before the
+  // account takes the outbox's lock (see SendSeals).
+  ring_on_.store(false, std::memory_order_release);
   v1::OpenSession account;
   account.set_present_leases(true);
   {
@@ -789,8 +804,28 @@ absl::Status ClientCore::SendSeals(std::vector<v1::OneWaySeal> seals) {
   v1::ReleaseLeases message;
   message.mutable_seals()->Reserve(static_cast<int>(seals.size()));
   for (v1::OneWaySeal& seal : seals) *message.add_seals() = std::move(seal);
-  if (absl::Status s = EnqueueLocked(std::move(message)); !s.ok()) return s;
-  AfterEnqueue();
+  if (!ring_on_.load(std::memory_order_relaxed)) {
+    if (absl::Status s = EnqueueLocked(std::move(message)); !s.ok()) return s;
+    AfterEnqueue();
+    return absl::OkStatus();
+  }
+  if (CurrentConnection() == nullptr) return Ended();
+  const bool posted = outbox_.EnqueuePosted(
+      std::move(message), ring_->writer().applied(),
+      [this](const v1::ReleaseLeases& m) {
+        // Read under the outbox's lock, which a resume's account takes
+        // after clearing it: a post either is in the account or sees it
+        // cleared.
+        if (!ring_on_.load(std::memory_order_acquire)) return false;
+        const size_t n = m.ByteSizeLong();
+        if (n > kReleaseRingMaxRecord) return false;
+        char record[kReleaseRingMaxRecord];
+        m.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(record));
+        return ring_->writer().Post(absl::string_view(record, n));
+      });
+  // Not posted: the stream takes it. Posted: the writer too, only while a
+  // call waits for one of this session's seals.
+  if (!posted || ring_->writer().NudgeRequested()) AfterEnqueue();
   return absl::OkStatus();
 }
 
@@ -813,6 +848,11 @@ void ClientCore::AfterEnqueue() {
 }
 
 bool ClientCore::WriteOne() {
+  // What the daemon applied from the ring (or the stream) need not be
+  // written. After a resume the ring's figure is stale but still true.
+  if (ring_on_.load(std::memory_order_acquire)) {
+    outbox_.Confirm(ring_->writer().applied());
+  }
   // The messages queued and not yet written, oldest first, up to a batch:
   // written together, gRPC holding all but the last (buffer_hint) so that
   // they go in one send and wake the daemon once.

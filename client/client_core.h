@@ -59,6 +59,7 @@
 #include "client/gpu_releaser.h"
 #include "client/pool_mapping.h"
 #include "client/release_outbox.h"
+#include "client/ring_mapping.h"
 #include "client/stream_writer.h"
 #include "shmtensor/device.h"
 #include "shmtensor/v1/shmtensor.grpc.pb.h"
@@ -210,7 +211,10 @@ class ClientCore {
   absl::Status ReleaseLease(uint64_t lease_id);
   // Seals without waiting for the daemon: one ReleaseLeases message
   // carrying `seals` (in order), queued as ReleaseLease's, ordered with the
-  // releases (docs/shm_layout.md, "Stock and one-way seals"). Until a
+  // releases (docs/shm_layout.md, "Stock and one-way seals"), and posted in
+  // the session's release ring when it fits there: the daemon pulls it
+  // when it needs it, and the writer thread is woken only when the ring
+  // is full or a call waits for a seal ("The release ring"). Until a
   // call confirms it applied, requests carry its copy and a resume
   // presents its seals (OpenSession.pending_seals), so a seal is never
   // lost to a broken connection. Errors as ReleaseLease.
@@ -406,6 +410,13 @@ class ClientCore {
   };
   std::mutex shares_mu_;
   absl::flat_hash_map<uint64_t, Share> shares_;
+  // The session's release ring (ring_mapping.h), null without one. Seals
+  // are posted there while ring_on_, which the first resume clears for good
+  // (the daemon drops a resumed session's ring); posted under outbox_'s
+  // lock. Never unmapped in a forked child (whatever the child maps later
+  // may lie where it was).
+  std::unique_ptr<RingMapping> ring_;
+  std::atomic<bool> ring_on_{false};
   // Writes the session stream's messages (WriteOne); stopped, after it
   // wrote them all, before the session ends.
   std::unique_ptr<StreamWriter> writer_;

@@ -127,7 +127,7 @@ absl::StatusOr<int> TakeForkHold(const std::string& socket_path,
   return *conn;
 }
 
-absl::StatusOr<std::vector<PoolDescriptor>> FetchPoolDescriptors(
+absl::StatusOr<SessionDescriptors> FetchPoolDescriptors(
     const std::string& socket_path, uint64_t session_id,
     const std::string& secret, absl::Time deadline,
     std::optional<uid_t> daemon_uid) {
@@ -149,20 +149,26 @@ absl::StatusOr<std::vector<PoolDescriptor>> FetchPoolDescriptors(
                                      "pools' descriptors: ",
                                      reply.message().substr(0, 1024)));
   }
-  if (static_cast<size_t>(reply.pool_ids_size()) != fds.size() ||
+  const bool ring = reply.release_ring() && !fds.empty();
+  const size_t pools = fds.size() - (ring ? 1 : 0);
+  if (ring != reply.release_ring() ||
+      static_cast<size_t>(reply.pool_ids_size()) != pools ||
       reply.access_size() != reply.pool_ids_size()) {
     CloseAll(fds);
     return absl::InternalError(absl::StrFormat(
-        "the daemon's descriptor reply names %d pools but carries %d "
+        "the daemon's descriptor reply names %d pools%s but carries %d "
         "descriptors",
-        reply.pool_ids_size(), fds.size()));
+        reply.pool_ids_size(), reply.release_ring() ? " and a ring" : "",
+        fds.size()));
   }
-  std::vector<PoolDescriptor> out;
+  SessionDescriptors out;
   for (size_t i = 0; i < fds.size(); ++i) {
     struct stat st;
     const int flags = fcntl(fds[i], F_GETFL);
     const int want =
-        reply.access(i) == v1::POOL_ACCESS_READ_WRITE ? O_RDWR : O_RDONLY;
+        (ring && i == pools) || reply.access(i) == v1::POOL_ACCESS_READ_WRITE
+            ? O_RDWR
+            : O_RDONLY;
     if (fstat(fds[i], &st) != 0 || !S_ISREG(st.st_mode) || flags < 0 ||
         (flags & O_ACCMODE) != want) {
       CloseAll(fds);
@@ -171,7 +177,11 @@ absl::StatusOr<std::vector<PoolDescriptor>> FetchPoolDescriptors(
           "its access",
           i));
     }
-    out.push_back({reply.pool_ids(i), reply.access(i), fds[i]});
+    if (ring && i == pools) {
+      out.release_ring = fds[i];
+    } else {
+      out.pools.push_back({reply.pool_ids(i), reply.access(i), fds[i]});
+    }
   }
   return out;
 }

@@ -27,14 +27,22 @@ struct PoolDescriptor {
   int fd = -1;
 };
 
+// What a session's process receives: its host pools' descriptors, and its
+// release ring's (-1: none), all the caller's.
+struct SessionDescriptors {
+  std::vector<PoolDescriptor> pools;
+  int release_ring = -1;
+};
+
 // Connects to the descriptor socket beside the gRPC socket `socket_path`
 // (checking who serves it as ConnectDaemonSocket does), sends the session's
 // id and secret, and returns the descriptors of the host pools it may use,
 // each checked to be a regular file opened as its access says (O_RDONLY for
-// POOL_ACCESS_READ). Errors: as ConnectDaemonSocket; the daemon's refusal
+// POOL_ACCESS_READ), and of its release ring (checked to be a regular file
+// opened O_RDWR). Errors: as ConnectDaemonSocket; the daemon's refusal
 // with its code and message; UNAVAILABLE when no reply comes by `deadline`;
 // INTERNAL for a malformed reply (every descriptor received is closed then).
-absl::StatusOr<std::vector<PoolDescriptor>> FetchPoolDescriptors(
+absl::StatusOr<SessionDescriptors> FetchPoolDescriptors(
     const std::string& socket_path, uint64_t session_id,
     const std::string& secret, absl::Time deadline,
     std::optional<uid_t> daemon_uid);

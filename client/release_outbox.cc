@@ -24,6 +24,21 @@ void ReleaseOutbox::Enqueue(v1::ReleaseLeases message) {
   unconfirmed_.push_back(std::move(message));
 }
 
+bool ReleaseOutbox::EnqueuePosted(
+    v1::ReleaseLeases message, uint64_t applied,
+    absl::FunctionRef<bool(const v1::ReleaseLeases&)> post) {
+  std::lock_guard<std::mutex> lock(mu_);
+  while (!unconfirmed_.empty() && unconfirmed_.front().seq() <= applied) {
+    unconfirmed_.pop_front();
+  }
+  message.set_seq(++sent_);
+  const bool posted = post(message);
+  // Seen by the daemon from now on: nothing may join it.
+  if (posted) frozen_through_ = sent_;
+  unconfirmed_.push_back(std::move(message));
+  return posted;
+}
+
 uint64_t ReleaseOutbox::Unwritten() const {
   std::lock_guard<std::mutex> lock(mu_);
   return sent_ - written_through_;

@@ -18,10 +18,13 @@
 namespace shmtensor::internal {
 
 // A message is published the moment Enqueue returns: from then on each of
-// the four ways it can reach the daemon accounts for it, and this class is
+// the ways it can reach the daemon accounts for it, and this class is
 // where they meet:
 //   - the session stream: the writer thread takes the oldest unwritten ones
 //     (TakeUnwritten) and marks them written (Written);
+//   - the release ring: a one-way seal is posted there as it is queued
+//     (EnqueuePosted), and the daemon pulls it; the writer writes it on the
+//     stream as well unless the ring's applied seq confirmed it first;
 //   - copies carried by requests: every request is stamped with the last
 //     seq queued and carries the oldest unconfirmed (Stamp); its success
 //     confirms them (Confirm);
@@ -51,6 +54,16 @@ class ReleaseOutbox {
 
   // Publishes `message`: joined into the last one, or given the next seq.
   void Enqueue(v1::ReleaseLeases message);
+  // Publishes `message` under the next seq, joining nothing, and offers it
+  // to `post` (the release ring: ClientCore::SendSeals) under this
+  // outbox's lock, so that what is posted is posted in seq order. Returns
+  // what `post` returned: true, it was posted (and is final: nothing joins
+  // it); false, it waits for the writer as Enqueue's does. Either way it is
+  // unconfirmed until confirmed, as every message. First confirms every
+  // message through `applied` (the ring's word: Confirm), so that a session
+  // that only posts keeps no more than the daemon has not applied.
+  bool EnqueuePosted(v1::ReleaseLeases message, uint64_t applied,
+                     absl::FunctionRef<bool(const v1::ReleaseLeases&)> post);
 
   // How many messages are queued and not yet written, settled or
   // confirmed.

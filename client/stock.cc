@@ -97,8 +97,8 @@ absl::StatusOr<StockBuffer> Stock::Take(const v1::PoolInfo& pool,
     c.last_take = absl::Now();
     if (c.takes < UINT32_MAX) ++c.takes;
     while (!c.buffers.empty() && !hit.has_value()) {
-      StockBuffer b = std::move(c.buffers.front());
-      c.buffers.pop_front();
+      StockBuffer b = std::move(c.buffers.back());
+      c.buffers.pop_back();
       // A resume may have refused it since (its lease is no longer held).
       if (core_.Holds(b.lease_id)) hit = std::move(b);
     }

@@ -14,6 +14,8 @@
 //    most n (a size asked for once takes one buffer, and leaves no stock).
 //    A size past budget / 4 has no stock (its put makes one round trip for
 //    its buffer).
+//  - Which: a take takes the class's newest buffer (the range its daemon
+//    freed last, the likeliest to be in the CPU's caches still).
 //  - When: a take that misses makes the buffer and the class's refill in
 //    the same round trip; a take that leaves the class under half its
 //    target wakes the refill thread, which refills it in the background.

@@ -241,11 +241,11 @@ TEST_F(AccessTest, OnlyTheSessionsProcessWithItsSecretGetsDescriptors) {
     EXPECT_TRUE(a.ok()) << a.status();
     return a.value_or(testing::DescriptorAnswer{});
   };
-  // The right process and secret: both pools, writable. Once: a second ask
-  // of the same session gets nothing.
+  // The right process and secret: both pools, writable, and the session's
+  // release ring. Once: a second ask of the same session gets nothing.
   testing::DescriptorAnswer ok = ask(id, secret);
   EXPECT_EQ(ok.code, 0) << ok.message;
-  EXPECT_EQ(ok.access_modes, (std::vector<int>{O_RDWR, O_RDWR}));
+  EXPECT_EQ(ok.access_modes, (std::vector<int>{O_RDWR, O_RDWR, O_RDWR}));
   testing::DescriptorAnswer again = ask(id, secret);
   EXPECT_EQ(again.code,
             static_cast<int>(absl::StatusCode::kFailedPrecondition));
@@ -279,7 +279,7 @@ TEST_F(AccessTest, OnlyTheSessionsProcessWithItsSecretGetsDescriptors) {
       absl::StartsWith(turned->ReadLine().value_or(""), "answer code=7 fds=0"));
   std::unique_ptr<Subprocess> same = Child({"fdreq", address_});
   EXPECT_TRUE(
-      absl::StartsWith(same->ReadLine().value_or(""), "answer code=0 fds=2"));
+      absl::StartsWith(same->ReadLine().value_or(""), "answer code=0 fds=3"));
   // Every refusal was logged.
   bool logged = false;
   for (int i = 0; i < 200 && !logged; ++i) {

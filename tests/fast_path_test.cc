@@ -83,6 +83,33 @@ TEST_F(FastPathTest, AGetRacingTheSealWaitsForIt) {
   EXPECT_TRUE(AllBytes(*got, 7));
 }
 
+// A put's seal goes by the session's release ring: another process's get
+// finds it there (no stream write, nobody woken), and the daemon says so.
+// A get that waited for it (AGetRacingTheSealWaitsForIt) was nudged.
+TEST_F(FastPathTest, APutsSealReachesAnotherProcessThroughTheRing) {
+  Client consumer = Connect();
+  const std::vector<uint8_t> nines(kObject, 9);
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<SealedRef> put =
+        client_->Put(nines.data(), {.size_bytes = kObject});
+    ASSERT_TRUE(put.ok()) << put.status();
+    absl::StatusOr<View> got = consumer.Get(put->ref());
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE(AllBytes(*got, 9));
+  }
+  uint64_t ring_messages = 0;
+  bool has_ring = false;
+  const v1::ListClientsResponse clients =
+      testing::MonitorClients(daemon_->address());
+  for (const v1::ClientStatus& c : clients.clients()) {
+    if (c.client_id() != client_->client_id()) continue;
+    has_ring = c.has_release_ring();
+    ring_messages = c.ring_messages();
+  }
+  EXPECT_TRUE(has_ring);
+  EXPECT_GE(ring_messages, 1u);
+}
+
 // A creator that discards the buffer, or is SIGKILLed, before it seals:
 // the waiting get fails at once, as a stale ref, never waits on or sees
 // the bytes.

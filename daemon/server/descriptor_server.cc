@@ -237,8 +237,9 @@ DescriptorServer::Served DescriptorServer::Serve(const Pending& p,
     *hold_id = hold->hold_id;
     return Served::kHeld;
   }
-  absl::StatusOr<std::vector<DescriptorGrant>> grants =
-      store_.GrantDescriptors(request.session_id(), request.secret(), *who);
+  UniqueFd ring;
+  absl::StatusOr<std::vector<DescriptorGrant>> grants = store_.GrantDescriptors(
+      request.session_id(), request.secret(), *who, &ring);
   if (!grants.ok()) {
     return refuse(grants.status().code(),
                   std::string(grants.status().message()));
@@ -258,6 +259,10 @@ DescriptorServer::Served DescriptorServer::Serve(const Pending& p,
     reply.add_pool_ids(g.pool_id);
     reply.add_access(g.access);
     fds.push_back(*std::move(fd));
+  }
+  if (ring.valid()) {
+    reply.set_release_ring(true);
+    fds.push_back(std::move(ring));
   }
   std::vector<int> raw;
   for (const UniqueFd& fd : fds) raw.push_back(fd.get());

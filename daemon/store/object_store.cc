@@ -140,8 +140,9 @@ void ObjectStore::WaitForChange(uint64_t seen, absl::Time deadline) const {
   mu_.AwaitWithDeadline(absl::Condition(&changed), deadline);
 }
 
-v1::StatsResponse ObjectStore::Stats(const PeerCredentials* viewer) const {
+v1::StatsResponse ObjectStore::Stats(const PeerCredentials* viewer) {
   absl::MutexLock lock(&mu_);
+  DrainRings();
   return StatsLocked(0, nullptr, viewer);
 }
 
@@ -209,20 +210,23 @@ v1::StatsResponse ObjectStore::StatsLocked(
   return out;
 }
 
-v1::DaemonStatus ObjectStore::Status(const PeerCredentials* viewer) const {
+v1::DaemonStatus ObjectStore::Status(const PeerCredentials* viewer) {
   absl::MutexLock lock(&mu_);
+  DrainRings();
   return BuildStatus(View(), viewer);
 }
 
 v1::ListObjectsResponse ObjectStore::ListObjects(
-    uint32_t limit, uint64_t page_token, const PeerCredentials* viewer) const {
+    uint32_t limit, uint64_t page_token, const PeerCredentials* viewer) {
   absl::MutexLock lock(&mu_);
+  DrainRings();
   return BuildObjectList(View(), limit, page_token, viewer);
 }
 
 v1::ListClientsResponse ObjectStore::ListClients(
-    const PeerCredentials* viewer) const {
+    const PeerCredentials* viewer) {
   absl::MutexLock lock(&mu_);
+  DrainRings();
   return BuildClientList(View(), viewer);
 }
 

@@ -300,9 +300,14 @@ class ObjectStore {
   // message for every case. Once per
   // session: descriptors in flight count against the daemon's user until
   // their receiver reads them, so a session may not ask again and again
-  // without reading (FAILED_PRECONDITION the second time).
+  // without reading (FAILED_PRECONDITION the second time). With `ring` not
+  // null, a session that may write a host pool also gets a release ring
+  // (docs/shm_layout.md, "The release ring"), whose descriptor is set there
+  // (left invalid when the ring could not be made: its client seals on the
+  // stream, and the daemon logs why).
   absl::StatusOr<std::vector<DescriptorGrant>> GrantDescriptors(
-      uint64_t session_id, absl::string_view secret, const OwnerKey& peer);
+      uint64_t session_id, absl::string_view secret, const OwnerKey& peer,
+      UniqueFd* ring = nullptr);
   // [P18] A process is about to fork while it holds views: pins every object
   // session `session_id` holds now, until EndForkHold(hold_id), so that the
   // views its children inherit keep their bytes whatever the parent (or its
@@ -398,7 +403,9 @@ class ObjectStore {
   // FAILED_PRECONDITION (SESSION_ENDED) when the session is not open.
   // `seals` (ReleaseLeases.seals) are applied first, in order; one the
   // store refuses discards its object (its Get waiters fail) and is named
-  // in the returned NOT_FOUND too.
+  // in the returned NOT_FOUND too. From the stream: the session's release
+  // ring is drained after it, and a nudge it asked for is cleared (the
+  // calls waiting for its seals try again, and ask again).
   absl::Status ReleaseBatch(uint64_t session_id, uint64_t seq,
                             const std::vector<uint64_t>& lease_ids,
                             const std::vector<v1::OneWaySeal>& seals = {});
@@ -432,7 +439,10 @@ class ObjectStore {
 
   // The store's counters and the pools `viewer` may use (all of them when
   // it is null: the daemon's own use), for any process on the socket.
-  v1::StatsResponse Stats(const PeerCredentials* viewer = nullptr) const;
+  // Like the monitoring snapshots below, it first applies what every
+  // session posted in its release ring, so that it shows every seal a
+  // client has made (not const for that).
+  v1::StatsResponse Stats(const PeerCredentials* viewer = nullptr);
   // Stats of the caller's session: only the pools it may use, and its own
   // stock.
   absl::StatusOr<v1::StatsResponse> SessionStats(const Caller& caller);
@@ -442,7 +452,7 @@ class ObjectStore {
   // caller who is neither root nor the daemon's user), each shows only what
   // that user may see: the pools it may use and their objects, and its own
   // sessions; null shows everything (operators).
-  v1::DaemonStatus Status(const PeerCredentials* viewer = nullptr) const;
+  v1::DaemonStatus Status(const PeerCredentials* viewer = nullptr);
   // Live objects oldest first, one page: at most `limit` (0, or more than
   // kMaxListPage: kMaxListPage) created after the one `page_token` names
   // (0: from the oldest). next_page_token is set when more follow (a
@@ -450,11 +460,9 @@ class ObjectStore {
   // at per call). Refs are listed without their nonce: a listing hands out
   // no usable ref.
   static constexpr uint32_t kMaxListPage = 10000;
-  v1::ListObjectsResponse ListObjects(
-      uint32_t limit, uint64_t page_token = 0,
-      const PeerCredentials* viewer = nullptr) const;
-  v1::ListClientsResponse ListClients(
-      const PeerCredentials* viewer = nullptr) const;
+  v1::ListObjectsResponse ListObjects(uint32_t limit, uint64_t page_token = 0,
+                                      const PeerCredentials* viewer = nullptr);
+  v1::ListClientsResponse ListClients(const PeerCredentials* viewer = nullptr);
 
   // Fails every waiter and every later call with UNAVAILABLE. Sessions stay
   // until EndSession.
@@ -537,6 +545,19 @@ class ObjectStore {
   // held and no session is opened or ended.
   absl::StatusOr<Session*> Admit(const Caller& caller)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies the messages session `s` (id `session_id`) posted in its
+  // release ring since the last drain, in seq order, up to the first that
+  // is not due yet (the stream brings the one before it). True when it
+  // applied any. A ring found broken is logged and read no more.
+  bool DrainRing(uint64_t session_id, Session& s)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The object in `slot` is unsealed: drains its creator's ring, where its
+  // seal may be; with `nudge` (the caller will wait for the seal), asks the
+  // creator to send its next seals on the stream as well, first. True when
+  // the drain applied anything (the object may be sealed, or gone).
+  bool PullSealOf(uint32_t slot, bool nudge) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // DrainRing of every session (the monitoring views).
+  void DrainRings() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ReleaseBatch for the open session `s` (id `session_id`).
   absl::Status ReleaseBatchLocked(uint64_t session_id, Session& s, uint64_t seq,
                                   absl::Span<const uint64_t> lease_ids,

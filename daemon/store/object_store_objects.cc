@@ -300,6 +300,10 @@ ObjectStore::TryGetMany(const Caller& caller,
   if (wait && !last_try) {
     for (const v1::ObjectRef& ref : refs) {
       absl::StatusOr<uint32_t> slot = objects_.ResolveRef(ref);
+      if (slot.ok() && objects_.object(*slot).state == State::kWriting &&
+          PullSealOf(*slot, /*nudge=*/true)) {
+        slot = objects_.ResolveRef(ref);
+      }
       if (slot.ok() && objects_.object(*slot).state == State::kWriting) {
         return std::nullopt;  // Nothing taken: all or none wait.
       }
@@ -324,6 +328,12 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::GetLocked(
     uint64_t session_id, Session& session, const v1::ObjectRef& ref,
     uint64_t offer_token, bool wait, bool last_try) {
   absl::StatusOr<uint32_t> slot = objects_.ResolveRef(ref);
+  // Its seal may be in its creator's release ring; a Get that will wait
+  // for it asks for a nudge as well.
+  if (slot.ok() && objects_.object(*slot).state == State::kWriting &&
+      PullSealOf(*slot, wait && !last_try)) {
+    slot = objects_.ResolveRef(ref);
+  }
   if (!slot.ok() && wait && offer_token == 0 &&
       IsStaleReference(slot.status())) {
     return WithReason(
@@ -546,6 +556,8 @@ absl::StatusOr<ObjectStore::Session*> ObjectStore::Admit(const Caller& caller) {
       (caller.owner.has_value() && s->peer.owner != *caller.owner)) {
     return SessionNotOpenError(caller.session_id);
   }
+  // What the session posted in its ring comes before what it asks now.
+  DrainRing(caller.session_id, *s);
   if (caller.carried != nullptr && !caller.carried->empty()) {
     if (static_cast<size_t>(caller.carried->size()) >
         kDaemonMaxCarriedReleases) {
@@ -588,7 +600,68 @@ absl::Status ObjectStore::ReleaseBatch(
   absl::MutexLock lock(&mu_);
   absl::StatusOr<Session*> session = sessions_.Find(session_id);
   if (!session.ok()) return session.status();
-  return ReleaseBatchLocked(session_id, **session, seq, lease_ids, seals);
+  absl::Status r =
+      ReleaseBatchLocked(session_id, **session, seq, lease_ids, seals);
+  if ((*session)->ring != nullptr) {
+    DrainRing(session_id, **session);
+    // The stream brought the message a nudge asked for (or a later one):
+    // the calls waiting for this session's seals try again, and ask again
+    // if they still wait.
+    if ((*session)->ring->reader().TakeNudge()) Changed();
+  }
+  return r;
+}
+
+bool ObjectStore::DrainRing(uint64_t session_id, Session& s) {
+  if (s.ring == nullptr) return false;
+  bool applied = false;
+  absl::Status refused;
+  v1::ReleaseLeases message;
+  std::vector<v1::OneWaySeal> seals;
+  using Take = ReleaseRingReader::Take;
+  const absl::Status broke =
+      s.ring->reader().Drain([&](absl::string_view record) {
+        if (!message.ParseFromArray(record.data(),
+                                    static_cast<int>(record.size())) ||
+            message.seq() == 0) {
+          return Take::kMalformed;
+        }
+        if (s.releases.Reached(message.seq())) return Take::kConsumed;
+        if (message.seq() != s.releases.applied() + 1) return Take::kLater;
+        seals.assign(message.seals().begin(), message.seals().end());
+        absl::Status r =
+            ReleaseBatchLocked(session_id, s, message.seq(),
+                               absl::MakeConstSpan(message.lease_ids().data(),
+                                                   message.lease_ids().size()),
+                               seals);
+        if (!r.ok() && refused.ok()) refused = r;
+        applied = true;
+        ++s.ring_messages;
+        return Take::kConsumed;
+      });
+  if (!broke.ok()) {
+    spdlog::warn("client {}: {}; its messages come by its stream only",
+                 s.client_id, std::string(broke.message()));
+  }
+  if (!refused.ok()) {
+    spdlog::warn("client {} (release ring): {}", s.client_id,
+                 std::string(refused.message()));
+  }
+  return applied;
+}
+
+void ObjectStore::DrainRings() {
+  sessions_.ForEach([this](uint64_t id, Session& s) { DrainRing(id, s); });
+}
+
+bool ObjectStore::PullSealOf(uint32_t slot, bool nudge) {
+  const uint64_t creator_id = objects_.object(slot).creator;
+  Session* creator = sessions_.FindOrNull(creator_id);
+  if (creator == nullptr || creator->ring == nullptr) return false;
+  // Before the drain: a post the drain misses sees the nudge
+  // (ReleaseRingWriter::NudgeRequested).
+  if (nudge) creator->ring->reader().RequestNudge();
+  return DrainRing(creator_id, *creator);
 }
 
 absl::Status ObjectStore::ReleaseBatchLocked(
@@ -620,6 +693,7 @@ absl::Status ObjectStore::ReleaseBatchLocked(
   if (ledger_ != nullptr) {
     ledger_->SetReleasesApplied(s.client_id, seq);
   }
+  if (s.ring != nullptr) s.ring->reader().PublishApplied(seq);
   if (unknown.empty()) return refused;
   // At most 8 ids named: the message is logged, and a client can send
   // millions.

@@ -151,7 +151,8 @@ ObjectStore::Session* ObjectStore::ProvenSession(uint64_t session_id,
 }
 
 absl::StatusOr<std::vector<DescriptorGrant>> ObjectStore::GrantDescriptors(
-    uint64_t session_id, absl::string_view secret, const OwnerKey& peer) {
+    uint64_t session_id, absl::string_view secret, const OwnerKey& peer,
+    UniqueFd* ring) {
   const absl::Status refused = absl::PermissionDeniedError(
       "descriptor request refused: no open session of this process has that "
       "id and secret");
@@ -171,6 +172,20 @@ absl::StatusOr<std::vector<DescriptorGrant>> ObjectStore::GrantDescriptors(
     }
     out.push_back({static_cast<uint32_t>(i), s->access[i]});
   }
+  const bool writes_host =
+      std::any_of(out.begin(), out.end(), [](const DescriptorGrant& g) {
+        return g.access == v1::POOL_ACCESS_READ_WRITE;
+      });
+  if (ring != nullptr && writes_host) {
+    absl::StatusOr<std::unique_ptr<SessionRing>> made =
+        SessionRing::Create(ring);
+    if (made.ok()) {
+      s->ring = *std::move(made);
+    } else {
+      spdlog::warn("client {}: no release ring ({}); it seals on its stream",
+                   s->client_id, std::string(made.status().message()));
+    }
+  }
   return out;
 }
 
@@ -184,6 +199,9 @@ absl::StatusOr<ForkHoldGrant> ObjectStore::HoldForFork(uint64_t session_id,
   if (shutting_down_) return ShuttingDownError();
   Session* s = ProvenSession(session_id, secret, peer);
   if (s == nullptr) return refused;
+  // The hold pins the session's objects as its process sees them: with the
+  // seals it posted applied.
+  DrainRing(session_id, *s);
   const uid_t uid = s->peer.process.uid;
   uint64_t& of_uid = fork_holds_per_uid_[uid];
   if (limits_.max_fork_holds_per_uid > 0 &&
@@ -290,6 +308,13 @@ absl::StatusOr<OpenedSession> ObjectStore::ResumeSession(
           absl::StrFormat("resume presents %d pending seals, at most %d",
                           account->seals.size(), kMaxPendingSeals));
     }
+  }
+  // A resuming client posts no more in its ring (its messages there are
+  // in its account, or sent again): what it holds is applied, and the ring
+  // goes.
+  if (s.ring != nullptr) {
+    DrainRing(session_id, s);
+    s.ring.reset();
   }
   const bool was_detached = s.stream == 0;
   sessions_.Attach(s);

@@ -27,6 +27,7 @@
 #include "daemon/os/peer.h"
 #include "daemon/store/limits.h"
 #include "daemon/store/release_log.h"
+#include "daemon/store/session_ring.h"
 #include "shmtensor/v1/shmtensor.pb.h"
 
 namespace shmtensor::daemon {
@@ -86,6 +87,12 @@ class SessionTable {
     // and their capacity (limits.max_stock_bytes_per_client).
     uint64_t stock_objects = 0;
     uint64_t stock_bytes = 0;
+    // Its release ring (session_ring.h), made by GrantDescriptors for a
+    // session that may write a host pool; none after a resume (its client
+    // stops posting there) or in a successor. ReleaseLeases messages read
+    // from it, for operators.
+    std::unique_ptr<SessionRing> ring;
+    uint64_t ring_messages = 0;
   };
 
   // `random` draws session ids and descriptor secrets, and is called only
@@ -165,6 +172,12 @@ class SessionTable {
   // Every open session, by id.
   const absl::flat_hash_map<uint64_t, Session>& all() const {
     return sessions_;
+  }
+  // Calls f(id, session) for every open session (which it may change, but
+  // not open or close any).
+  template <typename F>
+  void ForEach(F f) {
+    for (auto& [id, s] : sessions_) f(id, s);
   }
 
  private:

@@ -164,6 +164,8 @@ v1::ListClientsResponse BuildClientList(const StoreView& store,
     c->set_bytes_held(s->bytes_held);
     c->set_stock_objects(s->stock_objects);
     c->set_stock_bytes(s->stock_bytes);
+    c->set_has_release_ring(s->ring != nullptr);
+    c->set_ring_messages(s->ring_messages);
     c->set_pending_transfers(s->pending_transfers.size());
     c->set_age_ms(absl::ToInt64Milliseconds(now - s->opened));
     c->set_peer(s->stream != 0 ? "unix:" : "");

@@ -61,7 +61,7 @@ class Input {
 
 // The store's books: every listed object's capacity adds up to the pool's
 // use, leases to the total, transfers to the count.
-void CheckBooks(const ObjectStore& store) {
+void CheckBooks(ObjectStore& store) {
   const v1::DaemonStatus st = store.Status();
   uint64_t capacity = 0, leases = 0, pending = 0, listed = 0;
   uint64_t token = 0;
@@ -86,7 +86,7 @@ void CheckBooks(const ObjectStore& store) {
 
 // The ledger mirrors the store: a successor reading it now would find the
 // same live objects, capacities, leases and pending transfers.
-void CheckLedger(const ObjectStore& store) {
+void CheckLedger(ObjectStore& store) {
   if (store.ledger_fd() < 0) return;
   LedgerState state;
   absl::StatusOr<std::unique_ptr<Ledger>> copy = Ledger::Adopt(

@@ -1,0 +1,206 @@
+// The daemon's end of the release ring, through the store: what a session
+// posts there is applied when another session needs it, in seq order, and
+// nothing a client writes there acts for another session or harms the
+// daemon.
+#include "daemon/store/session_ring.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "daemon/memory/fake_segment.h"
+#include "daemon/store/object_store.h"
+#include "daemon/store/store_views.h"
+#include "gtest/gtest.h"
+#include "testing/cpp/blocking_store.h"
+
+namespace shmtensor::daemon {
+namespace {
+
+constexpr uint64_t kPage = 4096;
+constexpr uid_t kUser = 1000;
+
+class SessionRingTest : public ::testing::Test {
+ protected:
+  SessionRingTest() {
+    std::vector<std::unique_ptr<Pool>> pools;
+    pools.push_back(std::make_unique<Pool>(
+        "default", std::make_unique<FakeSegment>(16 * kPage),
+        PoolAccessRules(kUser)));
+    store_ = std::make_unique<ObjectStore>(std::move(pools), 42);
+    a_ = *store_->OpenSession("a", Peer(1));
+    b_ = *store_->OpenSession("b", Peer(2));
+    UniqueFd fd;
+    EXPECT_TRUE(
+        store_
+            ->GrantDescriptors(a_.id, a_.descriptor_secret, Peer(1).owner, &fd)
+            .ok());
+    EXPECT_TRUE(fd.valid());
+    fd_ = std::move(fd);
+    base_ = mmap(nullptr, kReleaseRingBytes, PROT_READ | PROT_WRITE, MAP_SHARED,
+                 fd_.get(), 0);
+    EXPECT_NE(base_, MAP_FAILED);
+    writer_.emplace(*ReleaseRingWriter::Attach(base_, kReleaseRingBytes));
+  }
+  ~SessionRingTest() override { munmap(base_, kReleaseRingBytes); }
+
+  static PeerInfo Peer(pid_t pid) {
+    return PeerInfo{{pid, kUser, kUser}, OwnerKey{kUser, pid, 1}, nullptr, ""};
+  }
+  Handout Create(uint64_t session) {
+    CreateArgs args;
+    args.caller = session;
+    args.size_bytes = kPage;
+    return *CreateBlocking(*store_, args);
+  }
+  static v1::ReleaseLeases SealMessage(uint64_t seq, uint64_t lease_id) {
+    v1::ReleaseLeases m;
+    m.set_seq(seq);
+    m.add_seals()->set_lease_id(lease_id);
+    return m;
+  }
+  bool Post(const v1::ReleaseLeases& m) {
+    return writer_->Post(m.SerializeAsString());
+  }
+  v1::ClientStatus StatusOf(uint64_t client_id) {
+    const v1::ListClientsResponse all = store_->ListClients();
+    for (const v1::ClientStatus& c : all.clients()) {
+      if (c.client_id() == client_id) return c;
+    }
+    ADD_FAILURE() << "no client " << client_id;
+    return {};
+  }
+
+  std::unique_ptr<ObjectStore> store_;
+  OpenedSession a_, b_;
+  UniqueFd fd_;
+  void* base_ = nullptr;
+  std::optional<ReleaseRingWriter> writer_;
+};
+
+TEST_F(SessionRingTest, AGetElsewherePullsTheSealFromTheCreatorsRing) {
+  const Handout h = Create(a_.id);
+  ASSERT_TRUE(Post(SealMessage(1, h.lease_id)));
+  // No stream message, no call of a's: b's Get finds the seal.
+  absl::StatusOr<Handout> got = store_->Get(b_.id, h.ref);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_FALSE(got->writable);
+  EXPECT_EQ(writer_->applied(), 1u);
+  const v1::ClientStatus a = StatusOf(a_.client_id);
+  EXPECT_TRUE(a.has_release_ring());
+  EXPECT_EQ(a.ring_messages(), 1u);
+  // The seal's copy on the stream, arriving later, is skipped.
+  EXPECT_TRUE(store_->ReleaseBatch(a_.id, 1, {}, {}).ok());
+  EXPECT_EQ(StatusOf(a_.client_id).ring_messages(), 1u);
+}
+
+TEST_F(SessionRingTest, AGetThatWaitsAsksForANudgeWhichTheStreamClears) {
+  const Handout h = Create(a_.id);
+  absl::StatusOr<std::optional<Handout>> waiting =
+      store_->TryGet(b_.id, h.ref, 0, /*wait=*/true, /*last_try=*/false);
+  ASSERT_TRUE(waiting.ok()) << waiting.status();
+  EXPECT_FALSE(waiting->has_value());
+  // The creator sees the request after its next post, and writes the
+  // message on its stream too.
+  ASSERT_TRUE(Post(SealMessage(1, h.lease_id)));
+  EXPECT_TRUE(writer_->NudgeRequested());
+  const uint64_t before = store_->changes();
+  ASSERT_TRUE(
+      store_->ReleaseBatch(a_.id, 1, {}, {SealMessage(1, h.lease_id).seals(0)})
+          .ok());
+  EXPECT_FALSE(writer_->NudgeRequested());
+  EXPECT_GT(store_->changes(), before);  // The waiting calls try again.
+  waiting = store_->TryGet(b_.id, h.ref, 0, true, false);
+  ASSERT_TRUE(waiting.ok() && waiting->has_value()) << waiting.status();
+}
+
+TEST_F(SessionRingTest, RingMessagesApplyInSeqOrderFromTheNextOneDue) {
+  const Handout h1 = Create(a_.id);
+  const Handout h2 = Create(a_.id);
+  // Seq 1 went on the stream only (the ring was full, say); seq 2 is in
+  // the ring. Seq 2 waits for seq 1.
+  ASSERT_TRUE(Post(SealMessage(2, h2.lease_id)));
+  EXPECT_EQ(store_->Get(b_.id, h2.ref).status().code(),
+            absl::StatusCode::kFailedPrecondition);  // Not sealed yet.
+  ASSERT_TRUE(
+      store_->ReleaseBatch(a_.id, 1, {}, {SealMessage(1, h1.lease_id).seals(0)})
+          .ok());
+  // The stream's seq 1 came: the drain after it applied seq 2.
+  EXPECT_TRUE(store_->Get(b_.id, h2.ref).ok());
+  EXPECT_EQ(writer_->applied(), 2u);
+}
+
+TEST_F(SessionRingTest, ARingActsOnlyForItsSession) {
+  const Handout theirs = Create(b_.id);
+  ASSERT_TRUE(Post(SealMessage(1, theirs.lease_id)));
+  v1::ReleaseLeases release;
+  release.set_seq(2);
+  release.add_lease_ids(theirs.lease_id);
+  ASSERT_TRUE(Post(release));
+  // a's next call drains its ring: neither message touches b's object.
+  ASSERT_TRUE(store_->SessionStats(a_.id).ok());
+  EXPECT_EQ(writer_->applied(), 2u);
+  absl::StatusOr<Handout> other = store_->Get(a_.id, theirs.ref);
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(store_->Seal(b_.id, theirs.lease_id, false).ok());
+}
+
+TEST_F(SessionRingTest, AMalformedRingIsReadNoMoreAndTheStreamStillWorks) {
+  const Handout h = Create(a_.id);
+  ASSERT_TRUE(writer_->Post(std::string("\xff\xff\xff\xff garbage", 12)));
+  ASSERT_TRUE(Post(SealMessage(1, h.lease_id)));
+  EXPECT_EQ(store_->Get(b_.id, h.ref).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(
+      store_->ReleaseBatch(a_.id, 1, {}, {SealMessage(1, h.lease_id).seals(0)})
+          .ok());
+  EXPECT_TRUE(store_->Get(b_.id, h.ref).ok());
+  EXPECT_EQ(StatusOf(a_.client_id).ring_messages(), 0u);
+}
+
+TEST_F(SessionRingTest, AHeadTheClientMovedFarAheadHarmsNothing) {
+  const Handout h = Create(a_.id);
+  const uint64_t head = ~uint64_t{0};
+  std::memcpy(static_cast<char*>(base_) + 64, &head, sizeof(head));
+  EXPECT_EQ(store_->Get(b_.id, h.ref).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(store_->Seal(a_.id, h.lease_id, false).ok());
+  EXPECT_TRUE(store_->Get(b_.id, h.ref).ok());
+}
+
+TEST_F(SessionRingTest, TheClientCannotResizeOrSealTheRing) {
+  // Shrinking it under the daemon's mapping would fault the daemon.
+  EXPECT_NE(ftruncate(fd_.get(), 0), 0);
+  EXPECT_EQ(errno, EPERM);
+  EXPECT_NE(ftruncate(fd_.get(), 2 * kReleaseRingBytes), 0);
+  EXPECT_NE(fcntl(fd_.get(), F_ADD_SEALS, F_SEAL_FUTURE_WRITE), 0);
+}
+
+TEST_F(SessionRingTest, AResumedSessionHasNoRingAndLosesNoPost) {
+  const Handout h = Create(a_.id);
+  ASSERT_TRUE(Post(SealMessage(1, h.lease_id)));
+  ASSERT_TRUE(store_->ResumeSession(a_.id, Peer(1).owner).ok());
+  EXPECT_FALSE(StatusOf(a_.client_id).has_release_ring());
+  EXPECT_TRUE(store_->Get(b_.id, h.ref).ok());
+}
+
+TEST_F(SessionRingTest, OnlyASessionThatWritesHostMemoryGetsARing) {
+  absl::StatusOr<OpenedSession> reader =
+      store_->OpenSession("r", Peer(3), /*read_only=*/true);
+  ASSERT_TRUE(reader.ok());
+  UniqueFd fd;
+  ASSERT_TRUE(store_
+                  ->GrantDescriptors(reader->id, reader->descriptor_secret,
+                                     Peer(3).owner, &fd)
+                  .ok());
+  EXPECT_FALSE(fd.valid());
+}
+
+}  // namespace
+}  // namespace shmtensor::daemon
