@@ -151,6 +151,8 @@ absl::StatusOr<v1::StatsResponse> ObjectStore::SessionStats(
   absl::MutexLock lock(&mu_);
   absl::StatusOr<Session*> session = Admit(caller);
   if (!session.ok()) return session.status();
+  // Its pools' usage counts every seal made, whoever made it.
+  DrainRings();
   return StatsLocked(caller.session_id, *session, nullptr);
 }
 

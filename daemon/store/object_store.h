@@ -444,7 +444,7 @@ class ObjectStore {
   // client has made (not const for that).
   v1::StatsResponse Stats(const PeerCredentials* viewer = nullptr);
   // Stats of the caller's session: only the pools it may use, and its own
-  // stock.
+  // stock (every session's ring drained first, as for Stats).
   absl::StatusOr<v1::StatsResponse> SessionStats(const Caller& caller);
 
   // Monitoring snapshots (one lock each). Status fills the store's part of
