@@ -848,6 +848,9 @@ void ClientCore::AfterEnqueue() {
 }
 
 bool ClientCore::WriteOne() {
+  // This thread is awake anyway: the stock's refill thread is woken from
+  // here, not by the put that left a refill due (stock.h).
+  if (stock_ != nullptr) stock_->WakeIfDue();
   // What the daemon applied from the ring (or the stream) need not be
   // written. After a resume the ring's figure is stale but still true.
   if (ring_on_.load(std::memory_order_acquire)) {

@@ -18,7 +18,10 @@
 //    freed last, the likeliest to be in the CPU's caches still).
 //  - When: a take that misses makes the buffer and the class's refill in
 //    the same round trip; a take that leaves the class under half its
-//    target wakes the refill thread, which refills it in the background.
+//    target has the refill thread refill it in the background. The take
+//    wakes that thread itself only when it leaves the class a quarter full
+//    or less: else the session's writer thread does, after its next write
+//    (WakeIfDue), so that a put does not pay the wake-up.
 //  - Return: a class not taken from for `idle` gives its buffers back
 //    (their release discards them), as the session's end does all.
 //  - Bound: the daemon's limits.max_stock_bytes_per_client, whatever this
@@ -84,6 +87,10 @@ class Stock {
   // buffer without the stock.
   absl::StatusOr<StockBuffer> Take(const v1::PoolInfo& pool, uint64_t bytes,
                                    bool make_on_miss = true);
+
+  // Wakes the refill thread if a take left a refill due. For the session's
+  // writer thread, whose waking the put does not wait for.
+  void WakeIfDue();
 
   // Stops the refill thread (waiting for its call on the way) and gives
   // nothing back: the session's end discards the buffers. Idempotent.
