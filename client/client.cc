@@ -359,16 +359,23 @@ absl::StatusOr<View> Client::Take(const ObjectRef& ref, uint64_t offer_token) {
   return GetRef(ref, false, offer_token);
 }
 
+std::optional<View> Client::GetHeld(const ObjectRef& ref) {
+  // An exclusive ref is a transfer, taken from the daemon; a client
+  // inherited across fork() holds nothing of this process's.
+  if (ref.exclusive || core_->inherited()) return std::nullopt;
+  ObjectInfo info;
+  std::shared_ptr<internal::Lease> share = core_->FindShare(ref, &info);
+  if (share == nullptr) return std::nullopt;
+  return View(std::move(info), std::move(share), false);
+}
+
 absl::StatusOr<View> Client::GetRef(const ObjectRef& ref, bool writable,
                                     uint64_t offer_token) {
   if (absl::Status s = core_->CheckOwner(); !s.ok()) return s;
   // A take of an offer goes to the daemon (the offer's pin must end), never
   // a share.
-  if (!ref.exclusive && offer_token == 0) {
-    ObjectInfo info;
-    if (std::shared_ptr<internal::Lease> share = core_->FindShare(ref, &info)) {
-      return View(std::move(info), std::move(share), false);
-    }
+  if (offer_token == 0) {
+    if (std::optional<View> held = GetHeld(ref)) return *std::move(held);
   }
   v1::GetRequest req;
   req.set_session_id(core_->session_id());

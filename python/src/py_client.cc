@@ -257,6 +257,12 @@ PyObject* ClientGet(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
     Client& c = Self(self);
     if (const ObjectRef* parsed = ParsedRefOf(a[0]); parsed != nullptr) {
       const ObjectRef ref = *parsed;  // Parsed once, when the ref was made.
+      // A share of a lease this process holds: no call, so the interpreter's
+      // lock is kept (giving it up and taking it back costs more than the
+      // share).
+      if (std::optional<View> held = c.GetHeld(ref)) {
+        return NewView(*std::move(held)).release().ptr();
+      }
       const bool writable = Truth(a[2], true);
       std::optional<absl::StatusOr<View>> v;
       {

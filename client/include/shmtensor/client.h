@@ -225,6 +225,11 @@ class Client {
   // skips opening a writable range: cheaper when the consumer only reads.
   // Shared objects are always read-only.
   absl::StatusOr<View> Get(const ObjectRef& ref, bool writable = true);
+  // The part of Get(ref) that never calls the daemon: a share of the read
+  // lease this process holds on exactly `ref`, or nullopt (Get then asks
+  // the daemon). Takes one short lock and never blocks on anything else, so
+  // a binding may call it without giving up its interpreter's lock.
+  std::optional<View> GetHeld(const ObjectRef& ref);
 
   // The receiving half of sending an object by reference: a read-only view
   // of the object another process offered (View::Offer) with `offer_token`.
