@@ -110,6 +110,31 @@ TEST_F(FastPathTest, APutsSealReachesAnotherProcessThroughTheRing) {
   EXPECT_GE(ring_messages, 1u);
 }
 
+// GetHeld answers without the daemon, and only for what this process
+// holds: a share of its lease, never a transfer or another's object.
+TEST_F(FastPathTest, GetHeldSharesOnlyALeaseThisProcessHolds) {
+  Client consumer = Connect();
+  const std::vector<uint8_t> fives(kObject, 5);
+  absl::StatusOr<SealedRef> put =
+      client_->Put(fives.data(), {.size_bytes = kObject});
+  ASSERT_TRUE(put.ok()) << put.status();
+  const uint64_t leases = LeasesOf(*client_);
+  std::optional<View> held = client_->GetHeld(put->ref());
+  ASSERT_TRUE(held.has_value());
+  EXPECT_TRUE(AllBytes(*held, 5));
+  EXPECT_EQ(LeasesOf(*client_), leases);  // A share: no new lease.
+  EXPECT_FALSE(consumer.GetHeld(put->ref()).has_value());  // Not its lease.
+  absl::StatusOr<SealedRef> xfer =
+      client_->Put(fives.data(), {.size_bytes = kObject}, /*exclusive=*/true);
+  ASSERT_TRUE(xfer.ok()) << xfer.status();
+  EXPECT_FALSE(client_->GetHeld(xfer->ref()).has_value());
+  // The share keeps the object when the put's ref goes.
+  const uint64_t before_reset = LeasesOf(*client_);
+  put->Reset();
+  EXPECT_TRUE(AllBytes(*held, 5));
+  EXPECT_EQ(LeasesOf(*client_), before_reset);
+}
+
 // A creator that discards the buffer, or is SIGKILLed, before it seals:
 // the waiting get fails at once, as a stale ref, never waits on or sees
 // the bytes.
