@@ -219,6 +219,10 @@ class ClientCore {
   // presents its seals (OpenSession.pending_seals), so a seal is never
   // lost to a broken connection. Errors as ReleaseLease.
   absl::Status SendSeals(std::vector<v1::OneWaySeal> seals);
+  // Whether SendSeals posts in a release ring now.
+  bool has_release_ring() const {
+    return ring_on_.load(std::memory_order_relaxed);
+  }
   // Waits (until `deadline`) for the writer thread to have written every
   // message queued so far: before a process ends by a path that runs no
   // destructor (an exit hook; the session's own end flushes). False on the

@@ -841,16 +841,20 @@ void BenchFastPath(const DaemonProcess& daemon, int iters) {
         SizeName(bytes).c_str(), m, m / r, r, Summarize(put_many).p50);
   }
   {
-    // What a put's one-way seal pays to hand its message to the writer
-    // thread (an empty ReleaseLeases, no seal, no release): back to back
-    // (the writer is awake), and with the writer asleep for a while (the
-    // cross-CPU wake-up of an idle CPU; on a VM its cost grows with how
-    // long that CPU idled, as a put of a larger object lets it).
+    // What a put's one-way seal pays to send its message (an empty
+    // ReleaseLeases, no seal, no release): posted in the session's release
+    // ring, or, without one, handed to the writer thread. Back to back, and
+    // after the writer's CPU idled for a while (a hand-off to the writer
+    // then pays the cross-CPU wake-up of an idle CPU, which on a VM grows
+    // with how long that CPU idled, as a put of a larger object lets it; a
+    // ring post wakes nobody).
     shmtensor::Buffer b =
         Check(producer.Create({.size_bytes = 4096, .name = "stream-probe"}),
               "create");
     shmtensor::internal::ClientCore& core = b.lease()->core();
-    std::printf("hand-off of one stream message to the writer thread:");
+    std::printf("a one-way seal's message (%s):",
+                core.has_release_ring() ? "posted in the release ring"
+                                        : "handed to the writer thread");
     for (int idle_us : {0, 100, 1000}) {
       std::vector<double> writes;
       for (int i = 0; i < iters; ++i) {
