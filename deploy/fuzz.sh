@@ -31,6 +31,7 @@ srcs=(tests/fuzz/store_fuzzer.cc testing/cpp/blocking_store.cc "${store_srcs[@]}
   daemon/memory/pool.cc daemon/memory/pool_access.cc daemon/memory/range_allocator.cc
   daemon/memory/writer_map.cc daemon/ledger/ledger.cc
   daemon/os/mapped_fd.cc daemon/os/peer.cc common/errors.cc common/dtype.cc
+  common/release_ring.cc
   build/proto/shmtensor/v1/shmtensor.pb.cc build/proto/shmtensor/v1/monitor.pb.cc)
 # shellcheck disable=SC2046
 clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined \
