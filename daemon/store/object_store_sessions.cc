@@ -459,6 +459,9 @@ void ObjectStore::EndSession(uint64_t session_id) {
   Session* found = sessions_.FindOrNull(session_id);
   if (found == nullptr) return;
   Session& s = *found;
+  // What the session posted in its ring comes before its end, as its
+  // stream's messages do: a hand-off sealed there outlives it.
+  DrainRing(session_id, s);
   uint64_t used_before = 0;
   for (const auto& p : pools_) used_before += p->used_bytes();
   const std::vector<uint64_t> leases(s.leases.begin(), s.leases.end());

@@ -18,6 +18,7 @@
 #include "daemon/store/object_store.h"
 #include "daemon/store/store_views.h"
 #include "gtest/gtest.h"
+#include "shmtensor/errors.h"
 #include "testing/cpp/blocking_store.h"
 
 namespace shmtensor::daemon {
@@ -134,6 +135,25 @@ TEST_F(SessionRingTest, RingMessagesApplyInSeqOrderFromTheNextOneDue) {
   // The stream's seq 1 came: the drain after it applied seq 2.
   EXPECT_TRUE(store_->Get(b_.id, h2.ref).ok());
   EXPECT_EQ(writer_->applied(), 2u);
+}
+
+// The ring's messages come before the end of the session, as the stream's
+// do: what the session sealed is ended as sealed (an untaken hand-off is
+// reclaimed, design.md "Lifetimes"), not discarded as never sealed.
+TEST_F(SessionRingTest, WhatASessionPostedIsAppliedBeforeItEnds) {
+  const Handout handed = Create(a_.id);
+  const Handout plain = Create(a_.id);
+  v1::ReleaseLeases m = SealMessage(1, handed.lease_id);
+  m.mutable_seals(0)->set_exclusive(true);
+  m.add_seals()->set_lease_id(plain.lease_id);
+  ASSERT_TRUE(Post(m));
+  store_->EndSession(a_.id);
+  EXPECT_EQ(writer_->applied(), 1u);
+  v1::ObjectRef ref = handed.ref;
+  ref.set_exclusive(true);
+  EXPECT_TRUE(IsStaleReference(store_->Get(b_.id, ref).status()));
+  EXPECT_TRUE(IsStaleReference(store_->Get(b_.id, plain.ref).status()));
+  EXPECT_EQ(store_->Stats().objects(), 0u);
 }
 
 TEST_F(SessionRingTest, ARingActsOnlyForItsSession) {
