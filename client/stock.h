@@ -66,7 +66,7 @@ struct StockBuffer {
 class Stock {
  public:
   static constexpr size_t kMaxClasses = 16;
-  static constexpr uint32_t kMaxPerClass = 8;
+  static constexpr uint32_t kMaxPerClass = 64;
 
   // `core` owns the stock and outlives it. `budget_bytes` > 0.
   Stock(ClientCore& core, uint64_t budget_bytes, absl::Duration idle);
