@@ -410,8 +410,12 @@ absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::ConnectOnce(
     writes_host = writes_host || (info.kind() == v1::MEMORY_KIND_HOST &&
                                   info.access() == v1::POOL_ACCESS_READ_WRITE);
   }
+  // Posts in the release ring kick no thread, and a daemon may die before
+  // it reads what was written: the writer looks every kPostedPoll
+  // (stream_writer.h).
   core->writer_ = std::make_unique<StreamWriter>(
-      [c = core.get()] { return c->WriteOne(); });
+      [c = core.get()] { return c->WriteOne(); },
+      [c = core.get()] { return c->PollUnconfirmed(); }, kPostedPoll);
   if (stock_bytes > 0 && writes_host) {
     core->stock_ = std::make_unique<Stock>(*core, stock_bytes, kStockIdle);
   }
@@ -889,6 +893,20 @@ bool ClientCore::WriteOne() {
   }
   outbox_.Written(batch.back().release().seq());
   return true;
+}
+
+bool ClientCore::PollUnconfirmed() {
+  if (ring_on_.load(std::memory_order_acquire)) {
+    outbox_.Confirm(ring_->writer().applied());
+  }
+  if (!outbox_.HasUnconfirmed()) return false;
+  // Posted and not read yet: WriteOne writes them on the stream.
+  if (outbox_.Unwritten() > 0) return true;
+  // Written, and not known applied: a daemon that went before it read them
+  // is found here, and the resume presents them (or sends them again).
+  std::shared_ptr<Connection> conn = CurrentConnection();
+  if (conn != nullptr && Broken(*conn)) ResumeBroken(conn).IgnoreError();
+  return false;
 }
 
 bool ClientCore::Holds(uint64_t lease_id) {

@@ -75,6 +75,10 @@ inline constexpr absl::Duration kRpcDeadline = absl::Seconds(30);
 // How long a stock class may go untaken before its buffers go back
 // (stock.h).
 inline constexpr absl::Duration kStockIdle = absl::Seconds(2);
+// How long a message posted in the release ring may go unread before the
+// writer thread looks at it: it writes those the daemon has not applied on
+// the stream, where a broken connection shows (stream_writer.h).
+inline constexpr absl::Duration kPostedPoll = absl::Milliseconds(250);
 
 class ClientCore {
  public:
@@ -343,6 +347,11 @@ class ClientCore {
   // stream broke (the resume writes again, or settles, every message queued so
   // far). False when none is left.
   bool WriteOne();
+  // On the writer thread, every kPostedPoll while it sleeps: confirms what
+  // the ring says was applied; true when posted messages are left to write
+  // (the writer then drains); else, with messages written and not known
+  // applied, resumes the session if its connection broke.
+  bool PollUnconfirmed();
   // The error of every call once the session ended (reason SESSION_ENDED):
   // UNAVAILABLE when the daemon is gone, FAILED_PRECONDITION otherwise.
   absl::Status Ended() const;

@@ -44,6 +44,11 @@ uint64_t ReleaseOutbox::Unwritten() const {
   return sent_ - written_through_;
 }
 
+bool ReleaseOutbox::HasUnconfirmed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !unconfirmed_.empty();
+}
+
 void ReleaseOutbox::Confirm(uint64_t through) {
   std::lock_guard<std::mutex> lock(mu_);
   while (!unconfirmed_.empty() && unconfirmed_.front().seq() <= through) {

@@ -68,6 +68,8 @@ class ReleaseOutbox {
   // How many messages are queued and not yet written, settled or
   // confirmed.
   uint64_t Unwritten() const;
+  // Whether a message is neither confirmed applied nor settled.
+  bool HasUnconfirmed() const;
 
   // Stamps a request that can observe this session's releases: its
   // releases_through is the last seq queued (the daemon applies every

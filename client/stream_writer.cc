@@ -6,8 +6,12 @@
 
 namespace shmtensor::internal {
 
-StreamWriter::StreamWriter(absl::AnyInvocable<bool()> write_one)
-    : write_one_(std::move(write_one)) {
+StreamWriter::StreamWriter(absl::AnyInvocable<bool()> write_one,
+                           absl::AnyInvocable<bool()> on_poll,
+                           absl::Duration poll)
+    : write_one_(std::move(write_one)),
+      on_poll_(std::move(on_poll)),
+      poll_(poll) {
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -57,11 +61,25 @@ void StreamWriter::Run() {
     if (target == written_) {
       if (stopping_) break;
       sleeping_ = true;
-      wake_.wait(lock, [&] {
+      auto woken = [&] {
         return stopping_ || kicked_.load(std::memory_order_seq_cst) != written_;
-      });
+      };
+      bool poll_due = false;
+      if (on_poll_ == nullptr || poll_ == absl::InfiniteDuration()) {
+        wake_.wait(lock, woken);
+      } else {
+        poll_due =
+            !wake_.wait_for(lock, absl::ToChronoNanoseconds(poll_), woken);
+      }
       sleeping_ = false;
-      continue;
+      if (!poll_due) continue;
+      // on_poll_ takes its owner's locks and may call: not under this lock.
+      lock.unlock();
+      fork_gate_.Enter();
+      const bool drain = on_poll_();
+      fork_gate_.Leave();
+      lock.lock();
+      if (!drain) continue;
     }
     lock.unlock();
     while (true) {

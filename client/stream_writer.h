@@ -9,6 +9,16 @@
 // ClientCore::Enqueue) and then calls Kick(). A Kick while the thread is
 // writing costs no system call.
 //
+// Messages its owner posted elsewhere (the release ring) kick nobody, and
+// a message written into a connection whose daemon then died unread is
+// known to nobody. So while it sleeps the thread runs `on_poll` every
+// `poll` (inside the fork gate, as a write): the owner looks at what it
+// has not seen applied, resumes a broken connection, and answers true to
+// have the thread drain as for a kick. So a posted message reaches the
+// daemon within about `poll` even when nobody asks for it, and a daemon
+// SIGKILLed before it read the messages is found without a call of the
+// process.
+//
 // Fork: `write_one` makes a gRPC call, which must not be in flight across
 // fork() (fork_guard.h): PauseForFork waits for the write on its way
 // (bounded) and holds the next back until ResumeAfterFork.
@@ -32,7 +42,9 @@ namespace shmtensor::internal {
 
 class StreamWriter {
  public:
-  explicit StreamWriter(absl::AnyInvocable<bool()> write_one);
+  explicit StreamWriter(absl::AnyInvocable<bool()> write_one,
+                        absl::AnyInvocable<bool()> on_poll = nullptr,
+                        absl::Duration poll = absl::InfiniteDuration());
   ~StreamWriter();
 
   StreamWriter(const StreamWriter&) = delete;
@@ -57,6 +69,8 @@ class StreamWriter {
   void Run();
 
   absl::AnyInvocable<bool()> write_one_;
+  absl::AnyInvocable<bool()> on_poll_;  // Null: no poll.
+  const absl::Duration poll_;
   std::mutex mu_;
   std::condition_variable wake_;        // The thread waits here.
   std::condition_variable written_cv_;  // Flush waits here.

@@ -62,6 +62,39 @@ TEST(StreamWriterTest, WritesEveryKickedMessageInOrderOnItsOwnThread) {
   }
 }
 
+// A message posted elsewhere kicks nobody: the thread finds it by its poll,
+// while the owner says one is pending, and only then.
+TEST(StreamWriterTest, AMessageNobodyKickedForIsWrittenByThePoll) {
+  Queue q;
+  std::atomic<int> pending_calls{0};
+  std::atomic<bool> pending{false};
+  StreamWriter w([&] { return q.WriteOne(); },
+                 [&] {
+                   ++pending_calls;
+                   return pending.load();
+                 },
+                 absl::Milliseconds(20));
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_TRUE(q.written().empty());
+  EXPECT_GE(pending_calls.load(), 2);  // It looked, and found nothing.
+  q.Push(7);                           // Posted, no kick.
+  pending = true;
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (q.written().empty() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(q.written(), std::vector<int>{7});
+  // Without a poll, nothing but a kick writes.
+  Queue unpolled;
+  StreamWriter plain([&] { return unpolled.WriteOne(); });
+  unpolled.Push(1);
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_TRUE(unpolled.written().empty());
+  plain.Kick();
+  ASSERT_TRUE(plain.Flush(absl::Now() + absl::Seconds(10)));
+  EXPECT_EQ(unpolled.written(), std::vector<int>{1});
+}
+
 TEST(StreamWriterTest, FlushWaitsForAWriteInProgressAndSaysSoOnItsDeadline) {
   absl::Notification entered, go;
   std::atomic<int> writes{0};

@@ -485,6 +485,42 @@ TEST(TakeOverTest, SealsAndReleasesMadeWhileNoDaemonAnswersReachItsSuccessor) {
       << systemd.Log();
 }
 
+// A seal posted in the release ring that no daemon read before it was
+// SIGKILLed, by a producer that then makes no call (it keeps its ref and
+// waits for its consumer): the producer's client notices the hang-up
+// itself and presents the seal to the successor, so the consumer's get of
+// the ref succeeds with the bytes instead of waiting out its bound.
+TEST(TakeOverTest, ASealPostedJustBeforeASigkillReachesTheSuccessorUnasked) {
+  const std::string address = FreshAddress();
+  FdStore systemd;
+  ASSERT_TRUE(systemd.Start(Args(address)).ok());
+  ASSERT_TRUE(systemd.WaitReady()) << systemd.Log();
+  ClientOptions options;
+  options.address = address;
+  options.resume_timeout = absl::Seconds(20);
+  // No stock: no refill call of the producer's drains its ring.
+  options.stock_bytes = 0;
+  Client producer = *Client::Connect(options);
+  for (int round = 0; round < 3; ++round) {
+    const std::vector<uint8_t> bytes(kObject, uint8_t(0x40 + round));
+    CreateOptions co;
+    co.size_bytes = kObject;
+    absl::StatusOr<SealedRef> ref = producer.Put(bytes.data(), co);
+    ASSERT_TRUE(ref.ok()) << ref.status();
+    systemd.Kill();
+    ASSERT_TRUE(systemd.Start(Args(address)).ok());
+    ASSERT_TRUE(systemd.WaitReady()) << systemd.Log();
+    Client consumer = *Client::Connect({.address = address});
+    const absl::Time t0 = absl::Now();
+    absl::StatusOr<View> v = consumer.Get(ref->ref());
+    ASSERT_TRUE(v.ok()) << "round " << round << ": " << v.status();
+    EXPECT_EQ(static_cast<const uint8_t*>(v->data())[kObject - 1],
+              0x40 + round);
+    fprintf(stderr, "round %d: the get waited %s\n", round,
+            absl::FormatDuration(absl::Now() - t0).c_str());
+  }
+}
+
 // A child forked while its parent held a view keeps the view's object
 // through a fork hold; the hold's connection is handed on, so the object
 // goes when the child exits, after the restart as before it.

@@ -348,7 +348,12 @@ absl::Status ObjectStore::CheckPinRoom(size_t n) const {
       ledger_->capacity().pins));
 }
 
-void ObjectStore::FreezeForHandover() { mu_.Lock(); }
+void ObjectStore::FreezeForHandover() {
+  mu_.Lock();
+  // What the sessions posted in their rings goes into the handed state:
+  // the successor has no rings.
+  DrainRings();
+}
 
 void ObjectStore::Thaw() { mu_.Unlock(); }
 
