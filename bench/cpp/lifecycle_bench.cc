@@ -72,7 +72,7 @@ double Us(Clock::duration d) {
 }
 
 struct Summary {
-  double p50 = 0, p99 = 0, mean = 0;
+  double p50 = 0, p90 = 0, p99 = 0, mean = 0;
 };
 
 Summary Summarize(std::vector<double> v) {
@@ -80,6 +80,7 @@ Summary Summarize(std::vector<double> v) {
   if (v.empty()) return s;
   std::sort(v.begin(), v.end());
   s.p50 = v[v.size() / 2];
+  s.p90 = v[v.size() * 9 / 10];
   s.p99 = v[std::min(v.size() - 1, v.size() * 99 / 100)];
   double sum = 0;
   for (double x : v) sum += x;
@@ -826,13 +827,11 @@ void BenchFastPath(const DaemonProcess& daemon, int iters) {
     }
     const Summary p = Summarize(put);
     const double c = Summarize(copy).p50;
-    std::vector<double> sorted = put;
-    std::sort(sorted.begin(), sorted.end());
     std::printf(
         "%d puts of %s back to back: p50 %.1f us, p90 %.1f, p99 %.1f, mean "
         "%.1f; copy alone %.1f us; mean/(copy+5) %.2f\n",
-        n, SizeName(bytes).c_str(), p.p50, sorted[sorted.size() * 9 / 10],
-        p.p99, p.mean, c, p.mean / (c + 5));
+        n, SizeName(bytes).c_str(), p.p50, p.p90, p.p99, p.mean, c,
+        p.mean / (c + 5));
   }
   for (uint64_t bytes : {uint64_t{4} << 10, uint64_t{64} << 10}) {
     std::vector<std::vector<uint8_t>> data(64,

@@ -460,7 +460,8 @@ void ObjectStore::EndSession(uint64_t session_id) {
   if (found == nullptr) return;
   Session& s = *found;
   // What the session posted in its ring comes before its end, as its
-  // stream's messages do: a hand-off sealed there outlives it.
+  // stream's messages do: what it sealed there ends as sealed (an untaken
+  // hand-off is reclaimed), not discarded as never sealed.
   DrainRing(session_id, s);
   uint64_t used_before = 0;
   for (const auto& p : pools_) used_before += p->used_bytes();

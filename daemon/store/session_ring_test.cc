@@ -156,6 +156,17 @@ TEST_F(SessionRingTest, WhatASessionPostedIsAppliedBeforeItEnds) {
   EXPECT_EQ(store_->Stats().objects(), 0u);
 }
 
+// A take-over hands the successor (which has no rings) the seals posted
+// before it.
+TEST_F(SessionRingTest, AHandoverAppliesWhatTheRingsHold) {
+  const Handout h = Create(a_.id);
+  ASSERT_TRUE(Post(SealMessage(1, h.lease_id)));
+  store_->FreezeForHandover();
+  EXPECT_EQ(writer_->applied(), 1u);
+  store_->Thaw();
+  EXPECT_TRUE(store_->Get(b_.id, h.ref).ok());
+}
+
 TEST_F(SessionRingTest, ARingActsOnlyForItsSession) {
   const Handout theirs = Create(b_.id);
   ASSERT_TRUE(Post(SealMessage(1, theirs.lease_id)));
