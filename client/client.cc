@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -237,6 +238,7 @@ absl::StatusOr<Created> CreateObject(
       core, c.resp.lease_id(), c.resp.placement(), writable, generation);
   if (!lease.ok()) return lease.status();
   c.lease = *std::move(lease);
+  c.lease->MarkCreatedHere();
   if (options.shared_writable) c.lease->MarkSharedWritable();
   return c;
 }
@@ -275,6 +277,7 @@ std::optional<Buffer> StockBufferFor(
         MakeHeldLease(core, b->lease_id, placement, true);
     if (!lease.ok()) return std::nullopt;
     if ((*lease)->lost()) continue;  // A resume refused it meanwhile.
+    (*lease)->MarkCreatedHere();
     ObjectInfo info;
     info.ref = internal::FromProto(b->ref);
     info.device = Device::Host();
@@ -396,6 +399,10 @@ absl::StatusOr<View> Client::GetRef(const ObjectRef& ref, bool writable,
 absl::StatusOr<std::vector<SealedRef>> Client::PutMany(
     const std::vector<PutItem>& items, bool exclusive) {
   if (absl::Status s = core_->CheckOwner(); !s.ok()) return s;
+  // The stock is refilled once the batch took what it takes (stock.h).
+  absl::Cleanup refill = [this] {
+    if (internal::Stock* stock = core_->stock()) stock->WakeIfDue();
+  };
   std::vector<Buffer> bufs(items.size());
   // The unnamed objects the stock cannot serve: made in one round trip.
   std::vector<size_t> missing;
@@ -453,6 +460,7 @@ absl::StatusOr<std::vector<SealedRef>> Client::PutMany(
     for (const v1::CreateResponse& c : resp.created()) {
       leases.push_back(
           MakeLease(core_, c.lease_id(), c.placement(), true, generation));
+      if (leases.back().ok()) (*leases.back())->MarkCreatedHere();
     }
     if (static_cast<size_t>(resp.created_size()) < missing.size()) {
       return absl::Status(

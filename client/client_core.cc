@@ -787,7 +787,7 @@ void ClientCore::DropRefused(const v1::SessionOpened& opened) {
                static_cast<unsigned long long>(client_id_), in_use);
 }
 
-absl::Status ClientCore::ReleaseLease(uint64_t lease_id) {
+absl::Status ClientCore::ReleaseLease(uint64_t lease_id, Route route) {
   if (absl::Status s = CheckOwner(); !s.ok()) return s;
   {
     // Leaves held_ and is queued at once for a resume's account (see
@@ -797,7 +797,15 @@ absl::Status ClientCore::ReleaseLease(uint64_t lease_id) {
     if (held_.erase(lease_id) == 0) return absl::OkStatus();
     v1::ReleaseLeases release;
     release.add_lease_ids(lease_id);
-    if (absl::Status s = EnqueueLocked(std::move(release)); !s.ok()) return s;
+    if (route == Route::kStream) {
+      if (absl::Status s = EnqueueLocked(std::move(release)); !s.ok()) {
+        return s;
+      }
+    } else {
+      absl::StatusOr<bool> kick = PublishLocked(std::move(release));
+      if (!kick.ok()) return kick.status();
+      if (!*kick) return absl::OkStatus();
+    }
   }
   AfterEnqueue();
   return absl::OkStatus();
@@ -808,10 +816,16 @@ absl::Status ClientCore::SendSeals(std::vector<v1::OneWaySeal> seals) {
   v1::ReleaseLeases message;
   message.mutable_seals()->Reserve(static_cast<int>(seals.size()));
   for (v1::OneWaySeal& seal : seals) *message.add_seals() = std::move(seal);
+  absl::StatusOr<bool> kick = PublishLocked(std::move(message));
+  if (!kick.ok()) return kick.status();
+  if (*kick) AfterEnqueue();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> ClientCore::PublishLocked(v1::ReleaseLeases message) {
   if (!ring_on_.load(std::memory_order_relaxed)) {
     if (absl::Status s = EnqueueLocked(std::move(message)); !s.ok()) return s;
-    AfterEnqueue();
-    return absl::OkStatus();
+    return true;
   }
   if (CurrentConnection() == nullptr) return Ended();
   const bool posted = outbox_.EnqueuePosted(
@@ -828,9 +842,9 @@ absl::Status ClientCore::SendSeals(std::vector<v1::OneWaySeal> seals) {
         return ring_->writer().Post(absl::string_view(record, n));
       });
   // Not posted: the stream takes it. Posted: the writer too, only while a
-  // call waits for one of this session's seals.
-  if (!posted || ring_->writer().NudgeRequested()) AfterEnqueue();
-  return absl::OkStatus();
+  // call waits for one of this session's messages (a seal, or memory some
+  // release may free).
+  return !posted || ring_->writer().NudgeRequested();
 }
 
 bool ClientCore::FlushStream(absl::Time deadline) {
@@ -852,9 +866,6 @@ void ClientCore::AfterEnqueue() {
 }
 
 bool ClientCore::WriteOne() {
-  // This thread is awake anyway: the stock's refill thread is woken from
-  // here, not by the put that left a refill due (stock.h).
-  if (stock_ != nullptr) stock_->WakeIfDue();
   // What the daemon applied from the ring (or the stream) need not be
   // written. After a resume the ring's figure is stale but still true.
   if (ring_on_.load(std::memory_order_acquire)) {

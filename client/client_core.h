@@ -205,20 +205,26 @@ class ClientCore {
     return FromGrpc(ctx, st);
   }
 
+  // How a release travels: kPost, posted in the release ring when the
+  // session has one (for the session's own objects: Lease::MarkCreatedHere,
+  // the stock's buffers); kStream, written on the stream at once.
+  enum class Route { kPost, kStream };
   // Drops a lease at the daemon without waiting for it: one ReleaseLeases
-  // message on the session stream (see the proto), queued for the
-  // session's writer thread (stream_writer.h) and published at once: from
-  // here on every request carries it or finds it on the stream ahead of it
-  // (CallAfterReleases), and a resume accounts for it. A broken stream is
-  // resumed and the release sent on the new one; FAILED_PRECONDITION when
-  // the session has ended (the daemon then dropped the lease itself).
-  absl::Status ReleaseLease(uint64_t lease_id);
+  // message (see the proto), published at once (`route`: posted in the
+  // release ring, which wakes nobody, PublishLocked; or queued for the
+  // session's writer thread, stream_writer.h): from here on every request
+  // carries it or finds it ahead of it (CallAfterReleases), the daemon
+  // pulls a posted one before it refuses or waits for want of what it
+  // frees, and a resume accounts for it. A broken stream is resumed and the
+  // release sent on the new one; FAILED_PRECONDITION when the session has
+  // ended (the daemon then dropped the lease itself).
+  absl::Status ReleaseLease(uint64_t lease_id, Route route = Route::kStream);
   // Seals without waiting for the daemon: one ReleaseLeases message
   // carrying `seals` (in order), queued as ReleaseLease's, ordered with the
   // releases (docs/shm_layout.md, "Stock and one-way seals"), and posted in
-  // the session's release ring when it fits there: the daemon pulls it
-  // when it needs it, and the writer thread is woken only when the ring
-  // is full or a call waits for a seal ("The release ring"). Until a
+  // the session's release ring when it fits there, as releases are: the
+  // daemon pulls it when it needs it, and the writer thread is woken only
+  // when the ring is full or a call waits ("The release ring"). Until a
   // call confirms it applied, requests carry its copy and a resume
   // presents its seals (OpenSession.pending_seals), so a seal is never
   // lost to a broken connection. Errors as ReleaseLease.
@@ -333,6 +339,15 @@ class ClientCore {
                             bool* reconciled = nullptr);
   // The leases a reconciling resume refused: marked lost and no longer held.
   void DropRefused(const v1::SessionOpened& opened);
+  // Publishes `message` (the next ReleaseLeases: releases, seals): posted
+  // in the release ring while the session has one and it fits there (the
+  // daemon pulls it when it serves this session or needs what it frees:
+  // docs/shm_layout.md, "The release ring"), else queued for the writer
+  // thread as EnqueueLocked. True when the caller must kick the writer
+  // (AfterEnqueue, with no lock held): it was not posted, or the daemon
+  // asked for a nudge. held_mu_ may be held (lock order). Errors as
+  // EnqueueLocked.
+  absl::StatusOr<bool> PublishLocked(v1::ReleaseLeases message);
   // Publishes `message` in outbox_ for the writer thread to write; held_mu_
   // may be held by the caller (lock order). FAILED_PRECONDITION (or
   // UNAVAILABLE) when the session has ended.
@@ -423,11 +438,11 @@ class ClientCore {
   };
   std::mutex shares_mu_;
   absl::flat_hash_map<uint64_t, Share> shares_;
-  // The session's release ring (ring_mapping.h), null without one. Seals
-  // are posted there while ring_on_, which the first resume clears for good
-  // (the daemon drops a resumed session's ring); posted under outbox_'s
-  // lock. Never unmapped in a forked child (whatever the child maps later
-  // may lie where it was).
+  // The session's release ring (ring_mapping.h), null without one.
+  // Releases and seals are posted there while ring_on_, which the first resume
+  // clears for good (the daemon drops a resumed session's ring); posted under
+  // outbox_'s lock. Never unmapped in a forked child (whatever the child maps
+  // later may lie where it was).
   std::unique_ptr<RingMapping> ring_;
   std::atomic<bool> ring_on_{false};
   // Writes the session stream's messages (WriteOne); stopped, after it

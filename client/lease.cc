@@ -113,7 +113,10 @@ Lease::~Lease() {
     core_->ReleaseAfter(RecordFence(), id_);
     return;
   }
-  core_->ReleaseLease(id_).IgnoreError();
+  core_
+      ->ReleaseLease(id_, created_here_ ? ClientCore::Route::kPost
+                                        : ClientCore::Route::kStream)
+      .IgnoreError();
 }
 
 absl::Status Lease::ReleaseNow() {

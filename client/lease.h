@@ -92,6 +92,14 @@ class Lease : public std::enable_shared_from_this<Lease> {
   // After a shared seal: the lease now is the ref's read lease (and is
   // registered as one: lease_registry.h).
   void BecomeReadLease();
+  // The session created this lease's object (Create, CreateMany, the
+  // stock): its release is posted in the session's release ring
+  // (ClientCore::ReleaseLease), where the session's next call (which may
+  // reuse the memory) or a call that lacks memory pulls it. Any other
+  // lease's release goes on the stream at once: what it frees is wanted by
+  // the object's creator, whose calls do not drain this session's ring.
+  // For its maker, before the lease is shared.
+  void MarkCreatedHere() { created_here_ = true; }
   // Enters a read-only host lease's bytes into the LeaseRegistry (once; the
   // destructor removes them). For its maker, once a shared_ptr owns it
   // (MakeLease); no-op for a writable or CUDA lease.
@@ -155,9 +163,10 @@ class Lease : public std::enable_shared_from_this<Lease> {
   uint8_t* data_;
   // This lease opened its range in the writable mapping; it closes it again.
   const bool opened_rw_range_;
-  WriteRevocation revocation_;        // Guarded by mu_ after construction.
-  bool held_ = true;                  // Guarded by mu_.
-  bool shared_writable_ = false;      // Guarded by mu_.
+  bool created_here_ = false;     // MarkCreatedHere; read by the destructor.
+  WriteRevocation revocation_;    // Guarded by mu_ after construction.
+  bool held_ = true;              // Guarded by mu_.
+  bool shared_writable_ = false;  // Guarded by mu_.
   std::atomic<bool> exposed_{false};  // MarkExposed was called.
   std::atomic<int> exports_{0};       // Live LeaseExports.
   std::atomic<bool> escaped_{false};  // MarkEscaped was called.

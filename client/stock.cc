@@ -105,10 +105,11 @@ absl::StatusOr<StockBuffer> Stock::Take(const v1::PoolInfo& pool,
     if ((hit.has_value() || !make_on_miss) &&
         c.buffers.size() < (c.want() + 1) / 2) {
       refill_due_ = true;
-      // Waking a thread that sleeps costs the waker a cross-CPU wake-up
-      // (on a VM, tens of µs): a take leaves it to the session's writer
-      // thread (WakeIfDue) unless the class is about to run dry.
-      if (c.buffers.size() <= c.want() / 4) wake_.notify_one();
+      // Waking the thread costs this take a cross-CPU wake-up (on a VM,
+      // tens of µs) once per refill: while the thread is busy, or already
+      // woken, no thread waits and the signal costs no system call. A
+      // caller that takes many wakes it after its last take (WakeIfDue).
+      if (make_on_miss) wake_.notify_one();
     }
     want = c.want();
   }
@@ -172,7 +173,9 @@ absl::StatusOr<std::vector<StockBuffer>> Stock::Make(const std::string& pool,
 }
 
 void Stock::GiveBack(const std::vector<uint64_t>& lease_ids) {
-  for (uint64_t id : lease_ids) core_.ReleaseLease(id).IgnoreError();
+  for (uint64_t id : lease_ids) {
+    core_.ReleaseLease(id, ClientCore::Route::kPost).IgnoreError();
+  }
 }
 
 void Stock::WakeIfDue() {

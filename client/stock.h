@@ -18,10 +18,12 @@
 //    freed last, the likeliest to be in the CPU's caches still).
 //  - When: a take that misses makes the buffer and the class's refill in
 //    the same round trip; a take that leaves the class under half its
-//    target has the refill thread refill it in the background. The take
-//    wakes that thread itself only when it leaves the class a quarter full
-//    or less: else the session's writer thread does, after its next write
-//    (WakeIfDue), so that a put does not pay the wake-up.
+//    target has the refill thread refill it in the background, and wakes
+//    it (the first such take pays the wake-up), so that the refill lands
+//    before the class runs dry. A caller that takes many (PutMany) wakes
+//    it after its last take instead (WakeIfDue): a refill racing the
+//    batch would top the class up to less than its target, and compete
+//    with the batch's own round trip for its misses.
 //  - Return: a class not taken from for `idle` gives its buffers back
 //    (their release discards them), as the session's end does all.
 //  - Bound: the daemon's limits.max_stock_bytes_per_client, whatever this
@@ -79,8 +81,8 @@ class Stock {
   // A buffer of `pool` (a host pool the session may write) for an object
   // of `bytes` (> 0): from the stock when it has one of the class; else
   // made, with the class's refill, in one CreateMany round trip (unless
-  // `make_on_miss` is false: NOT_FOUND then, and the refill thread is
-  // woken; for a caller that makes its misses together, PutMany).
+  // `make_on_miss` is false: NOT_FOUND then; for a caller that makes its
+  // misses together, PutMany, which calls WakeIfDue after its last take).
   // NOT_FOUND when `bytes` is past what the stock serves; the daemon's
   // errors (LIMIT_EXCEEDED at its stock limit, RESOURCE_EXHAUSTED when the
   // pool is full: stock never waits) otherwise. The caller then makes its
@@ -88,8 +90,7 @@ class Stock {
   absl::StatusOr<StockBuffer> Take(const v1::PoolInfo& pool, uint64_t bytes,
                                    bool make_on_miss = true);
 
-  // Wakes the refill thread if a take left a refill due. For the session's
-  // writer thread, whose waking the put does not wait for.
+  // Wakes the refill thread if a take left a refill due.
   void WakeIfDue();
 
   // Stops the refill thread (waiting for its call on the way) and gives

@@ -57,6 +57,24 @@ class FastPathTest : public testing::DaemonTest {
   }
 };
 
+// A creator's release of its own object is posted in its release ring,
+// where nothing wakes the daemon for it: a create in another session that
+// needs the memory it frees pulls it, with no wait and no call of the
+// creator's.
+TEST_F(FastPathTest,
+       ACreatorsPostedReleaseFreesTheMemoryACreateElsewhereNeeds) {
+  Client other = Connect();
+  constexpr uint64_t kBig = 48 << 20;  // Of a 64 MiB pool: one at a time.
+  absl::StatusOr<Buffer> big = client_->Create({.size_bytes = kBig});
+  ASSERT_TRUE(big.ok()) << big.status();
+  ASSERT_TRUE(big->lease()->core().has_release_ring());
+  absl::StatusOr<SealedRef> sealed = big->Seal();
+  ASSERT_TRUE(sealed.ok()) << sealed.status();
+  sealed->Reset();
+  absl::StatusOr<Buffer> again = other.Create({.size_bytes = kBig});
+  ASSERT_TRUE(again.ok()) << again.status();
+}
+
 // A get that reaches the daemon before the creator's seal (the ref went
 // ahead of it) waits for the seal, and then sees the sealed bytes.
 TEST_F(FastPathTest, AGetRacingTheSealWaitsForIt) {

@@ -556,8 +556,29 @@ class ObjectStore {
   // creator to send its next seals on the stream as well, first. True when
   // the drain applied anything (the object may be sealed, or gone).
   bool PullSealOf(uint32_t slot, bool nudge) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // DrainRing of every session (the monitoring views).
-  void DrainRings() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // DrainRing of every session (the monitoring views). True when it
+  // applied any message.
+  bool DrainRings() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A call lacks what releases may free (memory, room under a limit), and
+  // releases are posted in release rings, which the daemon only reads when
+  // it needs to: drains them all (DrainRings; true when that applied any
+  // message, and the call should try again). With `nudge` (the call will
+  // wait), first asks every ring's client to send what it posts from now
+  // on on its stream as well, so that a later release wakes the waiting
+  // calls (ReleaseBatch: TakeNudge, Changed).
+  bool PullReleases(bool nudge) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a call failed, or says "not yet" (a create: no memory), for
+  // want of what releases may free: RESOURCE_EXHAUSTED (a pool with no room
+  // for it, LIMIT_EXCEEDED).
+  static bool LacksWhatReleasesFree(const absl::Status& status);
+  static bool LacksWhatReleasesFree(
+      const absl::StatusOr<std::optional<Handout>>& h);
+  // TryCreate under the lock, for an object of `bytes` (validated): each
+  // try admits the caller again (what it carries is applied once).
+  absl::StatusOr<std::optional<Handout>> CreateLocked(const CreateArgs& args,
+                                                      uint64_t bytes,
+                                                      bool last_try)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ReleaseBatch for the open session `s` (id `session_id`).
   absl::Status ReleaseBatchLocked(uint64_t session_id, Session& s, uint64_t seq,
                                   absl::Span<const uint64_t> lease_ids,

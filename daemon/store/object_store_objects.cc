@@ -37,6 +37,23 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::TryCreate(
     }
   }
   absl::MutexLock lock(&mu_);
+  absl::StatusOr<std::optional<Handout>> h =
+      CreateLocked(args, *bytes, /*last_try=*/false);
+  // What it lacks (memory, room under a limit) may be freed by releases
+  // posted in release rings: pulled before it fails or waits, and while it
+  // waits, the releases posted later come with a nudge.
+  if (LacksWhatReleasesFree(h) && PullReleases(/*nudge=*/h.ok() && !last_try)) {
+    h = CreateLocked(args, *bytes, /*last_try=*/false);
+  }
+  if (h.ok() && !h->has_value() && last_try) {
+    h = CreateLocked(args, *bytes, /*last_try=*/true);
+  }
+  return h;
+}
+
+absl::StatusOr<std::optional<Handout>> ObjectStore::CreateLocked(
+    const CreateArgs& args, uint64_t requested_bytes, bool last_try) {
+  const std::optional<uint64_t> bytes = requested_bytes;
   absl::StatusOr<Session*> session = Admit(args.caller);
   if (!session.ok()) return session.status();
   if (shutting_down_) return ShuttingDownError();
@@ -281,8 +298,17 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::TryGet(
   absl::StatusOr<Session*> session = Admit(caller);
   if (!session.ok()) return session.status();
   if (shutting_down_) return ShuttingDownError();
-  return GetLocked(caller.session_id, **session, ref, offer_token, wait,
-                   last_try);
+  absl::StatusOr<std::optional<Handout>> h =
+      GetLocked(caller.session_id, **session, ref, offer_token, wait, last_try);
+  // Past a limit that releases posted in release rings may lift: pulled,
+  // and tried again (the object may have gone meanwhile: GetLocked looks
+  // it up again).
+  if (!h.ok() && LacksWhatReleasesFree(h.status()) &&
+      PullReleases(/*nudge=*/false)) {
+    h = GetLocked(caller.session_id, **session, ref, offer_token, wait,
+                  last_try);
+  }
+  return h;
 }
 
 absl::StatusOr<std::optional<std::vector<absl::StatusOr<Handout>>>>
@@ -315,6 +341,12 @@ ObjectStore::TryGetMany(const Caller& caller,
     absl::StatusOr<std::optional<Handout>> h =
         GetLocked(caller.session_id, **session, ref, 0, wait,
                   /*last_try=*/true);
+    // As TryGet's.
+    if (!h.ok() && LacksWhatReleasesFree(h.status()) &&
+        PullReleases(/*nudge=*/false)) {
+      h = GetLocked(caller.session_id, **session, ref, 0, wait,
+                    /*last_try=*/true);
+    }
     if (h.ok()) {
       out.push_back(**std::move(h));
     } else {
@@ -515,16 +547,19 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::TryGetByName(
   const uint64_t session_id = caller.session_id;
   const std::optional<uint32_t> slot = objects_.Named(name);
   if (slot.has_value() && objects_.object(*slot).state == State::kSealed) {
-    const Object& obj = objects_.object(*slot);
-    if (!Allowed(**session, obj.pool, false)) {
-      return AccessError(**session, obj.pool,
+    if (!Allowed(**session, objects_.object(*slot).pool, false)) {
+      return AccessError(**session, objects_.object(*slot).pool,
                          absl::StrCat("get of ", Quoted(name)));
     }
-    if (absl::Status s =
-            sessions_.CheckHold(**session, *slot, obj.capacity, leases_.size());
-        !s.ok()) {
-      return s;
+    absl::Status held = sessions_.CheckHold(
+        **session, *slot, objects_.object(*slot).capacity, leases_.size());
+    // As TryGet's: a named object stays bound, so the lookup stands.
+    if (!held.ok() && LacksWhatReleasesFree(held) &&
+        PullReleases(/*nudge=*/false)) {
+      held = sessions_.CheckHold(
+          **session, *slot, objects_.object(*slot).capacity, leases_.size());
     }
+    if (!held.ok()) return held;
     const uint64_t lease = AddLease(session_id, **session, *slot, false);
     return MakeHandout(*slot, lease, false);
   }
@@ -582,6 +617,11 @@ absl::StatusOr<ObjectStore::Session*> ObjectStore::Admit(const Caller& caller) {
       } else if (!r.ok()) {
         return r;
       }
+    }
+    // The copies may have applied the message the ring's next ones waited
+    // for (DrainRing stops at a seq not due yet): those are due now.
+    if (!s->releases.Reached(caller.releases_through)) {
+      DrainRing(caller.session_id, *s);
     }
   }
   if (!s->releases.Reached(caller.releases_through)) {
@@ -650,8 +690,30 @@ bool ObjectStore::DrainRing(uint64_t session_id, Session& s) {
   return applied;
 }
 
-void ObjectStore::DrainRings() {
-  sessions_.ForEach([this](uint64_t id, Session& s) { DrainRing(id, s); });
+bool ObjectStore::DrainRings() {
+  bool applied = false;
+  sessions_.ForEach(
+      [&](uint64_t id, Session& s) { applied |= DrainRing(id, s); });
+  return applied;
+}
+
+bool ObjectStore::PullReleases(bool nudge) {
+  if (nudge) {
+    // Before the drains, as PullSealOf's.
+    sessions_.ForEach([](uint64_t, Session& s) {
+      if (s.ring != nullptr) s.ring->reader().RequestNudge();
+    });
+  }
+  return DrainRings();
+}
+
+bool ObjectStore::LacksWhatReleasesFree(const absl::Status& status) {
+  return absl::IsResourceExhausted(status);
+}
+
+bool ObjectStore::LacksWhatReleasesFree(
+    const absl::StatusOr<std::optional<Handout>>& h) {
+  return h.ok() ? !h->has_value() : LacksWhatReleasesFree(h.status());
 }
 
 bool ObjectStore::PullSealOf(uint32_t slot, bool nudge) {

@@ -25,16 +25,24 @@ namespace shmtensor::daemon {
 namespace {
 
 constexpr uint64_t kPage = 4096;
+constexpr uint64_t kPoolPages = 16;
 constexpr uid_t kUser = 1000;
 
 class SessionRingTest : public ::testing::Test {
  protected:
-  SessionRingTest() {
+  SessionRingTest() { Open({}); }
+  ~SessionRingTest() override { munmap(base_, kReleaseRingBytes); }
+
+  // A store of one 16-page pool under `limits`, sessions a (whose ring the
+  // test posts in) and b.
+  void Open(const StoreLimits& limits) {
+    if (base_ != nullptr) munmap(base_, kReleaseRingBytes);
+    writer_.reset();
     std::vector<std::unique_ptr<Pool>> pools;
     pools.push_back(std::make_unique<Pool>(
-        "default", std::make_unique<FakeSegment>(16 * kPage),
+        "default", std::make_unique<FakeSegment>(kPoolPages * kPage),
         PoolAccessRules(kUser)));
-    store_ = std::make_unique<ObjectStore>(std::move(pools), 42);
+    store_ = std::make_unique<ObjectStore>(std::move(pools), 42, limits);
     a_ = *store_->OpenSession("a", Peer(1));
     b_ = *store_->OpenSession("b", Peer(2));
     UniqueFd fd;
@@ -49,16 +57,21 @@ class SessionRingTest : public ::testing::Test {
     EXPECT_NE(base_, MAP_FAILED);
     writer_.emplace(*ReleaseRingWriter::Attach(base_, kReleaseRingBytes));
   }
-  ~SessionRingTest() override { munmap(base_, kReleaseRingBytes); }
 
   static PeerInfo Peer(pid_t pid) {
     return PeerInfo{{pid, kUser, kUser}, OwnerKey{kUser, pid, 1}, nullptr, ""};
   }
-  Handout Create(uint64_t session) {
+  Handout Create(uint64_t session, uint64_t pages = 1) {
     CreateArgs args;
     args.caller = session;
-    args.size_bytes = kPage;
+    args.size_bytes = pages * kPage;
     return *CreateBlocking(*store_, args);
+  }
+  static CreateArgs WholePool(uint64_t session) {
+    CreateArgs args;
+    args.caller = session;
+    args.size_bytes = kPoolPages * kPage;
+    return args;
   }
   static v1::ReleaseLeases SealMessage(uint64_t seq, uint64_t lease_id) {
     v1::ReleaseLeases m;
@@ -119,6 +132,72 @@ TEST_F(SessionRingTest, AGetThatWaitsAsksForANudgeWhichTheStreamClears) {
   EXPECT_GT(store_->changes(), before);  // The waiting calls try again.
   waiting = store_->TryGet(b_.id, h.ref, 0, true, false);
   ASSERT_TRUE(waiting.ok() && waiting->has_value()) << waiting.status();
+}
+
+// Releases are posted in the ring too, and nothing wakes the daemon for
+// them: a call that lacks the memory they free pulls them before it fails.
+TEST_F(SessionRingTest, ACreateElsewherePullsTheReleasesThatFreeItsMemory) {
+  const Handout h = Create(a_.id, kPoolPages);
+  v1::ReleaseLeases m = SealMessage(1, h.lease_id);
+  m.add_lease_ids(h.lease_id);  // Sealed, then let go: nothing holds it.
+  ASSERT_TRUE(Post(m));
+  absl::StatusOr<std::optional<Handout>> made =
+      store_->TryCreate(WholePool(b_.id), /*last_try=*/true);
+  ASSERT_TRUE(made.ok()) << made.status();
+  ASSERT_TRUE(made->has_value());
+  EXPECT_EQ(writer_->applied(), 1u);
+}
+
+// A create that waits for memory asks every ring for a nudge, so that a
+// release posted while it waits comes on the stream as well and wakes it.
+TEST_F(SessionRingTest, ACreateThatWaitsForMemoryAsksEveryRingForANudge) {
+  const Handout h = Create(a_.id, kPoolPages);
+  ASSERT_TRUE(Post(SealMessage(1, h.lease_id)));
+  absl::StatusOr<std::optional<Handout>> waiting =
+      store_->TryCreate(WholePool(b_.id), /*last_try=*/false);
+  ASSERT_TRUE(waiting.ok()) << waiting.status();
+  EXPECT_FALSE(waiting->has_value());
+  EXPECT_EQ(writer_->applied(), 1u);  // Pulled, but the lease still holds.
+  v1::ReleaseLeases release;
+  release.set_seq(2);
+  release.add_lease_ids(h.lease_id);
+  ASSERT_TRUE(Post(release));
+  EXPECT_TRUE(writer_->NudgeRequested());
+  const uint64_t before = store_->changes();
+  ASSERT_TRUE(store_->ReleaseBatch(a_.id, 2, {h.lease_id}, {}).ok());
+  EXPECT_FALSE(writer_->NudgeRequested());
+  EXPECT_GT(store_->changes(), before);  // The waiting create tries again.
+  waiting = store_->TryCreate(WholePool(b_.id), /*last_try=*/false);
+  ASSERT_TRUE(waiting.ok() && waiting->has_value()) << waiting.status();
+}
+
+// A limit counts what the daemon has applied: a release posted in another
+// session's ring is pulled before a get is refused for it.
+TEST_F(SessionRingTest, AGetElsewherePullsTheReleasesThatLiftALimit) {
+  StoreLimits limits;
+  limits.max_leases = 1;
+  Open(limits);
+  CreateArgs named;
+  named.caller = a_.id;
+  named.size_bytes = kPage;
+  named.name = "kept";
+  const Handout h = *CreateBlocking(*store_, named);
+  ASSERT_TRUE(store_->Seal(a_.id, h.lease_id, false).ok());
+  v1::ReleaseLeases release;
+  release.set_seq(1);
+  release.add_lease_ids(h.lease_id);
+  ASSERT_TRUE(Post(release));
+  absl::StatusOr<std::optional<Handout>> by_name =
+      store_->TryGetByName(b_.id, "kept", absl::ZeroDuration(), true);
+  ASSERT_TRUE(by_name.ok()) << by_name.status();
+  ASSERT_TRUE(by_name->has_value());
+  // The same through a Get of its ref, once b let go again.
+  ASSERT_TRUE(store_->Release(b_.id, (*by_name)->lease_id).ok());
+  absl::StatusOr<Handout> got = store_->Get(b_.id, h.ref);
+  ASSERT_TRUE(got.ok()) << got.status();
+  // And past the limit for good, the refusal names it.
+  EXPECT_TRUE(IsLimitExceeded(store_->Get(a_.id, h.ref).status()))
+      << store_->Get(a_.id, h.ref).status();
 }
 
 TEST_F(SessionRingTest, RingMessagesApplyInSeqOrderFromTheNextOneDue) {
