@@ -238,7 +238,12 @@ absl::StatusOr<Created> CreateObject(
       core, c.resp.lease_id(), c.resp.placement(), writable, generation);
   if (!lease.ok()) return lease.status();
   c.lease = *std::move(lease);
-  c.lease->MarkCreatedHere();
+  // A named object's discard frees its name for other sessions, and a
+  // shared-writable object is many sessions' (lease.h): their releases
+  // go on the stream.
+  if (options.name.empty() && !options.shared_writable) {
+    c.lease->MarkCreatedHere();
+  }
   if (options.shared_writable) c.lease->MarkSharedWritable();
   return c;
 }

@@ -92,13 +92,14 @@ class Lease : public std::enable_shared_from_this<Lease> {
   // After a shared seal: the lease now is the ref's read lease (and is
   // registered as one: lease_registry.h).
   void BecomeReadLease();
-  // The session created this lease's object (Create, CreateMany, the
-  // stock): its release is posted in the session's release ring
+  // The session created this lease's unnamed object (Create, CreateMany,
+  // the stock): its release is posted in the session's release ring
   // (ClientCore::ReleaseLease), where the session's next call (which may
   // reuse the memory) or a call that lacks memory pulls it. Any other
-  // lease's release goes on the stream at once: what it frees is wanted by
-  // the object's creator, whose calls do not drain this session's ring.
-  // For its maker, before the lease is shared.
+  // lease's release goes on the stream at once: what it frees is usually
+  // wanted by the object's creator, which reuses the ranges it wrote
+  // before (Pool::PlaceRange) while its pool has room, and a create that
+  // finds room pulls no ring. For its maker, before the lease is shared.
   void MarkCreatedHere() { created_here_ = true; }
   // Enters a read-only host lease's bytes into the LeaseRegistry (once; the
   // destructor removes them). For its maker, once a shared_ptr owns it

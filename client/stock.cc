@@ -105,9 +105,9 @@ absl::StatusOr<StockBuffer> Stock::Take(const v1::PoolInfo& pool,
     if ((hit.has_value() || !make_on_miss) &&
         c.buffers.size() < (c.want() + 1) / 2) {
       refill_due_ = true;
-      // Waking the thread costs this take a cross-CPU wake-up (on a VM,
-      // tens of µs) once per refill: while the thread is busy, or already
-      // woken, no thread waits and the signal costs no system call. A
+      // Waking a sleeping thread costs this take a cross-CPU wake-up (on a
+      // VM, tens of µs), once per refill: the takes after it find the
+      // thread busy or woken, and their signal costs no system call. A
       // caller that takes many wakes it after its last take (WakeIfDue).
       if (make_on_miss) wake_.notify_one();
     }

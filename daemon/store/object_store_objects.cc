@@ -40,9 +40,13 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::TryCreate(
   absl::StatusOr<std::optional<Handout>> h =
       CreateLocked(args, *bytes, /*last_try=*/false);
   // What it lacks (memory, room under a limit) may be freed by releases
-  // posted in release rings: pulled before it fails or waits, and while it
-  // waits, the releases posted later come with a nudge.
-  if (LacksWhatReleasesFree(h) && PullReleases(/*nudge=*/h.ok() && !last_try)) {
+  // posted in release rings: pulled before it fails or waits. While it
+  // waits, the releases posted later come with a nudge (asked for only
+  // then: a nudge costs each ring's client its next post's stream write).
+  if (LacksWhatReleasesFree(h) && PullReleases(/*nudge=*/false)) {
+    h = CreateLocked(args, *bytes, /*last_try=*/false);
+  }
+  if (h.ok() && !h->has_value() && !last_try && PullReleases(/*nudge=*/true)) {
     h = CreateLocked(args, *bytes, /*last_try=*/false);
   }
   if (h.ok() && !h->has_value() && last_try) {

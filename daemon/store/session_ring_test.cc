@@ -191,10 +191,28 @@ TEST_F(SessionRingTest, AGetElsewherePullsTheReleasesThatLiftALimit) {
       store_->TryGetByName(b_.id, "kept", absl::ZeroDuration(), true);
   ASSERT_TRUE(by_name.ok()) << by_name.status();
   ASSERT_TRUE(by_name->has_value());
-  // The same through a Get of its ref, once b let go again.
-  ASSERT_TRUE(store_->Release(b_.id, (*by_name)->lease_id).ok());
-  absl::StatusOr<Handout> got = store_->Get(b_.id, h.ref);
-  ASSERT_TRUE(got.ok()) << got.status();
+  // The same through a Get of its ref, and a GetMany: each time b let go
+  // (its own call, applied at once) and a took a lease again, whose
+  // release it posts.
+  uint64_t b_lease = (*by_name)->lease_id;
+  for (uint64_t seq = 2; seq <= 3; ++seq) {
+    ASSERT_TRUE(store_->Release(b_.id, b_lease).ok());
+    absl::StatusOr<Handout> again = store_->Get(a_.id, h.ref);
+    ASSERT_TRUE(again.ok()) << again.status();
+    release.set_seq(seq);
+    release.set_lease_ids(0, again->lease_id);
+    ASSERT_TRUE(Post(release));
+    if (seq == 2) {
+      absl::StatusOr<Handout> got = store_->Get(b_.id, h.ref);
+      ASSERT_TRUE(got.ok()) << got.status();
+      b_lease = got->lease_id;
+    } else {
+      absl::StatusOr<std::optional<std::vector<absl::StatusOr<Handout>>>> many =
+          store_->TryGetMany(b_.id, {h.ref}, false, true);
+      ASSERT_TRUE(many.ok() && many->has_value()) << many.status();
+      ASSERT_TRUE((**many)[0].ok()) << (**many)[0].status();
+    }
+  }
   // And past the limit for good, the refusal names it.
   EXPECT_TRUE(IsLimitExceeded(store_->Get(a_.id, h.ref).status()))
       << store_->Get(a_.id, h.ref).status();
