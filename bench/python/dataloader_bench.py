@@ -25,7 +25,9 @@ Every batch is 4 samples (torch.stack of 4 tensors: the same collation work
 for all three); the training side touches every page of every batch (one
 element per 4 KiB). Throughput = batch bytes / wall time after a warm-up.
 Prints a table with ratios, the page faults a batch of each loader's timed
-part (to show the shmtensor runs are in steady state), and writes a plot
+part (to show the shmtensor runs are in steady state), the CPU time a timed
+batch took in all of a loader's processes (on a machine the loaders
+saturate, what throughput follows, and steadier than it), and writes a plot
 (matplotlib) to docs/dataloader_bench.png, or to the path given with --plot.
 
 Usage: PYTHONPATH=build/python /usr/bin/python3 bench/python/dataloader_bench.py
@@ -93,20 +95,41 @@ def touch(batch):
     return float(batch.reshape(-1)[::PAGE_FLOATS].sum())
 
 
+def _stat(pid):
+    """/proc/PID/stat's fields after the command name (field 3 first)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
 def _minor_faults(pid):
     """Minor page faults of process `pid` so far (/proc/PID/stat field 10)."""
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[7])
+    return int(_stat(pid)[7])
 
 
-def run_loader(loader, batches, settle=False):
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_seconds(pids):
+    """CPU time (user + system, every thread) the processes `pids` used so
+    far, in seconds (/proc/PID/stat fields 14 and 15)."""
+    total = 0
+    for pid in pids:
+        fields = _stat(pid)
+        total += int(fields[11]) + int(fields[12])
+    return total / _TICK
+
+
+def run_loader(loader, batches, settle=False, daemon=None):
     """Times `batches` batches, and at least MIN_SECONDS, after the warm-up
     (see WARM; `settle`: until the loader's processes stop faulting).
     Returns GB/s, the page faults a timed batch of the training process and
-    the workers together, and the warm-up batches taken."""
+    the workers together, the warm-up batches taken, and the CPU time a
+    timed batch took in µs: training process, workers and `daemon` (a
+    Daemon) together, every thread."""
     it = iter(loader)
     # torch's iterator keeps its worker processes in _workers.
     pids = [os.getpid()] + [w.pid for w in getattr(it, "_workers", [])]
+    cpu_pids = pids + ([daemon.proc.pid] if daemon is not None else [])
 
     def faults():
         return sum(_minor_faults(p) for p in pids)
@@ -120,6 +143,7 @@ def run_loader(loader, batches, settle=False):
         warm += 1
         quiet = quiet + 1 if faults() == before else 0
     before = faults()
+    cpu0 = _cpu_seconds(cpu_pids)
     t0 = time.perf_counter()
     n = k = 0
     while k < batches or time.perf_counter() - t0 < MIN_SECONDS:
@@ -129,9 +153,10 @@ def run_loader(loader, batches, settle=False):
         k += 1
         del batch
     dt = time.perf_counter() - t0
+    cpu = _cpu_seconds(cpu_pids) - cpu0
     timed_faults = faults() - before
     del it
-    return n / dt / 1e9, timed_faults / k, warm
+    return n / dt / 1e9, timed_faults / k, warm, cpu / k * 1e6
 
 
 # -- the ideal bound -----------------------------------------------------------
@@ -234,7 +259,9 @@ class _RingCollate:
 
 def run_ideal_loader(ds, nbytes, batches):
     """torch's DataLoader handing over slots of a pre-faulted ring: what a
-    drop-in DataLoader could reach if the hand-off itself cost nothing."""
+    drop-in DataLoader could reach if the hand-off itself cost nothing.
+    Returns GB/s and the CPU time a timed batch took in µs (training process
+    and workers together, every thread)."""
     shape = (SAMPLES, nbytes // SAMPLES // 4)
     ring = WORKERS * 2 + 2
     segs = []
@@ -255,6 +282,8 @@ def run_ideal_loader(ds, nbytes, batches):
         slot = next(it)
         touch(views[slot])
         free.put(slot)
+    pids = [os.getpid()] + [w.pid for w in it._workers]
+    cpu0 = _cpu_seconds(pids)
     t0 = time.perf_counter()
     k = 0
     while k < batches or time.perf_counter() - t0 < MIN_SECONDS:
@@ -264,13 +293,14 @@ def run_ideal_loader(ds, nbytes, batches):
         k += 1
     n = k * nbytes
     dt = time.perf_counter() - t0
+    cpu = _cpu_seconds(pids) - cpu0
     for _ in range(WORKERS):  # No worker stays blocked waiting for a slot
         free.put(0)           # while torch shuts them down.
     del it, views
     for s in segs:
         s.close()
         s.unlink()
-    return n / dt / 1e9
+    return n / dt / 1e9, cpu / k * 1e6
 
 
 # -- main ----------------------------------------------------------------------
@@ -293,7 +323,7 @@ def main():
     sizes = [(64 << 10, 400), (1 << 20, 200), (16 << 20, 60), (128 << 20, 20)]
     if quick:
         sizes = [(64 << 10, 100), (1 << 20, 40), (16 << 20, 10), (128 << 20, 4)]
-    results, faults = [], []
+    results, faults, cpus = [], [], []
     with HugeTmpfs("2200m") as huge, Daemon("2GiB") as d, \
             Daemon("2GiB", huge.path) if huge.path else _Nothing() as dh:
         if not huge.path:
@@ -304,26 +334,28 @@ def main():
         if dh:
             head += f"{'shmt-huge':>10} "
         head += (f"{'ideal':>8} {'ideal-DL':>9} {'shmtensor/torch':>16} "
-                 f"{'shmtensor/ideal':>16}")
+                 f"{'shmtensor/ideal':>16} {'shmtensor/ideal-DL':>19}")
         if dh:
             head += (f" {'huge/torch':>11} {'huge/ideal':>11} "
                      f"{'huge/ideal-DL':>14}")
         print(head)
         for nbytes, batches in sizes:
             ds = Samples(ENDLESS, nbytes // SAMPLES)
-            torch_gbps, torch_faults, _ = run_loader(
+            torch_gbps, torch_faults, _, torch_cpu = run_loader(
                 TorchLoader(ds, batch_size=SAMPLES, num_workers=WORKERS),
                 batches)
-            ours_gbps, ours_faults, ours_warm = run_loader(
+            ours_gbps, ours_faults, ours_warm, ours_cpu = run_loader(
                 st.DataLoader(ds, batch_size=SAMPLES, num_workers=WORKERS,
                               shmtensor_address=d.address), batches,
-                settle=True)
-            huge_gbps, huge_faults, huge_warm = run_loader(
+                settle=True, daemon=d)
+            huge_gbps, huge_faults, huge_warm, huge_cpu = run_loader(
                 st.DataLoader(ds, batch_size=SAMPLES, num_workers=WORKERS,
                               shmtensor_address=dh.address),
-                batches, settle=True) if dh else (float("nan"), 0, 0)
+                batches, settle=True, daemon=dh) if dh else (
+                    float("nan"), 0, 0, float("nan"))
             ideal_gbps = run_ideal(nbytes, batches)
-            ideal_dl_gbps = run_ideal_loader(ds, nbytes, batches)
+            ideal_dl_gbps, ideal_dl_cpu = run_ideal_loader(ds, nbytes,
+                                                           batches)
             label = (f"{nbytes >> 20}MiB" if nbytes >= 1 << 20
                      else f"{nbytes >> 10}KiB")
             results.append((label, torch_gbps, ours_gbps, huge_gbps,
@@ -333,7 +365,8 @@ def main():
                 line += f"{huge_gbps:10.2f} "
             line += (f"{ideal_gbps:8.2f} {ideal_dl_gbps:9.2f} "
                      f"{ours_gbps / torch_gbps:15.1f}x "
-                     f"{100 * ours_gbps / ideal_gbps:15.0f}%")
+                     f"{100 * ours_gbps / ideal_gbps:15.0f}% "
+                     f"{100 * ours_gbps / ideal_dl_gbps:18.0f}%")
             if dh:
                 line += (f" {huge_gbps / torch_gbps:10.1f}x"
                          f" {100 * huge_gbps / ideal_gbps:10.0f}%"
@@ -341,12 +374,24 @@ def main():
             print(line, flush=True)
             faults.append((label, torch_faults, ours_faults, ours_warm,
                            huge_faults, huge_warm))
+            cpus.append((label, torch_cpu, ours_cpu, huge_cpu, ideal_dl_cpu))
         print("page faults a timed batch, training process and workers "
               "together (warm-up batches):")
         for label, *f in faults:
             print(f"{label:>8} torch {f[0]:8.0f}  shmtensor {f[1]:6.0f} "
                   f"({f[2]})" +
                   (f"  shmt-huge {f[3]:6.0f} ({f[4]})" if dh else ""))
+        # On a machine whose cores the loaders saturate, throughput follows
+        # CPU a batch, which varies less from run to run than GB/s does.
+        print("CPU a timed batch, µs, training process and workers (and the "
+              "daemon) together, every thread:")
+        print(f"{'batch':>8} {'torch':>8} {'shmtensor':>10} "
+              + (f"{'shmt-huge':>10} " if dh else "")
+              + f"{'ideal-DL':>9} {'ideal-DL/shmtensor':>19}")
+        for label, t_cpu, o_cpu, h_cpu, i_cpu in cpus:
+            print(f"{label:>8} {t_cpu:8.0f} {o_cpu:10.0f} "
+                  + (f"{h_cpu:10.0f} " if dh else "")
+                  + f"{i_cpu:9.0f} {100 * i_cpu / o_cpu:18.0f}%")
     try:
         import matplotlib
         matplotlib.use("Agg")

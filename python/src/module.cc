@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/batch_ring.h"
 #include "client/lease_address.h"
@@ -68,6 +69,50 @@ ObjectInfo BytesInfo(uint64_t nbytes) {
   info.strides_bytes = {1};
   info.size_bytes = nbytes;
   info.device = Device::Host();
+  return info;
+}
+
+// A slot's batch as the caller describes it: uint8 [nbytes] when `dtype` is
+// None, else a C-contiguous tensor of `dtype` and `shape`, which must span
+// exactly `nbytes` (a handle that says otherwise is refused, naming both,
+// never given a view past its batch). As for every export, a bool tensor's
+// capsule carries uint8 (torch.from_dlpack of torch 1.13 has no bool): the
+// caller views it as bool.
+ObjectInfo SlotInfo(uint64_t nbytes, py::handle dtype, py::handle shape) {
+  if (dtype.is_none()) return BytesInfo(nbytes);
+  ObjectInfo info;
+  info.dtype = DTypeArg(dtype.ptr());
+  try {
+    info.shape = shape.cast<std::vector<int64_t>>();
+  } catch (const py::cast_error&) {
+    throw StatusError{absl::InvalidArgumentError(
+        absl::StrCat("a batch's shape is a sequence of ints, not a ",
+                     Py_TYPE(shape.ptr())->tp_name))};
+  }
+  info.size_bytes = nbytes;
+  info.device = Device::Host();
+  const int64_t item = ItemSize(info.dtype);
+  unsigned __int128 extent = static_cast<unsigned __int128>(item);
+  bool fits = item > 0 && info.shape.size() <= 64;
+  info.strides_bytes.resize(info.shape.size());
+  for (size_t i = info.shape.size(); fits && i-- > 0;) {
+    const int64_t d = info.shape[i];
+    info.strides_bytes[i] = static_cast<int64_t>(extent);
+    fits = d >= 0 && (d == 0 || extent * static_cast<uint64_t>(d) <=
+                                    (static_cast<unsigned __int128>(1) << 62));
+    extent *= static_cast<uint64_t>(fits ? d : 0);
+  }
+  if (!fits || extent != nbytes) {
+    std::string dims;
+    for (size_t i = 0; i < info.shape.size() && i < 8; ++i) {
+      absl::StrAppend(&dims, i ? ", " : "", info.shape[i]);
+    }
+    if (info.shape.size() > 8) absl::StrAppend(&dims, ", ...");
+    throw StatusError{absl::InvalidArgumentError(absl::StrFormat(
+        "a batch of %d bytes is not a %s tensor of shape (%s) (%d "
+        "dimensions)",
+        nbytes, DTypeName(info.dtype), dims, info.shape.size()))};
+  }
   return info;
 }
 
@@ -292,15 +337,20 @@ PYBIND11_MODULE(_core, m) {
           py::arg("slot"))
       .def(
           "target",
-          [](PyBatchRing& r, int slot, uint64_t nbytes) {
+          [](PyBatchRing& r, int slot, uint64_t nbytes, py::handle dtype,
+             py::handle shape) {
             absl::StatusOr<uint8_t*> data = r.ring->Target(slot, nbytes);
             if (!data.ok())
               throw py::value_error(std::string(data.status().message()));
-            const ObjectInfo info = BytesInfo(nbytes);
+            const ObjectInfo info = SlotInfo(nbytes, dtype, shape);
             return MakeDLPack({&info, *data, r.lease, true, {}});
           },
-          py::arg("slot"), py::arg("nbytes"),
-          "A DLPack capsule (uint8) over a claimed slot, to fill.")
+          py::arg("slot"), py::arg("nbytes"), py::arg("dtype") = py::none(),
+          py::arg("shape") = py::none(),
+          "A DLPack capsule over a claimed slot's first `nbytes` bytes, to "
+          "fill: uint8, or a C-contiguous tensor of `dtype` and `shape` "
+          "spanning exactly `nbytes` (ValueError otherwise; bool comes as "
+          "uint8, to view as bool).")
       .def(
           "hand", [](PyBatchRing& r, int slot) { Check(r.ring->Hand(slot)); },
           py::arg("slot"), "The claimed slot's batch is complete.")
@@ -310,17 +360,22 @@ PYBIND11_MODULE(_core, m) {
           py::arg("slot"), "The claimed slot was not filled after all.")
       .def(
           "adopt",
-          [](PyBatchRing& r, int slot, uint32_t generation, uint64_t nbytes) {
+          [](PyBatchRing& r, int slot, uint32_t generation, uint64_t nbytes,
+             py::handle dtype, py::handle shape) {
+            // Described before the slot is adopted: a refused description
+            // leaves the slot handed (the handle's next use may still work).
+            const ObjectInfo info = SlotInfo(nbytes, dtype, shape);
             BatchRing::Adopted a =
                 Check(r.ring->Adopt(slot, generation, nbytes));
-            const ObjectInfo info = BytesInfo(nbytes);
             // The lease share in the capsule keeps the slot (and the header
             // its release writes) mapped until the last tensor dies.
             return MakeDLPack(
                 {&info, a.data, r.lease, true, std::move(a.release)});
           },
           py::arg("slot"), py::arg("generation"), py::arg("nbytes"),
-          "A DLPack capsule (uint8) over a handed slot; the slot is free "
-          "again when the last tensor over it dies. Raises for a stale "
-          "handle.");
+          py::arg("dtype") = py::none(), py::arg("shape") = py::none(),
+          "A DLPack capsule over a handed slot's first `nbytes` bytes (uint8, "
+          "or `dtype` and `shape` as for target); the slot is free again "
+          "when the last tensor over it dies. Raises for a stale handle, and "
+          "ValueError for a description that does not span `nbytes`.");
 }

@@ -136,6 +136,43 @@ def test_same_batches_as_torch_for_every_kind_of_sample(daemon, context):
     assert wait_until(lambda: used(c) == 0, 2.0), c.stats()
 
 
+class OneTensor(Dataset):
+    """Samples that are one tensor each, of `dtype`: batches that are one
+    stack, the DataLoader's short way (handed over typed)."""
+
+    def __init__(self, dtype, n=10):
+        self.dtype, self.n = dtype, n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        t = torch.arange(i * 15, i * 15 + 15).reshape(3, 5) % 7
+        if self.dtype.is_complex:
+            return (t + 1j * t).to(self.dtype)
+        return (t > 2) if self.dtype == torch.bool else t.to(self.dtype)
+
+
+@pytest.mark.parametrize("dtype", [
+    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32,
+    torch.int64, torch.float16, torch.bfloat16, torch.float32, torch.float64,
+    torch.complex64, torch.complex128])
+def test_a_batch_of_one_tensor_keeps_its_dtype(daemon, dtype):
+    """A batch that is one stack is filled and adopted as a tensor of its
+    own dtype (bools travel as uint8 through DLPack and must come back
+    bool), equal to torch's, writable and in pool memory."""
+    theirs, ours = both(OneTensor(dtype), daemon, batch_size=4,
+                        num_workers=2)
+    assert len(theirs) == len(ours) == 3
+    for i, (a, b) in enumerate(zip(theirs, ours)):
+        assert_same(a, b, f"batch {i}")
+        assert in_pool(b.data_ptr()), f"batch {i}"
+    ours[0][0, 0] = ours[0][0, 1]  # Writable.
+    c = shmtensor.connect(daemon.address)
+    del ours, a, b
+    assert wait_until(lambda: used(c) == 0, 2.0), c.stats()
+
+
 def test_numpy_samples_and_drop_last_match(daemon):
     theirs, ours = both(Arrays(), daemon, batch_size=3, shuffle=True,
                         drop_last=True, num_workers=2)
@@ -604,6 +641,84 @@ def test_ring_slot_is_reused_only_after_its_last_tensor_dies(daemon):
     assert int(part.sum()) == 700
     del part
     assert producer.claim() == -1  # Retired, not freed.
+    del producer, consumer, view, buf
+    assert wait_until(lambda: used(c) == 0, 2.0), c.stats()
+
+
+def test_a_typed_slot_spans_exactly_its_batch_or_is_refused(daemon):
+    """A batch that is one tensor is filled and adopted as that tensor (no
+    bytes view cut by Python); the description comes from the handle, so a
+    dtype and shape that do not span exactly the handle's bytes (larger,
+    smaller, negative, overflowing, too many dimensions, a dtype not ours)
+    are refused naming them, never a view past the batch; a refused
+    adoption leaves the slot handed for the true handle."""
+    from shmtensor import _core
+    from shmtensor.dataloader import handles
+    from shmtensor.dataloader.rings import RingCache
+    c = shmtensor.connect(daemon.address)
+    buf = c.create_bytes(_core.BatchRing.bytes(2, 4096, 4096),
+                         shared_writable=True)
+    producer = _core.BatchRing.create(buf, 2, 4096, 4096)
+    view = c.get(shmtensor.ObjectRef(buf.ref_bytes))
+    consumer = _core.BatchRing.join(view, 2, 4096, 4096)
+    slot = producer.claim()
+    out = torch.from_dlpack(producer.target(slot, 4096, torch.float32,
+                                            (4, 256)))
+    assert out.dtype == torch.float32 and out.shape == (4, 256)
+    out.copy_(torch.arange(1024, dtype=torch.float32).view(4, 256))
+    del out
+    lies = [(torch.float32, (4, 257)), (torch.float32, (2, 256)),
+            (torch.float32, (-4, -256)), (torch.int64, (2 ** 40, 2 ** 40)),
+            (torch.uint8, (1,) * 65)]
+    for dtype, shape in lies:
+        with pytest.raises(shmtensor.InvalidArgumentError,
+                           match="a batch of 4096 bytes is not a"):
+            producer.target(slot, 4096, dtype, shape)
+    with pytest.raises(ValueError, match="nonsense"):
+        producer.target(slot, 4096, "nonsense", (4096,))
+    with pytest.raises(ValueError, match="do not fit a slot"):
+        producer.target(slot, 8192, torch.float32, (2048,))
+    gen = producer.generation(slot)
+    producer.hand(slot)
+    for dtype, shape in lies:
+        with pytest.raises(shmtensor.InvalidArgumentError,
+                           match="a batch of 4096 bytes is not a"):
+            consumer.adopt(slot, gen, 4096, dtype, shape)
+    with pytest.raises(shmtensor.Error, match="do not fit a slot"):
+        consumer.adopt(slot, gen, 8192, torch.float32, (2048,))
+    # A handle whose leaf lies about its shape, through the DataLoader's
+    # receiving path: refused the same way, the slot still handed.
+    cache = RingCache(register=False)
+    ring_args = (bytes(buf.ref_bytes), 2, 4096, 4096, slot, gen, 4096)
+    with pytest.raises(shmtensor.InvalidArgumentError,
+                       match=r"float32 tensor of shape \(2048\)"):
+        handles._ring_batch(*ring_args,
+                            (0, 0, 4096, torch.float32, (2048,), False),
+                            daemon.address, None, client=c)
+    del cache
+    batch = handles._ring_batch(*ring_args,
+                                (0, 0, 4096, torch.float32, (4, 256), False),
+                                daemon.address, None, client=c)
+    assert batch.shape == (4, 256) and batch.dtype == torch.float32
+    assert torch.equal(batch.reshape(-1),
+                       torch.arange(1024, dtype=torch.float32))
+    batch[0, 0] = -1  # Writable: the training process's now.
+    with pytest.raises(shmtensor.Error, match="stale batch handle"):
+        consumer.adopt(slot, gen, 4096, torch.float32, (4, 256))
+    with pytest.raises(shmtensor.InvalidArgumentError,
+                       match="shape is a sequence of ints, not a NoneType"):
+        consumer.adopt(slot, gen, 4096, torch.float32, None)
+    # A 0-d batch (a collate_fn's scalar tensor) is a tensor of no
+    # dimensions.
+    other = producer.claim()
+    torch.from_dlpack(producer.target(other, 8, torch.float64, ())).fill_(2.5)
+    gen2 = producer.generation(other)
+    producer.hand(other)
+    scalar = torch.from_dlpack(consumer.adopt(other, gen2, 8, torch.float64,
+                                              ()))
+    assert scalar.dim() == 0 and float(scalar) == 2.5
+    del batch, scalar
+    assert producer.claim() >= 0 and producer.claim() >= 0  # Both freed.
     del producer, consumer, view, buf
     assert wait_until(lambda: used(c) == 0, 2.0), c.stats()
 

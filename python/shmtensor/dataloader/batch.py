@@ -42,9 +42,26 @@ ALIGN = 64
 
 
 def _poolable(t):
-    return (type(t) is torch.Tensor and t.device.type == "cpu"
+    return (type(t) is torch.Tensor and t.is_cpu
             and t.layout == torch.strided and not t.is_quantized
             and not getattr(t, "is_nested", False))
+
+
+def _torch_registry():
+    """Whether torch's collate registry holds torch's functions alone
+    (judged again only when its functions change)."""
+    global _registry_seen
+    fns = tuple(_torch_collate.default_collate_fn_map.values())
+    seen, torch_only = _registry_seen
+    if fns != seen:
+        torch_only = all(
+            getattr(fn, "__module__", None) == _torch_collate.__name__
+            for fn in fns)
+        _registry_seen = (fns, torch_only)
+    return torch_only
+
+
+_registry_seen = ((), True)  # (the registry's functions, _torch_registry)
 
 
 def _nbytes(dtype, shape):
@@ -87,6 +104,35 @@ class Plan:
         self._keep.append(key)
         return pid
 
+    def sole_leaf(self):
+        """(dtype, shape, fill) when the plan is one leaf that spans the
+        whole buffer (a batch that is one tensor, the common case: its
+        buffer can be handed over typed, no view cut from bytes); else
+        None."""
+        if len(self._fills) != 1:
+            return None
+        offset, nbytes, dtype, shape, fill_leaf = self._fills[0]
+        if offset or not nbytes:
+            return None
+        return dtype, shape, fill_leaf
+
+    def stack(self, samples):
+        """When default_collate(samples) is one stack of tensors for the
+        pool (a batch of same-shaped tensors, the common case), plans that
+        stack (made into the buffer by `fill`; torch.stack's own errors come
+        from there) and returns its leaf's persistent id, the batch's whole
+        payload; None otherwise, for `collate` and `pack`."""
+        if not _torch_registry() or type(samples[0]) is not torch.Tensor:
+            return None
+        elem = samples[0]
+        if not _poolable(elem) or elem.requires_grad:
+            return None
+
+        def fill(out):
+            torch.stack(samples, 0, out=out)
+        return self._leaf(samples, elem.dtype,
+                          (len(samples),) + tuple(elem.shape), False, fill)
+
     def collate(self, samples):
         """default_collate of the installed torch (its own walk, and its
         registry as it stands, default_collate_fn_map changes included) with
@@ -97,8 +143,7 @@ class Plan:
         tensors are copied in). Raises what default_collate raises for the
         same samples (torch.stack's own errors: from `fill`)."""
         registry = _torch_collate.default_collate_fn_map
-        if not all(getattr(fn, "__module__", None) == _torch_collate.__name__
-                   for fn in registry.values()):
+        if not _torch_registry():
             # A collate function of the user's may compute on what a stack
             # returns; it gets real tensors (copied in by `pack`), never a
             # placeholder.
@@ -226,6 +271,27 @@ def fill(plan, flat):
         else:
             out = torch.empty(shape, dtype=dtype)
         fill_leaf(out)
+
+
+def sole_leaf(payload, nbytes):
+    """(dtype, shape) when `payload` is one leaf spanning all `nbytes` (> 0)
+    of its buffer with nothing else to restore (what Plan.sole_leaf
+    planned): the consumer can take the buffer as that tensor. Else None:
+    `unpack` it."""
+    if type(payload) is not tuple or not nbytes:
+        return None
+    _, offset, leaf_bytes, dtype, shape, requires_grad = payload
+    if offset or leaf_bytes != nbytes or requires_grad:
+        return None
+    return dtype, shape
+
+
+def typed_tensor(capsule, dtype):
+    """The tensor of a capsule the binding described as `dtype`
+    (BatchRing.target, adopt): a bool one comes as uint8, as every export
+    does for torch's DLPack, and is viewed as bool here."""
+    t = torch.from_dlpack(capsule)
+    return t.view(torch.bool) if dtype is torch.bool else t
 
 
 def unpack(payload, flat):

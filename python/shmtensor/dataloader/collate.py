@@ -62,13 +62,16 @@ class PoolCollate:
 
     def __call__(self, samples):
         plan = _batch.Plan()
-        if self.collate_fn is None:
-            batch = plan.collate(samples)
-        else:
-            batch = self.collate_fn(samples)
-        payload = _batch.pack(plan, batch)
-        if not plan:
-            return batch  # Nothing for the pool: as torch passes it.
+        # One stack (the common batch): no placeholder, no pickle.
+        payload = plan.stack(samples) if self.collate_fn is None else None
+        if payload is None:
+            if self.collate_fn is None:
+                batch = plan.collate(samples)
+            else:
+                batch = self.collate_fn(samples)
+            payload = _batch.pack(plan, batch)
+            if not plan:
+                return batch  # Nothing for the pool: as torch passes it.
         client = local_client(self.address)
         ringed = self._into_ring(client, plan, payload)
         if ringed is not None:
@@ -95,8 +98,15 @@ class PoolCollate:
         slot = ring.claim()
         if slot < 0:
             return None
+        sole = plan.sole_leaf()
         try:
-            _batch.fill(plan, torch.from_dlpack(ring.target(slot, plan.size)))
+            if sole is not None:  # Filled as the tensor the consumer gets.
+                dtype, shape, fill_leaf = sole
+                fill_leaf(_batch.typed_tensor(
+                    ring.target(slot, plan.size, dtype, shape), dtype))
+            else:
+                _batch.fill(plan,
+                            torch.from_dlpack(ring.target(slot, plan.size)))
         except BaseException:
             ring.unclaim(slot)
             raise
