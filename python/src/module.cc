@@ -91,16 +91,33 @@ ObjectInfo SlotInfo(uint64_t nbytes, py::handle dtype, py::handle shape) {
   }
   info.size_bytes = nbytes;
   info.device = Device::Host();
+  // Refused here, before a slot is adopted: MakeDLPack would refuse it
+  // after, with the slot adopted by a tensor that never was.
+  if (const DTypeInfo* row = FindDType(info.dtype);
+      row == nullptr || !row->torch) {
+    throw StatusError{absl::InvalidArgumentError(absl::StrCat(
+        "a batch ring hands over torch tensors, and torch 1.13 has no ",
+        DTypeName(info.dtype)))};
+  }
+  constexpr unsigned __int128 kMost = static_cast<unsigned __int128>(1) << 62;
   const int64_t item = ItemSize(info.dtype);
+  // `extent`: the bytes the shape spans; `stride`: the next dimension's
+  // stride, as torch makes a contiguous tensor's (a dimension of 0 counts
+  // as 1). Both below 2^62 before each product: no overflow in 128 bits.
   unsigned __int128 extent = static_cast<unsigned __int128>(item);
-  bool fits = item > 0 && info.shape.size() <= 64;
+  unsigned __int128 stride = extent;
+  bool fits = info.shape.size() <= 64;
   info.strides_bytes.resize(info.shape.size());
   for (size_t i = info.shape.size(); fits && i-- > 0;) {
     const int64_t d = info.shape[i];
-    info.strides_bytes[i] = static_cast<int64_t>(extent);
-    fits = d >= 0 && (d == 0 || extent * static_cast<uint64_t>(d) <=
-                                    (static_cast<unsigned __int128>(1) << 62));
-    extent *= static_cast<uint64_t>(fits ? d : 0);
+    if (d < 0) {
+      fits = false;
+      break;
+    }
+    info.strides_bytes[i] = static_cast<int64_t>(stride);
+    extent *= static_cast<uint64_t>(d);
+    stride *= static_cast<uint64_t>(d > 0 ? d : 1);
+    fits = extent <= kMost && stride <= kMost;
   }
   if (!fits || extent != nbytes) {
     std::string dims;

@@ -34,7 +34,7 @@ import torch
 # is made of; its registry is documented for extending default_collate).
 from torch.utils.data._utils import collate as _torch_collate
 
-from .. import _torch_sharing
+from .. import _dtypes, _torch_sharing
 
 # Offsets of leaves in the buffer are multiples of this (a cache line, and a
 # multiple of every dtype's element size).
@@ -47,21 +47,54 @@ def _poolable(t):
             and not getattr(t, "is_nested", False))
 
 
+def _stackable(elem):
+    """Whether a stack of tensors like `elem` is made in the pool (else
+    torch's collate_tensor_fn makes it, with torch's errors: a stack with
+    out= of tensors that require grad raises in a worker)."""
+    return _poolable(elem) and not elem.requires_grad
+
+
+def _stack_fill(batch):
+    """A plan's fill that stacks `batch` into the leaf, as torch's
+    collate_tensor_fn stacks it into shared memory."""
+    def fill(out):
+        torch.stack(batch, 0, out=out)
+    return fill
+
+
 def _torch_registry():
     """Whether torch's collate registry holds torch's functions alone
-    (judged again only when its functions change)."""
+    (judged again only when its functions change: by identity, the ids of
+    functions the cache keeps alive)."""
     global _registry_seen
     fns = tuple(_torch_collate.default_collate_fn_map.values())
-    seen, torch_only = _registry_seen
-    if fns != seen:
+    ids = tuple(map(id, fns))
+    _, seen, torch_only = _registry_seen
+    if ids != seen:
         torch_only = all(
             getattr(fn, "__module__", None) == _torch_collate.__name__
             for fn in fns)
-        _registry_seen = (fns, torch_only)
+        _registry_seen = (fns, ids, torch_only)
     return torch_only
 
 
-_registry_seen = ((), True)  # (the registry's functions, _torch_registry)
+# (the registry's functions, their ids, _torch_registry of them)
+_registry_seen = ((), (), True)
+
+
+def _typed(dtype):
+    """Whether the binding hands over a tensor of `dtype` typed
+    (BatchRing.target, adopt): the torch dtypes of shmtensor's table. Others
+    that torch has (complex32, float8) go as bytes, viewed as `dtype`."""
+    global _typed_dtypes
+    if _typed_dtypes is None:
+        _typed_dtypes = frozenset(_dtypes.torch_dtype(row[0])
+                                  for row in _dtypes.TABLE
+                                  if row[0] and row[5])
+    return dtype in _typed_dtypes
+
+
+_typed_dtypes = None  # The torch dtypes _typed accepts, made on first use.
 
 
 def _nbytes(dtype, shape):
@@ -104,15 +137,15 @@ class Plan:
         self._keep.append(key)
         return pid
 
-    def sole_leaf(self):
+    def typed_leaf(self):
         """(dtype, shape, fill) when the plan is one leaf that spans the
-        whole buffer (a batch that is one tensor, the common case: its
-        buffer can be handed over typed, no view cut from bytes); else
-        None."""
+        whole buffer, of a dtype the binding hands over typed (a batch that
+        is one tensor, the common case: filled through a tensor of its
+        dtype and shape, no view cut from bytes); else None."""
         if len(self._fills) != 1:
             return None
         offset, nbytes, dtype, shape, fill_leaf = self._fills[0]
-        if offset or not nbytes:
+        if offset or not nbytes or not _typed(dtype):
             return None
         return dtype, shape, fill_leaf
 
@@ -125,13 +158,11 @@ class Plan:
         if not _torch_registry() or type(samples[0]) is not torch.Tensor:
             return None
         elem = samples[0]
-        if not _poolable(elem) or elem.requires_grad:
+        if not _stackable(elem):
             return None
-
-        def fill(out):
-            torch.stack(samples, 0, out=out)
         return self._leaf(samples, elem.dtype,
-                          (len(samples),) + tuple(elem.shape), False, fill)
+                          (len(samples),) + tuple(elem.shape), False,
+                          _stack_fill(samples))
 
     def collate(self, samples):
         """default_collate of the installed torch (its own walk, and its
@@ -156,17 +187,12 @@ class Plan:
 
     def _stack(self, batch, *, collate_fn_map=None):
         elem = batch[0]
-        if not _poolable(elem) or elem.requires_grad:
-            # torch's way, with torch's errors (a stack with out= of tensors
-            # that require grad raises in a worker).
+        if not _stackable(elem):
             return _torch_collate.collate_tensor_fn(
                 batch, collate_fn_map=collate_fn_map)
         shape = (len(batch),) + tuple(elem.shape)
         placeholder = torch.empty(shape, dtype=elem.dtype, device="meta")
-
-        def fill(out):
-            torch.stack(batch, 0, out=out)
-        self._leaf(placeholder, elem.dtype, shape, False, fill)
+        self._leaf(placeholder, elem.dtype, shape, False, _stack_fill(batch))
         return placeholder
 
     def persistent_id(self, obj):
@@ -273,15 +299,15 @@ def fill(plan, flat):
         fill_leaf(out)
 
 
-def sole_leaf(payload, nbytes):
+def typed_leaf(payload, nbytes):
     """(dtype, shape) when `payload` is one leaf spanning all `nbytes` (> 0)
-    of its buffer with nothing else to restore (what Plan.sole_leaf
-    planned): the consumer can take the buffer as that tensor. Else None:
-    `unpack` it."""
+    of its buffer, of a dtype handed over typed, with nothing else to
+    restore (what Plan.typed_leaf planned): the consumer takes the buffer as
+    that tensor. Else None: `unpack` it."""
     if type(payload) is not tuple or not nbytes:
         return None
     _, offset, leaf_bytes, dtype, shape, requires_grad = payload
-    if offset or leaf_bytes != nbytes or requires_grad:
+    if offset or leaf_bytes != nbytes or requires_grad or not _typed(dtype):
         return None
     return dtype, shape
 

@@ -98,10 +98,10 @@ class PoolCollate:
         slot = ring.claim()
         if slot < 0:
             return None
-        sole = plan.sole_leaf()
+        typed = plan.typed_leaf()
         try:
-            if sole is not None:  # Filled as the tensor the consumer gets.
-                dtype, shape, fill_leaf = sole
+            if typed is not None:  # Filled as the tensor the consumer gets.
+                dtype, shape, fill_leaf = typed
                 fill_leaf(_batch.typed_tensor(
                     ring.target(slot, plan.size, dtype, shape), dtype))
             else:

@@ -92,10 +92,10 @@ def _ring_batch(ring_ref, slots, slot_bytes, align, slot, gen, nbytes,
         cache = _rings.RingCache(register=False)  # Joined for this batch only.
     ring = cache.ring(ring_ref, slots, slot_bytes, align, address, client)
     _torch_sharing.install()
-    sole = _batch.sole_leaf(payload, nbytes)
-    if sole is not None:  # The batch is one tensor: the slot taken as it.
-        return _batch.typed_tensor(ring.adopt(slot, gen, nbytes, *sole),
-                                   sole[0])
+    typed = _batch.typed_leaf(payload, nbytes)
+    if typed is not None:  # The batch is one tensor: the slot taken as it.
+        return _batch.typed_tensor(ring.adopt(slot, gen, nbytes, *typed),
+                                   typed[0])
     flat = torch.from_dlpack(ring.adopt(slot, gen, max(nbytes, 1)))
     return _batch.unpack(payload, flat)
 
