@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "client/client_core.h"
 #include "client/lease.h"
+#include "client/object_layout.h"
 #include "client/ref_proto.h"
 #include "client/stock.h"
 #include "shmtensor/defaults.h"
@@ -47,12 +48,7 @@ ObjectInfo MakeInfo(const internal::ClientCore& core, const v1::ObjectRef& ref,
     info.strides_bytes.assign(layout.strides_bytes().begin(),
                               layout.strides_bytes().end());
   } else {
-    info.strides_bytes.resize(info.shape.size());
-    int64_t stride = ItemSize(info.dtype);
-    for (size_t i = info.shape.size(); i-- > 0;) {
-      info.strides_bytes[i] = stride;
-      stride *= info.shape[i] > 0 ? info.shape[i] : 1;
-    }
+    info.strides_bytes = internal::ContiguousStrides(info.dtype, info.shape);
   }
   return info;
 }
@@ -124,45 +120,6 @@ absl::StatusOr<View> ViewFromResponse(
   // A read lease of a sealed shared object: later Gets here share it.
   if (!resp.writable() && !resp.ref().exclusive()) core->AddShare(*lease, info);
   return View(std::move(info), *std::move(lease), writable);
-}
-
-// The bytes an object of `options` spans, as the daemon decides them
-// (RequestedBytes, daemon/store/layout.h); nullopt where the daemon should
-// word the error (the request then goes to it).
-std::optional<uint64_t> ObjectBytes(const CreateOptions& o) {
-  if (o.dtype == DType::kUnspecified) {
-    if (!o.shape.empty() || !o.strides_bytes.empty() || o.size_bytes == 0) {
-      return std::nullopt;
-    }
-    return o.size_bytes;
-  }
-  const int64_t item = ItemSize(o.dtype);
-  if (item <= 0 || o.shape.size() > 64 ||
-      (!o.strides_bytes.empty() && o.strides_bytes.size() != o.shape.size())) {
-    return std::nullopt;
-  }
-  unsigned __int128 extent = static_cast<unsigned __int128>(item);
-  bool empty = false;
-  for (size_t i = 0; i < o.shape.size(); ++i) {
-    const int64_t d = o.shape[i];
-    if (d < 0) return std::nullopt;
-    if (d == 0) empty = true;
-    if (o.strides_bytes.empty()) {
-      extent *= static_cast<uint64_t>(d);
-    } else {
-      const int64_t st = o.strides_bytes[i];
-      if (st < 0 || st % item != 0) return std::nullopt;
-      if (d > 0) {
-        extent +=
-            static_cast<unsigned __int128>(d - 1) * static_cast<uint64_t>(st);
-      }
-    }
-    if (extent > (static_cast<unsigned __int128>(1) << 62)) return std::nullopt;
-  }
-  const uint64_t bytes = empty ? 0 : static_cast<uint64_t>(extent);
-  if (o.size_bytes == 0) return bytes;
-  if (o.size_bytes < bytes) return std::nullopt;
-  return o.size_bytes;
 }
 
 v1::CreateRequest MakeCreateRequest(const internal::ClientCore& core,
@@ -261,7 +218,7 @@ std::optional<Buffer> StockBufferFor(
       options.device.is_cuda()) {
     return std::nullopt;
   }
-  const std::optional<uint64_t> bytes = ObjectBytes(options);
+  const std::optional<uint64_t> bytes = internal::ObjectBytes(options);
   if (!bytes.has_value() || *bytes == 0) return std::nullopt;
   absl::StatusOr<std::string> pool_name =
       options.pool.empty() ? core->PoolOn(options.device)
@@ -427,7 +384,7 @@ absl::StatusOr<std::vector<SealedRef>> Client::PutMany(
       bufs[i] = *std::move(b);
       continue;
     }
-    const std::optional<uint64_t> bytes = ObjectBytes(o);
+    const std::optional<uint64_t> bytes = internal::ObjectBytes(o);
     absl::StatusOr<std::string> pool =
         o.pool.empty() ? core_->PoolOn(o.device)
                        : absl::StatusOr<std::string>(o.pool);
@@ -451,7 +408,8 @@ absl::StatusOr<std::vector<SealedRef>> Client::PutMany(
     req.set_session_id(core_->session_id());
     req.set_pool(missing_pool);
     req.set_timeout_ms(ToMillis(wait));
-    for (size_t i : missing) req.add_sizes(*ObjectBytes(items[i].options));
+    for (size_t i : missing)
+      req.add_sizes(*internal::ObjectBytes(items[i].options));
     v1::CreateManyResponse resp;
     uint64_t generation = 0;
     if (absl::Status s = core_->CallAfterReleases(

@@ -21,6 +21,7 @@
 #include "absl/strings/str_format.h"
 #include "client/batch_ring.h"
 #include "client/lease_address.h"
+#include "client/object_layout.h"
 #include "client/offer.h"
 #include "client/pool_mapping.h"
 #ifdef SHMTENSOR_BENCH_HOOKS
@@ -74,10 +75,10 @@ ObjectInfo BytesInfo(uint64_t nbytes) {
 
 // A slot's batch as the caller describes it: uint8 [nbytes] when `dtype` is
 // None, else a C-contiguous tensor of `dtype` and `shape`, which must span
-// exactly `nbytes` (a handle that says otherwise is refused, naming both,
-// never given a view past its batch). As for every export, a bool tensor's
-// capsule carries uint8 (torch.from_dlpack of torch 1.13 has no bool): the
-// caller views it as bool.
+// exactly `nbytes` > 0 (a handle that says otherwise is refused, naming
+// both, never given a view past its batch; an empty batch goes as bytes). As
+// for every export, a bool tensor's capsule carries uint8 (torch.from_dlpack of
+// torch 1.13 has no bool): the caller views it as bool.
 ObjectInfo SlotInfo(uint64_t nbytes, py::handle dtype, py::handle shape) {
   if (dtype.is_none()) return BytesInfo(nbytes);
   ObjectInfo info;
@@ -99,27 +100,13 @@ ObjectInfo SlotInfo(uint64_t nbytes, py::handle dtype, py::handle shape) {
         "a batch ring hands over torch tensors, and torch 1.13 has no ",
         DTypeName(info.dtype)))};
   }
-  constexpr unsigned __int128 kMost = static_cast<unsigned __int128>(1) << 62;
-  const int64_t item = ItemSize(info.dtype);
-  // `extent`: the bytes the shape spans; `stride`: the next dimension's
-  // stride, as torch makes a contiguous tensor's (a dimension of 0 counts
-  // as 1). Both below 2^62 before each product: no overflow in 128 bits.
-  unsigned __int128 extent = static_cast<unsigned __int128>(item);
-  unsigned __int128 stride = extent;
-  bool fits = info.shape.size() <= 64;
-  info.strides_bytes.resize(info.shape.size());
-  for (size_t i = info.shape.size(); fits && i-- > 0;) {
-    const int64_t d = info.shape[i];
-    if (d < 0) {
-      fits = false;
-      break;
-    }
-    info.strides_bytes[i] = static_cast<int64_t>(stride);
-    extent *= static_cast<uint64_t>(d);
-    stride *= static_cast<uint64_t>(d > 0 ? d : 1);
-    fits = extent <= kMost && stride <= kMost;
-  }
-  if (!fits || extent != nbytes) {
+  // Checked to span exactly nbytes > 0: then no dimension is 0, and every
+  // stride is at most that extent (ContiguousStrides' bound).
+  CreateOptions layout;
+  layout.dtype = info.dtype;
+  layout.shape = info.shape;
+  const std::optional<uint64_t> extent = internal::ObjectBytes(layout);
+  if (nbytes == 0 || extent != nbytes) {
     std::string dims;
     for (size_t i = 0; i < info.shape.size() && i < 8; ++i) {
       absl::StrAppend(&dims, i ? ", " : "", info.shape[i]);
@@ -130,6 +117,7 @@ ObjectInfo SlotInfo(uint64_t nbytes, py::handle dtype, py::handle shape) {
         "dimensions)",
         nbytes, DTypeName(info.dtype), dims, info.shape.size()))};
   }
+  info.strides_bytes = internal::ContiguousStrides(info.dtype, info.shape);
   return info;
 }
 

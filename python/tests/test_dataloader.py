@@ -683,6 +683,9 @@ def test_a_typed_slot_spans_exactly_its_batch_or_is_refused(daemon):
         with pytest.raises(shmtensor.InvalidArgumentError,
                            match="a batch of 4096 bytes is not a"):
             producer.target(slot, 4096, dtype, shape)
+    with pytest.raises(shmtensor.InvalidArgumentError,
+                       match="a batch of 0 bytes is not a"):
+        producer.target(slot, 0, torch.float32, (0, 2 ** 62, 4))
     with pytest.raises(ValueError, match="nonsense"):
         producer.target(slot, 4096, "nonsense", (4096,))
     with pytest.raises(ValueError, match="do not fit a slot"):

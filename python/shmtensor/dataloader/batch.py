@@ -82,19 +82,11 @@ def _torch_registry():
 _registry_seen = ((), (), True)
 
 
-def _typed(dtype):
-    """Whether the binding hands over a tensor of `dtype` typed
-    (BatchRing.target, adopt): the torch dtypes of shmtensor's table. Others
-    that torch has (complex32, float8) go as bytes, viewed as `dtype`."""
-    global _typed_dtypes
-    if _typed_dtypes is None:
-        _typed_dtypes = frozenset(_dtypes.torch_dtype(row[0])
-                                  for row in _dtypes.TABLE
-                                  if row[0] and row[5])
-    return dtype in _typed_dtypes
-
-
-_typed_dtypes = None  # The torch dtypes _typed accepts, made on first use.
+# The torch dtypes the binding hands over typed (BatchRing.target, adopt):
+# those of shmtensor's table. Others that torch has (complex32, float8) go
+# as bytes, viewed as their dtype.
+_TYPED = frozenset(_dtypes.torch_dtype(row[0]) for row in _dtypes.TABLE
+                   if row[0] and row[5])
 
 
 def _nbytes(dtype, shape):
@@ -145,7 +137,7 @@ class Plan:
         if len(self._fills) != 1:
             return None
         offset, nbytes, dtype, shape, fill_leaf = self._fills[0]
-        if offset or not nbytes or not _typed(dtype):
+        if offset or not nbytes or dtype not in _TYPED:
             return None
         return dtype, shape, fill_leaf
 
@@ -307,7 +299,8 @@ def typed_leaf(payload, nbytes):
     if type(payload) is not tuple or not nbytes:
         return None
     _, offset, leaf_bytes, dtype, shape, requires_grad = payload
-    if offset or leaf_bytes != nbytes or requires_grad or not _typed(dtype):
+    if (offset or leaf_bytes != nbytes or requires_grad
+            or dtype not in _TYPED):
         return None
     return dtype, shape
 
