@@ -552,9 +552,11 @@ class ObjectStore {
   bool DrainRing(uint64_t session_id, Session& s)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The object in `slot` is unsealed: drains its creator's ring, where its
-  // seal may be; with `nudge` (the caller will wait for the seal), asks the
-  // creator to send its next seals on the stream as well, first. True when
-  // the drain applied anything (the object may be sealed, or gone).
+  // seal may be. With `nudge` (the caller will wait for the seal), when the
+  // object is still unsealed after the drain, asks the creator to send its
+  // next seals on the stream as well, and drains again; a seal found in the
+  // ring asks for nothing. True when a drain applied anything (the object
+  // may be sealed, or gone).
   bool PullSealOf(uint32_t slot, bool nudge) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // DrainRing of every session (the monitoring views). True when it
   // applied any message.

@@ -724,10 +724,21 @@ bool ObjectStore::PullSealOf(uint32_t slot, bool nudge) {
   const uint64_t creator_id = objects_.object(slot).creator;
   Session* creator = sessions_.FindOrNull(creator_id);
   if (creator == nullptr || creator->ring == nullptr) return false;
-  // Before the drain: a post the drain misses sees the nudge
-  // (ReleaseRingWriter::NudgeRequested).
-  if (nudge) creator->ring->reader().RequestNudge();
-  return DrainRing(creator_id, *creator);
+  const uint32_t generation = objects_.generation(slot);
+  bool applied = DrainRing(creator_id, *creator);
+  // Found (sealed, or gone): no nudge. A nudge left set would make the
+  // creator's next post (its next put's seal, or release) a stream write as
+  // well, and wake the daemon for it, once for every object got this way.
+  const bool still_unsealed = objects_.live(slot) &&
+                              objects_.generation(slot) == generation &&
+                              objects_.object(slot).state == State::kWriting;
+  if (nudge && still_unsealed) {
+    // Then drain again: a post the first drain missed is found by the
+    // second, or sees the nudge (ReleaseRingWriter::NudgeRequested).
+    creator->ring->reader().RequestNudge();
+    applied |= DrainRing(creator_id, *creator);
+  }
+  return applied;
 }
 
 absl::Status ObjectStore::ReleaseBatchLocked(

@@ -134,6 +134,34 @@ TEST_F(SessionRingTest, AGetThatWaitsAsksForANudgeWhichTheStreamClears) {
   ASSERT_TRUE(waiting.ok() && waiting->has_value()) << waiting.status();
 }
 
+// A get that will wait, but finds the seal in the ring, asks for no nudge:
+// one left set would make each of the creator's later posts a stream write
+// too, which wakes the daemon (a lifecycle's worth of CPU on a VM) for an
+// object nobody waits for.
+TEST_F(SessionRingTest, AGetThatFindsTheSealInTheRingAsksForNoNudge) {
+  const Handout first = Create(a_.id);
+  ASSERT_TRUE(Post(SealMessage(1, first.lease_id)));
+  absl::StatusOr<std::optional<Handout>> got =
+      store_->TryGet(b_.id, first.ref, 0, /*wait=*/true, /*last_try=*/false);
+  ASSERT_TRUE(got.ok() && got->has_value()) << got.status();
+  EXPECT_FALSE(writer_->NudgeRequested());
+  // The same through GetMany.
+  const Handout second = Create(a_.id);
+  ASSERT_TRUE(Post(SealMessage(2, second.lease_id)));
+  absl::StatusOr<std::optional<std::vector<absl::StatusOr<Handout>>>> many =
+      store_->TryGetMany(b_.id, {second.ref}, /*wait=*/true,
+                         /*last_try=*/false);
+  ASSERT_TRUE(many.ok() && many->has_value()) << many.status();
+  ASSERT_TRUE((**many)[0].ok()) << (**many)[0].status();
+  EXPECT_FALSE(writer_->NudgeRequested());
+  // A get that still waits after the drain asks for one, as before.
+  const Handout third = Create(a_.id);
+  got = store_->TryGet(b_.id, third.ref, 0, true, false);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_FALSE(got->has_value());
+  EXPECT_TRUE(writer_->NudgeRequested());
+}
+
 // Releases are posted in the ring too, and nothing wakes the daemon for
 // them: a call that lacks the memory they free pulls them before it fails.
 TEST_F(SessionRingTest, ACreateElsewherePullsTheReleasesThatFreeItsMemory) {
