@@ -289,6 +289,13 @@ def _run(args, say):
         if suspects:
             say(f"failed with ours in the full run, passed alone: "
                 f"{len(suspects) - len(regressions)} of {len(suspects)}")
+            # Named, with what the full run made of each, so that a test
+            # that fails only under the doubled load can be told apart
+            # from one that fails at random afterwards.
+            failed_alone = {t for t, _ in regressions}
+            for t in suspects:
+                if t not in failed_alone:
+                    say(f"  {t}: {ours.get(t, 'not run')} in the full run")
         if better:
             say("torch fails, ours passes: " + ", ".join(better))
         both_fail = sorted(t for t, o in theirs.items()
