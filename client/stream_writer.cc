@@ -1,8 +1,5 @@
 #include "client/stream_writer.h"
 
-#include <pthread.h>
-#include <sched.h>
-
 #include <utility>
 
 #include "absl/time/clock.h"
@@ -66,10 +63,6 @@ void StreamWriter::PauseForFork() { fork_gate_.Pause(); }
 void StreamWriter::ResumeAfterFork() { fork_gate_.Resume(); }
 
 void StreamWriter::Run() {
-  // See the header. Unprivileged, and refused only by a seccomp filter
-  // that forbids it: then the thread keeps the policy it inherited.
-  sched_param batch{};
-  (void)pthread_setschedparam(pthread_self(), SCHED_BATCH, &batch);
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     // Every kick up to here is written once write_one finds nothing left.

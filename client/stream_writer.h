@@ -9,14 +9,12 @@
 // ClientCore::Enqueue) and then calls Kick(). A Kick while the thread is
 // writing costs no system call.
 //
-// The thread runs under SCHED_BATCH (best effort: where the policy is
-// refused it stays as it was): the scheduler then never lets its wake-up
-// preempt the thread that kicked it. Nothing its process does waits for a
-// write but Flush, which blocks (and so lets it run); a release or a seal
-// that another process waits for goes out when a CPU is free, at the
-// latest the scheduler's next pass, instead of taking the CPU from the
-// caller that queued it (on the dev VM that preemption cost the caller
-// tens of µs: docs/performance.md, "The writer's wake-up").
+// The thread keeps the scheduling policy it inherits: what it writes (a
+// seal another process waits for, a release whose memory a creator waits
+// for) goes out as soon as the scheduler runs a woken thread. SCHED_BATCH
+// would spare the kicker the woken thread's preemption, but holds every
+// message back by a scheduler tick whenever the CPUs are busy
+// (docs/performance.md, "The writer's wake-up").
 //
 // Messages its owner posted elsewhere (the release ring) kick nobody, and
 // a message written into a connection whose daemon then died unread is

@@ -1,6 +1,5 @@
 #include "client/stream_writer.h"
 
-#include <sched.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -45,24 +44,6 @@ class Queue {
   std::vector<std::thread::id> threads_;
   size_t next_ = 0;
 };
-
-// The writer's wake-up never preempts the thread that kicked it: it runs
-// SCHED_BATCH, while the kicker keeps its own policy.
-TEST(StreamWriterTest, WritesUnderSchedBatchWithoutChangingTheKicker) {
-  const int kicker_policy = sched_getscheduler(0);
-  std::atomic<int> writer_policy{-1};
-  bool wrote = false;
-  StreamWriter w([&] {
-    if (wrote) return false;
-    writer_policy = sched_getscheduler(0);
-    wrote = true;
-    return true;
-  });
-  w.Kick();
-  ASSERT_TRUE(w.Flush(absl::Now() + absl::Seconds(10)));
-  EXPECT_EQ(writer_policy.load(), SCHED_BATCH);
-  EXPECT_EQ(sched_getscheduler(0), kicker_policy);
-}
 
 TEST(StreamWriterTest, WritesEveryKickedMessageInOrderOnItsOwnThread) {
   Queue q;
