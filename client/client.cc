@@ -198,9 +198,7 @@ absl::StatusOr<Created> CreateObject(
   // A named object's discard frees its name for other sessions, and a
   // shared-writable object is many sessions' (lease.h): their releases
   // go on the stream.
-  if (options.name.empty() && !options.shared_writable) {
-    c.lease->MarkCreatedHere();
-  }
+  if (!options.name.empty()) c.lease->MarkNamedCreate();
   if (options.shared_writable) c.lease->MarkSharedWritable();
   return c;
 }
@@ -239,7 +237,6 @@ std::optional<Buffer> StockBufferFor(
         MakeHeldLease(core, b->lease_id, placement, true);
     if (!lease.ok()) return std::nullopt;
     if ((*lease)->lost()) continue;  // A resume refused it meanwhile.
-    (*lease)->MarkCreatedHere();
     ObjectInfo info;
     info.ref = internal::FromProto(b->ref);
     info.device = Device::Host();
@@ -423,7 +420,6 @@ absl::StatusOr<std::vector<SealedRef>> Client::PutMany(
     for (const v1::CreateResponse& c : resp.created()) {
       leases.push_back(
           MakeLease(core_, c.lease_id(), c.placement(), true, generation));
-      if (leases.back().ok()) (*leases.back())->MarkCreatedHere();
     }
     if (static_cast<size_t>(resp.created_size()) < missing.size()) {
       return absl::Status(

@@ -206,8 +206,8 @@ class ClientCore {
   }
 
   // How a release travels: kPost, posted in the release ring when the
-  // session has one (for the session's own objects: Lease::MarkCreatedHere,
-  // the stock's buffers); kStream, written on the stream at once.
+  // session has one (every host lease but those Lease::MarkNamedCreate
+  // names); kStream, written on the stream at once.
   enum class Route { kPost, kStream };
   // Drops a lease at the daemon without waiting for it: one ReleaseLeases
   // message (see the proto), published at once (`route`: posted in the

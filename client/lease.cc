@@ -114,8 +114,9 @@ Lease::~Lease() {
     return;
   }
   core_
-      ->ReleaseLease(id_, created_here_ ? ClientCore::Route::kPost
-                                        : ClientCore::Route::kStream)
+      ->ReleaseLease(id_, named_create_ || shared_writable()
+                              ? ClientCore::Route::kStream
+                              : ClientCore::Route::kPost)
       .IgnoreError();
 }
 

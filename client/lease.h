@@ -92,15 +92,18 @@ class Lease : public std::enable_shared_from_this<Lease> {
   // After a shared seal: the lease now is the ref's read lease (and is
   // registered as one: lease_registry.h).
   void BecomeReadLease();
-  // The session created this lease's unnamed object (Create, CreateMany,
-  // the stock): its release is posted in the session's release ring
-  // (ClientCore::ReleaseLease), where the session's next call (which may
-  // reuse the memory) or a call that lacks memory pulls it. Any other
-  // lease's release goes on the stream at once: what it frees is usually
-  // wanted by the object's creator, which reuses the ranges it wrote
-  // before (Pool::PlaceRange) while its pool has room, and a create that
-  // finds room pulls no ring. For its maker, before the lease is shared.
-  void MarkCreatedHere() { created_here_ = true; }
+  // The write lease of a named object's Create: while the object is
+  // unsealed its release discards it and frees its name for other
+  // sessions, so the release goes on the stream at once, as a
+  // shared-writable object's lease's does (many sessions share the
+  // object). Every other host lease's release (the session's own objects',
+  // a reader's view or take) is posted in the session's release ring
+  // (ClientCore::ReleaseLease), which wakes nobody: the daemon pulls it
+  // at the session's next call, before a monitoring view, and when any
+  // call lacks what it frees (room in a pool, a limit), and the writer's
+  // poll writes it on the stream within 250 ms when nobody did. For its
+  // maker, before the lease is shared.
+  void MarkNamedCreate() { named_create_ = true; }
   // Enters a read-only host lease's bytes into the LeaseRegistry (once; the
   // destructor removes them). For its maker, once a shared_ptr owns it
   // (MakeLease); no-op for a writable or CUDA lease.
@@ -164,7 +167,7 @@ class Lease : public std::enable_shared_from_this<Lease> {
   uint8_t* data_;
   // This lease opened its range in the writable mapping; it closes it again.
   const bool opened_rw_range_;
-  bool created_here_ = false;     // MarkCreatedHere; read by the destructor.
+  bool named_create_ = false;     // MarkNamedCreate; read by the destructor.
   WriteRevocation revocation_;    // Guarded by mu_ after construction.
   bool held_ = true;              // Guarded by mu_.
   bool shared_writable_ = false;  // Guarded by mu_.

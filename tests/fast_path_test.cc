@@ -75,6 +75,59 @@ TEST_F(FastPathTest,
   ASSERT_TRUE(again.ok()) << again.status();
 }
 
+// A reader's release is posted in its own release ring too (nobody is
+// woken for it): the memory it frees is found by a create elsewhere that
+// needs it, with no call of the reader's, and the daemon counts it as a
+// ring message of the reader's.
+TEST_F(FastPathTest, AReadersPostedReleaseFreesTheMemoryACreateElsewhereNeeds) {
+  Client reader = Connect();
+  Client other = Connect();
+  constexpr uint64_t kBig = 48 << 20;  // Of a 64 MiB pool: one at a time.
+  const std::vector<uint8_t> threes(kBig, 3);
+  absl::StatusOr<SealedRef> put =
+      client_->Put(threes.data(), {.size_bytes = kBig});
+  ASSERT_TRUE(put.ok()) << put.status();
+  absl::StatusOr<View> view = reader.Get(put->ref());
+  ASSERT_TRUE(view.ok()) << view.status();
+  ASSERT_TRUE(view->lease()->core().has_release_ring());
+  put->Reset();
+  view = absl::CancelledError("released");
+  absl::StatusOr<Buffer> again = other.Create({.size_bytes = kBig});
+  ASSERT_TRUE(again.ok()) << again.status();
+  uint64_t ring_messages = 0;
+  const v1::ListClientsResponse clients =
+      testing::MonitorClients(daemon_->address());
+  for (const v1::ClientStatus& c : clients.clients()) {
+    if (c.client_id() == reader.client_id()) ring_messages = c.ring_messages();
+  }
+  EXPECT_EQ(ring_messages, 1u);  // The view's release, and nothing else.
+}
+
+// A create that waits for memory a reader holds is woken when the reader
+// lets go, although the release is posted, not written: the wait asked
+// every ring for a nudge, so the post goes on the stream as well.
+TEST_F(FastPathTest, AReadersReleasePostedWhileACreateWaitsWakesIt) {
+  Client reader = Connect();
+  Client other = Connect();
+  constexpr uint64_t kBig = 48 << 20;
+  const std::vector<uint8_t> fours(kBig, 4);
+  absl::StatusOr<SealedRef> put =
+      client_->Put(fours.data(), {.size_bytes = kBig});
+  ASSERT_TRUE(put.ok()) << put.status();
+  absl::StatusOr<View> view = reader.Get(put->ref());
+  ASSERT_TRUE(view.ok()) << view.status();
+  put->Reset();
+  std::thread reader_done([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    EXPECT_TRUE(AllBytes(*view, 4));  // Nobody wrote it while it was held.
+    view = absl::CancelledError("released");
+  });
+  absl::StatusOr<Buffer> again =
+      other.Create({.size_bytes = kBig, .timeout = absl::Seconds(20)});
+  reader_done.join();
+  ASSERT_TRUE(again.ok()) << again.status();
+}
+
 // A get that reaches the daemon before the creator's seal (the ref went
 // ahead of it) waits for the seal, and then sees the sealed bytes.
 TEST_F(FastPathTest, AGetRacingTheSealWaitsForIt) {
