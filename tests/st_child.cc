@@ -41,6 +41,14 @@ using shmtensor::testing::RefToHex;
 int Run(int argc, char** argv) {
   if (argc < 3) return 2;
   const std::string cmd = argv[1];
+  // hold_put waits for SIGUSR1 in sigwait. Blocked here, before the client
+  // starts its threads (which inherit the mask): a thread that did not
+  // block it could take the signal first, and its default action ends the
+  // process.
+  sigset_t usr1;
+  sigemptyset(&usr1);
+  sigaddset(&usr1, SIGUSR1);
+  if (cmd == "hold_put") sigprocmask(SIG_BLOCK, &usr1, nullptr);
   absl::StatusOr<Client> client =
       Client::Connect({.address = argv[2], .client_name = "st_child"});
   if (!client.ok()) return Fail(client.status());
@@ -228,10 +236,6 @@ int Run(int argc, char** argv) {
     if (!ref.ok()) return Fail(ref.status());
     absl::StatusOr<shmtensor::View> view = client->Get(ref->ref());
     if (!view.ok()) return Fail(view.status());
-    sigset_t usr1;
-    sigemptyset(&usr1);
-    sigaddset(&usr1, SIGUSR1);
-    sigprocmask(SIG_BLOCK, &usr1, nullptr);
     Say("ready");
     int sig = 0;
     sigwait(&usr1, &sig);
