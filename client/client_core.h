@@ -206,8 +206,9 @@ class ClientCore {
   }
 
   // How a release travels: kPost, posted in the release ring when the
-  // session has one (every host lease but those Lease::MarkNamedCreate
-  // names); kStream, written on the stream at once.
+  // session has one (every host lease but a named object's create's,
+  // Lease::MarkNamedCreate, and a shared-writable object's write leases);
+  // kStream, written on the stream at once.
   enum class Route { kPost, kStream };
   // Drops a lease at the daemon without waiting for it: one ReleaseLeases
   // message (see the proto), published at once (`route`: posted in the

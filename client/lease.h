@@ -92,10 +92,10 @@ class Lease : public std::enable_shared_from_this<Lease> {
   // After a shared seal: the lease now is the ref's read lease (and is
   // registered as one: lease_registry.h).
   void BecomeReadLease();
-  // The write lease of a named object's Create: while the object is
-  // unsealed its release discards it and frees its name for other
-  // sessions, so the release goes on the stream at once, as a
-  // shared-writable object's lease's does (many sessions share the
+  // The lease of a named object's Create: its release before the seal
+  // discards the object and frees its name for other sessions, so its
+  // release goes on the stream at once (after the seal too), as a
+  // shared-writable object's write lease's does (many sessions write the
   // object). Every other host lease's release (the session's own objects',
   // a reader's view or take) is posted in the session's release ring
   // (ClientCore::ReleaseLease), which wakes nobody: the daemon pulls it

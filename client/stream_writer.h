@@ -14,7 +14,7 @@
 // for) goes out as soon as the scheduler runs a woken thread. SCHED_BATCH
 // would spare the kicker the woken thread's preemption, but holds every
 // message back by a scheduler tick whenever the CPUs are busy
-// (docs/performance.md, "The writer's wake-up").
+// (docs/performance.md, "Releases that wake nobody").
 //
 // Messages its owner posted elsewhere (the release ring) kick nobody, and
 // a message written into a connection whose daemon then died unread is

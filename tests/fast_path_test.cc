@@ -78,34 +78,41 @@ TEST_F(FastPathTest,
 // A reader's release is posted in its own release ring too (nobody is
 // woken for it): the memory it frees is found by a create elsewhere that
 // needs it, with no call of the reader's, and the daemon counts it as a
-// ring message of the reader's.
+// ring message of the reader's. (The writer's poll may write a posted
+// release on the stream first, every 250 ms: then the ring does not count
+// it. Three rounds, so that one at least is pulled from the ring.)
 TEST_F(FastPathTest, AReadersPostedReleaseFreesTheMemoryACreateElsewhereNeeds) {
   Client reader = Connect();
   Client other = Connect();
   constexpr uint64_t kBig = 48 << 20;  // Of a 64 MiB pool: one at a time.
   const std::vector<uint8_t> threes(kBig, 3);
-  absl::StatusOr<SealedRef> put =
-      client_->Put(threes.data(), {.size_bytes = kBig});
-  ASSERT_TRUE(put.ok()) << put.status();
-  absl::StatusOr<View> view = reader.Get(put->ref());
-  ASSERT_TRUE(view.ok()) << view.status();
-  ASSERT_TRUE(view->lease()->core().has_release_ring());
-  put->Reset();
-  view = absl::CancelledError("released");
-  absl::StatusOr<Buffer> again = other.Create({.size_bytes = kBig});
-  ASSERT_TRUE(again.ok()) << again.status();
+  for (int round = 0; round < 3; ++round) {
+    absl::StatusOr<SealedRef> put =
+        client_->Put(threes.data(), {.size_bytes = kBig});
+    ASSERT_TRUE(put.ok()) << put.status();
+    absl::StatusOr<View> view = reader.Get(put->ref());
+    ASSERT_TRUE(view.ok()) << view.status();
+    ASSERT_TRUE(view->lease()->core().has_release_ring());
+    put->Reset();
+    view = absl::CancelledError("released");
+    absl::StatusOr<Buffer> again = other.Create({.size_bytes = kBig});
+    ASSERT_TRUE(again.ok()) << again.status();
+  }
   uint64_t ring_messages = 0;
   const v1::ListClientsResponse clients =
       testing::MonitorClients(daemon_->address());
   for (const v1::ClientStatus& c : clients.clients()) {
     if (c.client_id() == reader.client_id()) ring_messages = c.ring_messages();
   }
-  EXPECT_EQ(ring_messages, 1u);  // The view's release, and nothing else.
+  EXPECT_GE(ring_messages, 1u);  // Its views' releases, and nothing else.
+  EXPECT_LE(ring_messages, 3u);
 }
 
 // A create that waits for memory a reader holds is woken when the reader
 // lets go, although the release is posted, not written: the wait asked
-// every ring for a nudge, so the post goes on the stream as well.
+// every ring for a nudge, so the post goes on the stream as well (and the
+// writer's poll would write it within 250 ms anyway: this test holds the
+// path to liveness, not the nudge's speed).
 TEST_F(FastPathTest, AReadersReleasePostedWhileACreateWaitsWakesIt) {
   Client reader = Connect();
   Client other = Connect();

@@ -477,7 +477,7 @@ const Buffer& PyBuffer::get() const {
 }
 
 py::array PyBuffer::Array() {
-  const Buffer& b = get();
+  get();  // Refuses a sealed or discarded buffer.
   py::array arr = MakeArray(Source());
   arrays_.push_back(py::weakref(arr));
   return arr;

@@ -101,9 +101,10 @@ class View {
   // Drops this copy's share of the lease. When it is the last share (no
   // copy or tensor holds it), waits for the daemon to drop the lease, so the
   // memory is back in the pool for every client on return. (Destroying the
-  // view instead sends the release without waiting: this client sees it at
-  // once, others a moment later.) FAILED_PRECONDITION if this copy was
-  // released already.
+  // view instead posts the release without waiting: this client sees it at
+  // once; the daemon applies it at this session's next call, when a call
+  // of any session lacks the memory, before a monitoring view, or within
+  // about 250 ms.) FAILED_PRECONDITION if this copy was released already.
   absl::Status Release();
 
   // The sending half of sending the object by reference to another process
