@@ -347,6 +347,46 @@ TEST_F(FastPathTest, ARefusedOneWaySealDiscardsItsObject) {
   EXPECT_TRUE(IsStaleReference(got.status())) << got.status();
 }
 
+// What a client posts in its release ring for leases that are not its
+// own is refused, and it cannot flood the daemon's log with the refusals:
+// they are logged as its other errors are, a few lines a second, however
+// often it posts and calls. (Each call drains the ring; before the
+// refusals went through the service's rate limit, each drain wrote a line.)
+TEST_F(FastPathTest, RefusedRingPostsCannotFloodTheDaemonsLog) {
+  Client victim = Connect();
+  absl::StatusOr<Buffer> theirs = victim.Create({.size_bytes = kObject});
+  ASSERT_TRUE(theirs.ok()) << theirs.status();
+  absl::StatusOr<Buffer> mine = client_->Create({.size_bytes = kObject});
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  internal::ClientCore& core = mine->lease()->core();
+  ASSERT_TRUE(core.has_release_ring());
+  constexpr int kPosts = 300;
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < kPosts; ++i) {
+    ASSERT_TRUE(core.SendSeals({internal::OneWaySealOf(theirs->lease()->id(),
+                                                       theirs->info(), false)})
+                    .ok());
+    ASSERT_TRUE(client_->Stats().ok());  // A call: the daemon drains.
+  }
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  int lines = 0;
+  while (true) {
+    absl::StatusOr<std::string> line =
+        daemon_->process().ReadLine(absl::Milliseconds(500));
+    if (!line.ok()) break;
+    if (absl::StrContains(*line, "release ring")) ++lines;
+  }
+  EXPECT_GE(lines, 1);  // The refusal is logged,
+  // at most 20 lines a second (LogLimiter) of the run's.
+  EXPECT_LE(lines, 20 * (static_cast<int>(seconds) + 2))
+      << lines << " lines for " << kPosts << " refused posts in " << seconds
+      << " s";
+  // None of the posts acted for the victim: its buffer is still its to seal.
+  absl::StatusOr<SealedRef> sealed = theirs->Seal();
+  ASSERT_TRUE(sealed.ok()) << sealed.status();
+  EXPECT_TRUE(victim.Get(sealed->ref()).ok());
+}
+
 // PutMany and GetMany move many objects in a round trip each; each get
 // result stands alone (a stale ref fails, its neighbours do not), and a
 // PutMany that fails leaves nothing.

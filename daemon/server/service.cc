@@ -177,9 +177,15 @@ ObjectStoreService::ObjectStoreService(ObjectStore& store,
                                        const ConnectionTable& connections)
     : store_(store), connections_(connections) {
   store_.SetChangeListener([this] { waiting_.Poke(); });
+  store_.SetClientErrorSink([this](uint64_t session_id, const absl::Status& s) {
+    LogClientError(session_id, s);
+  });
 }
 
-ObjectStoreService::~ObjectStoreService() { store_.SetChangeListener({}); }
+ObjectStoreService::~ObjectStoreService() {
+  store_.SetChangeListener({});
+  store_.SetClientErrorSink({});
+}
 
 grpc::ServerUnaryReactor* ObjectStoreService::Answer(
     grpc::CallbackServerContext* ctx, const grpc::Status& status,

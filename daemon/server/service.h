@@ -206,7 +206,9 @@ class ObjectStoreService final : public ObjectStoreServiceBase {
                                           const v1::GetManyRequest* req,
                                           v1::GetManyResponse* resp,
                                           const Reply& reply);
-  // Logs a client's error, at most a few lines a second.
+  // Logs a client's error (a request, stream message or release ring post
+  // refused), at most a few lines a second. Thread-safe; the store calls it
+  // under its lock (ObjectStore::SetClientErrorSink).
   void LogClientError(uint64_t session_id, const absl::Status& s);
 
   ObjectStore& store_;

@@ -127,6 +127,11 @@ void ObjectStore::SetChangeListener(std::function<void()> listener) {
   listener_ = std::move(listener);
 }
 
+void ObjectStore::SetClientErrorSink(ClientErrorSink sink) {
+  absl::MutexLock lock(&mu_);
+  client_errors_ = std::move(sink);
+}
+
 uint64_t ObjectStore::changes() const {
   absl::MutexLock lock(&mu_);
   return changes_;

@@ -424,6 +424,17 @@ class ObjectStore {
   // `listener` is called on every change, under the store's lock: it must
   // only note it (WaitingCalls::Poke). Set once, before serving.
   void SetChangeListener(std::function<void()> listener);
+  // `sink` is told what the store refused of a client's release ring (a
+  // release or seal of a lease that is not the session's; a record it could
+  // not read, after which the ring is read no more), with the session's id.
+  // Called under the store's lock, once per drain that refused something: a
+  // client decides how often, so the sink must rate-limit what it logs, as
+  // the refusals of a client's stream are (ObjectStoreService::
+  // LogClientError). Without a sink they go unlogged. Set once, before
+  // serving.
+  using ClientErrorSink =
+      std::function<void(uint64_t session_id, const absl::Status& refused)>;
+  void SetClientErrorSink(ClientErrorSink sink);
 
   // Counts one waiting call of `session_id` against the waiter limits;
   // RESOURCE_EXHAUSTED naming the limit it would pass, or the session's
@@ -658,6 +669,7 @@ class ObjectStore {
   mutable absl::Mutex mu_;
   uint64_t changes_ ABSL_GUARDED_BY(mu_) = 0;  // See changes().
   std::function<void()> listener_ ABSL_GUARDED_BY(mu_);
+  ClientErrorSink client_errors_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Pool>> pools_ ABSL_GUARDED_BY(mu_);
   SessionTable sessions_ ABSL_GUARDED_BY(mu_);
   ObjectTable objects_ ABSL_GUARDED_BY(mu_);

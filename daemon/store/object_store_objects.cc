@@ -15,7 +15,6 @@
 #include "daemon/store/object_store.h"
 #include "daemon/store/store_views.h"
 #include "shmtensor/errors.h"
-#include "spdlog/spdlog.h"
 
 namespace shmtensor::daemon {
 
@@ -683,13 +682,19 @@ bool ObjectStore::DrainRing(uint64_t session_id, Session& s) {
         ++s.ring_messages;
         return Take::kConsumed;
       });
-  if (!broke.ok()) {
-    spdlog::warn("client {}: {}; its messages come by its stream only",
-                 s.client_id, std::string(broke.message()));
-  }
-  if (!refused.ok()) {
-    spdlog::warn("client {} (release ring): {}", s.client_id,
-                 std::string(refused.message()));
+  if (client_errors_) {
+    if (!broke.ok()) {
+      client_errors_(
+          session_id,
+          absl::Status(broke.code(), absl::StrCat(broke.message(),
+                                                  "; its messages come by its "
+                                                  "stream only")));
+    }
+    if (!refused.ok()) {
+      client_errors_(session_id, absl::Status(refused.code(),
+                                              absl::StrCat("release ring: ",
+                                                           refused.message())));
+    }
   }
   return applied;
 }
