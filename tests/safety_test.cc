@@ -295,8 +295,19 @@ TEST_F(SafetyTest, SigkilledClientIsReclaimedWithinOneSecond) {  // [P9]
 TEST_F(SafetyTest, StalledClientKeepsItsSessionAndLeases) {
   std::unique_ptr<Subprocess> child = Child({"hold"});
   ASSERT_EQ(*child->ReadLine(), "ready");
-  const StoreStats before = *client_->Stats();
   child->Signal(SIGSTOP);
+  // What the daemon holds for it once stopped: its stock's refill may still
+  // have been on its way at "ready" (and a call it sent before the stop is
+  // still answered), so the figures are read until they stay the same.
+  StoreStats before = *client_->Stats();
+  for (int i = 0; i < 50; ++i) {
+    absl::SleepFor(absl::Milliseconds(100));
+    const StoreStats now = *client_->Stats();
+    const bool same = now.leases == before.leases &&
+                      now.pools[0].used_bytes == before.pools[0].used_bytes;
+    before = now;
+    if (same) break;
+  }
   absl::SleepFor(absl::Seconds(17));  // Past any 10 s ping + 5 s timeout.
   const StoreStats during = *client_->Stats();
   child->Signal(SIGCONT);
