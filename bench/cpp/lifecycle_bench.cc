@@ -869,10 +869,12 @@ void BenchFastPath(const DaemonProcess& daemon, int iters) {
   // fast as it can): what the stock's refill keeps up with. A put the
   // stock cannot serve makes its buffer in a round trip, which shows in
   // the tail and the mean, not in the median.
-  for (uint64_t bytes : {uint64_t{4} << 10, uint64_t{64} << 10}) {
+  for (uint64_t bytes :
+       {uint64_t{4} << 10, uint64_t{64} << 10, uint64_t{1} << 20}) {
     std::vector<uint8_t> src(bytes, 0x5a), dst(bytes, 0);
     std::vector<double> put, copy;
-    const int n = std::max(iters * 10, 2000);
+    const int n = bytes >= (uint64_t{1} << 20) ? std::max(iters, 200)
+                                               : std::max(iters * 10, 2000);
     for (int i = 0; i < n + 500; ++i) {
       auto t0 = Clock::now();
       Check(producer.Put(src.data(), {.size_bytes = bytes}), "put");
