@@ -202,12 +202,15 @@ std::string RenderClients(const v1::ListClientsResponse& r) {
          c.has_process() ? absl::StrCat(c.uid()) : "-",
          access.empty() ? "-" : absl::StrJoin(access, " "),
          absl::StrCat(c.leases()), HumanBytes(c.bytes_held()),
-         HumanBytes(c.stock_bytes()), absl::StrCat(c.pending_transfers()),
-         HumanAge(c.age_ms()), cmd});
+         HumanBytes(c.stock_bytes()),
+         // Messages its release ring brought; "-": it has none (its seals
+         // and releases all come by its stream).
+         c.has_release_ring() ? absl::StrCat(c.ring_messages()) : "-",
+         absl::StrCat(c.pending_transfers()), HumanAge(c.age_ms()), cmd});
   }
   return Table({"CLIENT", "NAME", "PID", "UID", "ACCESS", "LEASES", "HELD",
-                "STOCK", "TRANSFERS", "AGE", "COMMAND"},
-               rows, {2, 3, 5, 6, 7, 8, 9});
+                "STOCK", "RING", "TRANSFERS", "AGE", "COMMAND"},
+               rows, {2, 3, 5, 6, 7, 8, 9, 10});
 }
 
 std::string ToJson(const google::protobuf::Message& m) {
@@ -378,6 +381,17 @@ std::string RenderMetrics(const v1::DaemonStatus& s,
               {"client", c.client_name()},
               {"pid", absl::StrCat(c.pid())}},
              static_cast<double>(c.stock_bytes()));
+  }
+  e.Family("shmtensor_client_ring_messages_total", "counter",
+           "Messages (seals and releases) one client's release ring brought "
+           "the daemon; clients without a ring are left out.");
+  for (const v1::ClientStatus& c : clients.clients()) {
+    if (!c.has_release_ring()) continue;
+    e.Sample("shmtensor_client_ring_messages_total",
+             {{"client_id", absl::StrCat(c.client_id())},
+              {"client", c.client_name()},
+              {"pid", absl::StrCat(c.pid())}},
+             static_cast<double>(c.ring_messages()));
   }
   return e.Take();
 }

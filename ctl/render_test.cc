@@ -1,5 +1,6 @@
 #include "ctl/render.h"
 
+#include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 
 namespace shmtensor::ctl {
@@ -134,6 +135,40 @@ TEST(RenderTest, ClientsShowEachSessionsUidAndPoolAccess) {
   EXPECT_NE(t.find("ACCESS"), std::string::npos) << t;
   EXPECT_NE(t.find("1234"), std::string::npos) << t;
   EXPECT_NE(t.find("default:rw shared name:ro"), std::string::npos) << t;
+}
+
+// Which sessions post in a release ring, and how many messages came that
+// way: "-" for one without a ring (every message by its stream), and no
+// metric sample for it.
+TEST(RenderTest, ClientsShowTheirReleaseRingsMessages) {
+  v1::ListClientsResponse r;
+  v1::ClientStatus* with = r.add_clients();
+  with->set_client_id(7);
+  with->set_client_name("producer");
+  with->set_has_release_ring(true);
+  with->set_ring_messages(987654);
+  v1::ClientStatus* without = r.add_clients();
+  without->set_client_id(8);
+  without->set_client_name("reader");
+  const std::string t = RenderClients(r);
+  // The column is right-aligned: each row's cell ends where "RING" does.
+  const std::vector<std::string> lines = absl::StrSplit(t, '\n');
+  ASSERT_GE(lines.size(), 3u) << t;
+  ASSERT_NE(lines[0].find("RING"), std::string::npos) << t;
+  const size_t end = lines[0].find("RING") + 4;
+  EXPECT_EQ(lines[1].substr(end - 7, 7), " 987654") << t;
+  EXPECT_EQ(lines[2].substr(end - 2, 2), " -") << t;
+  const std::string m = RenderMetrics(v1::DaemonStatus(), r);
+  EXPECT_NE(m.find("# TYPE shmtensor_client_ring_messages_total counter\n"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("shmtensor_client_ring_messages_total{client_id=\"7\","
+                   "client=\"producer\",pid=\"0\"} 987654\n"),
+            std::string::npos)
+      << m;
+  EXPECT_EQ(m.find("client_ring_messages_total{client_id=\"8\""),
+            std::string::npos)
+      << m;
 }
 
 }  // namespace shmtensor::ctl
