@@ -69,7 +69,15 @@ void Register(const std::shared_ptr<ClientCore>& core) {
   cores.push_back(core);
 }
 
+// SetPostedPollForTesting's value, in nanoseconds.
+std::atomic<int64_t> posted_poll_ns{absl::ToInt64Nanoseconds(kPostedPoll)};
+
 }  // namespace
+
+void SetPostedPollForTesting(absl::Duration poll) {
+  posted_poll_ns.store(absl::ToInt64Nanoseconds(poll),
+                       std::memory_order_relaxed);
+}
 
 void ClientCore::PrepareFork() {
   RegistryMu().lock();
@@ -415,7 +423,8 @@ absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::ConnectOnce(
   // (stream_writer.h).
   core->writer_ = std::make_unique<StreamWriter>(
       [c = core.get()] { return c->WriteOne(); },
-      [c = core.get()] { return c->PollUnconfirmed(); }, kPostedPoll);
+      [c = core.get()] { return c->PollUnconfirmed(); },
+      absl::Nanoseconds(posted_poll_ns.load(std::memory_order_relaxed)));
   if (stock_bytes > 0 && writes_host) {
     core->stock_ = std::make_unique<Stock>(*core, stock_bytes, kStockIdle);
   }

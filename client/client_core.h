@@ -79,6 +79,10 @@ inline constexpr absl::Duration kStockIdle = absl::Seconds(2);
 // writer thread looks at it: it writes those the daemon has not applied on
 // the stream, where a broken connection shows (stream_writer.h).
 inline constexpr absl::Duration kPostedPoll = absl::Milliseconds(250);
+// For tests that must tell what the poll does from what a nudge does: the
+// poll of the sessions this process opens from here on (kPostedPoll until
+// set). Thread-safe; a session keeps the value it opened with.
+void SetPostedPollForTesting(absl::Duration poll);
 
 class ClientCore {
  public:
