@@ -231,6 +231,22 @@ def fast_path(c, hooks, n):
         if i >= 100:
             put.append((t1 - t0) / 1e3)
             copy.append((t2 - t1) / 1e3)
+    # The same put of a torch tensor (over the same bytes), when torch is
+    # installed: put() reads a tensor's layout through torch's Python API.
+    tput = []
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None:
+        tsrc = torch.from_numpy(src.copy())
+        for i in range(n + 100):
+            t0 = time.perf_counter_ns()
+            ref = c.put(tsrc)
+            t1 = time.perf_counter_ns()
+            del ref
+            if i >= 100:
+                tput.append((t1 - t0) / 1e3)
     ref = c.put(src)
     first = c.get(ref)
     # Blocks of HELD_BLOCK gets, each view dropped at once (the C++ side is
@@ -252,9 +268,13 @@ def fast_path(c, hooks, n):
     del first, ref
     cpp_held = hooks.gets_of_held(NBYTES, blocks)
     med = statistics.median
+    of_tensor = (f"; of a torch tensor {med(tput):.1f} us, "
+                 f"{med(tput) / (med(copy) + 5):.2f}" if tput else
+                 " (no torch here for a tensor's)")
     return (f"fast path, 64 KiB, wall p50: put {med(put):.1f} us, copy alone "
             f"{med(copy):.1f} us, put/(copy + 5 us) "
-            f"{med(put) / (med(copy) + 5):.2f} (goal <= 1.2); get of a held "
+            f"{med(put) / (med(copy) + 5):.2f}{of_tensor} (goal <= 1.2); "
+            f"get of a held "
             f"object, per get in blocks of {HELD_BLOCK}: Python "
             f"{med(held) * 1e3:.0f} ns, C++ {med(cpp_held) * 1e3:.0f} ns, "
             f"{med(held) / med(cpp_held):.2f}x (goal <= 1.2); the cheapest "

@@ -157,7 +157,7 @@ class Client(_core.Client):
         ptr, shape, code, nbytes, keep, target, stream = self._source(
             obj, device)
         ref = self._put(ptr, shape, code, nbytes, name or "",
-                        bool(exclusive), timeout, target or "cpu", stream)
+                        bool(exclusive), timeout, target, stream)
         del keep
         return ref
 
@@ -184,22 +184,29 @@ class Client(_core.Client):
         target = None if device is None else _core._device_name(device)
         stream = 0
         if torch is not None and isinstance(obj, torch.Tensor):
-            t = obj.detach()
-            if t.device.type == "meta":
+            # Nothing of the autograd graph is kept either way; a detach
+            # (a new tensor object) only keeps contiguous() from adding to it.
+            t = obj.detach() if obj.requires_grad else obj
+            # (is_meta and the like: t.device.type makes a string anew on
+            # each read.)
+            if t.is_meta:
                 raise TypeError(
                     f"put of a tensor on device '{t.device}': it has a shape "
                     f"and dtype ({tuple(t.shape)}, {t.dtype}) but no data to "
                     f"copy; materialize it first (e.g. torch.empty_like(t, "
                     f"device='cpu'))")
-            if t.device.type not in ("cpu", "cuda"):
+            if not (t.is_cpu or t.is_cuda):
                 t = t.to("cpu")  # Another accelerator's: through the host.
-            own = f"cuda:{t.device.index}" if t.device.type == "cuda" else None
+            own = f"cuda:{t.device.index}" if t.is_cuda else None
             if own is not None and target is None:
                 target = own if self.has_pool_on(own) else "cpu"
             if own is not None and target == "cpu":
                 t = t.to("cpu")
             code = _core._dtype_code(t.dtype)
-            t = t.resolve_conj().resolve_neg().contiguous()
+            if t.is_conj() or t.is_neg():
+                t = t.resolve_conj().resolve_neg()
+            if not t.is_contiguous():
+                t = t.contiguous()
             if own is not None and target == own:
                 # The copy is queued after the work that produced t.
                 stream = _current_stream(own)
@@ -207,16 +214,16 @@ class Client(_core.Client):
                 # Another device's pool: the copy runs on that device's
                 # stream, so t's producer must be done first.
                 torch.cuda.current_stream(t.device).synchronize()
-            shape, nbytes, ptr, keep = (list(t.shape),
+            shape, nbytes, ptr, keep = (t.shape,
                                         t.numel() * t.element_size(),
                                         t.data_ptr(), t)
         else:
-            a = _np.asarray(obj)
-            code = _core._dtype_code(a.dtype)
-            if not a.flags.c_contiguous:  # (ascontiguousarray makes 0-d 1-d)
-                a = a.copy(order="C")
-            shape, nbytes, ptr, keep = (list(a.shape), a.nbytes,
-                                        a.__array_interface__["data"][0], a)
+            keep = _np.asarray(obj)
+            source = _core._array_source(keep)
+            if source is None:  # (ascontiguousarray makes 0-d 1-d)
+                keep = keep.copy(order="C")
+                source = _core._array_source(keep)
+            ptr, shape, code, nbytes = source
         return ptr, shape, code, nbytes, keep, target, stream
 
 

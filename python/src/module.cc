@@ -189,6 +189,13 @@ PYBIND11_MODULE(_core, m) {
       [](py::handle dtype) { return static_cast<int>(DTypeArg(dtype.ptr())); },
       "_dtype_code(dtype): the wire code of a dtype in any spelling.");
   m.def(
+      "_array_source",
+      [](py::handle array) {
+        return py::reinterpret_steal<py::object>(ArraySource(array.ptr()));
+      },
+      "_array_source(array): (address, shape, dtype code, nbytes) of a "
+      "C-contiguous numpy.ndarray, None for another.");
+  m.def(
       "_device_name",
       [](py::handle device) { return DeviceName(DeviceArg(device.ptr())); },
       "_device_name(device): 'cpu' or 'cuda:N' for a device in any "

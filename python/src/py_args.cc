@@ -3,7 +3,9 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <array>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -63,6 +65,39 @@ bool IsTorchDType(PyObject* obj) {
   return std::strcmp(Py_TYPE(obj)->tp_name, "torch.dtype") == 0;
 }
 
+// DTypeArg's memory of dtype objects read (see py_args.h). Its references
+// are never dropped at exit (the interpreter may be gone by then). GIL held.
+class DTypeCache {
+ public:
+  std::optional<DType> Find(PyObject* dtype) const {
+    for (const Entry& e : entries_) {
+      if (e.object == dtype) return e.dtype;
+    }
+    return std::nullopt;
+  }
+  void Add(PyObject* dtype, DType d) {
+    Entry& e = entries_[next_];
+    next_ = (next_ + 1) % kEntries;
+    Py_XDECREF(e.object);
+    Py_INCREF(dtype);
+    e = Entry{dtype, d};
+  }
+
+ private:
+  static constexpr size_t kEntries = 16;
+  struct Entry {
+    PyObject* object = nullptr;  // A strong reference.
+    DType dtype = DType::kUInt8;
+  };
+  std::array<Entry, kEntries> entries_;
+  size_t next_ = 0;
+};
+
+DTypeCache& Cache() {
+  static auto* cache = new DTypeCache;
+  return *cache;
+}
+
 }  // namespace
 
 DType DTypeArg(PyObject* dtype) {
@@ -75,10 +110,36 @@ DType DTypeArg(PyObject* dtype) {
     if (!absl::IsNotFound(parsed.status())) return Check(std::move(parsed));
     return ByNumPy(dtype);
   }
+  // Only objects whose meaning cannot change are remembered: dtypes, not
+  // what numpy.dtype() reads a dtype from (an object's .dtype attribute).
+  const bool torch_dtype = IsTorchDType(dtype);
+  const bool numpy_dtype = !torch_dtype && py::isinstance<py::dtype>(dtype);
+  if (torch_dtype || numpy_dtype) {
+    if (std::optional<DType> known = Cache().Find(dtype)) return *known;
+  }
   // str(torch.float) is "torch.float32": torch names its dtypes by the
   // table's names.
-  if (IsTorchDType(dtype)) return Check(ParseDType(Str(dtype)));
-  return ByNumPy(dtype);
+  const DType d = torch_dtype ? Check(ParseDType(Str(dtype))) : ByNumPy(dtype);
+  if (torch_dtype || numpy_dtype) Cache().Add(dtype, d);
+  return d;
+}
+
+PyObject* ArraySource(PyObject* array) {
+  if (!py::isinstance<py::array>(array)) {
+    throw py::type_error(std::string("_array_source() takes a numpy.ndarray, "
+                                     "not ") +
+                         Py_TYPE(array)->tp_name);
+  }
+  const auto a = py::reinterpret_borrow<py::array>(array);
+  if ((a.flags() & py::array::c_style) == 0) return py::none().release().ptr();
+  const DType dtype = DTypeArg(a.dtype().ptr());
+  py::tuple shape(a.ndim());
+  for (py::ssize_t i = 0; i < a.ndim(); ++i) shape[i] = py::int_(a.shape(i));
+  return py::make_tuple(reinterpret_cast<uintptr_t>(a.data()), shape,
+                        static_cast<int>(dtype),
+                        static_cast<uint64_t>(a.nbytes()))
+      .release()
+      .ptr();
 }
 
 Device DeviceArg(PyObject* device) {

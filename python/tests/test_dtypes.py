@@ -1,6 +1,8 @@
 """Every dtype round-trips exactly with NumPy and with torch; zero-copy is
 asserted by address."""
 
+import gc
+import pickle
 import subprocess
 import sys
 
@@ -188,3 +190,39 @@ print("OK")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True,
                          text=True, env=child_env(), timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "OK", out.stderr
+
+def test_put_reads_each_arrays_own_dtype_whatever_dtypes_went_before(client):
+    # The binding remembers dtype objects by identity (put() reads one per
+    # array): dtype objects that come and go (each unpickled one is new, and
+    # a freed one's address is soon another's) must never lend an array
+    # another's dtype. More kinds than it remembers, in turn.
+    kinds = ["int8", "float32", "int64", "float64", "uint16", "int32",
+             "float16", "uint8", "int16", "complex64", "bool", "complex128",
+             "uint32", "uint64", "float32", "int8", "int64", "float64"]
+    for i in range(3 * len(kinds)):
+        dtype = pickle.loads(pickle.dumps(np.dtype(kinds[i % len(kinds)])))
+        a = (np.arange(6) % 2).astype(dtype)
+        assert a.dtype is dtype or a.dtype == dtype
+        got = np.asarray(client.get(client.put(a)))
+        assert got.dtype == np.dtype(kinds[i % len(kinds)]), i
+        assert np.array_equal(got, a), i
+        del dtype, a, got
+        gc.collect()
+
+
+def test_put_copies_what_a_tensor_means_not_how_it_is_laid_out(client):
+    # The ways a tensor's memory differs from its values: a lazy conjugate
+    # or negation, strides, a graph, no dimensions at all.
+    z = torch.tensor([1 + 2j, 3 - 1j], dtype=torch.complex64)
+    x = torch.arange(12.0).reshape(3, 4)
+    cases = [z.conj(), torch.tensor([1.0, -2.0])._neg_view(), x.T, x[:, ::2],
+             (x * torch.ones(1, requires_grad=True)).T, torch.tensor(2.5)]
+    assert cases[0].is_conj() and cases[1].is_neg()
+    for t in cases:
+        got = client.get(client.put(t)).tensor()
+        want = t.detach().resolve_conj().resolve_neg()
+        assert got.shape == want.shape and got.dtype == want.dtype
+        assert torch.equal(got, want)
+    for a in (np.float32(3.5), np.array(5.0), np.arange(6.0)[::-2]):
+        got = np.asarray(client.get(client.put(a)))
+        assert got.shape == np.shape(a) and np.array_equal(got, a)
