@@ -75,6 +75,9 @@ std::atomic<int64_t> posted_poll_ns{absl::ToInt64Nanoseconds(kPostedPoll)};
 }  // namespace
 
 void SetPostedPollForTesting(absl::Duration poll) {
+  // At most a day: the writer waits on a steady clock, whose deadline an
+  // infinite (or near-infinite) wait would overflow.
+  poll = std::clamp(poll, absl::Milliseconds(1), absl::Hours(24));
   posted_poll_ns.store(absl::ToInt64Nanoseconds(poll),
                        std::memory_order_relaxed);
 }

@@ -81,7 +81,8 @@ inline constexpr absl::Duration kStockIdle = absl::Seconds(2);
 inline constexpr absl::Duration kPostedPoll = absl::Milliseconds(250);
 // For tests that must tell what the poll does from what a nudge does: the
 // poll of the sessions this process opens from here on (kPostedPoll until
-// set). Thread-safe; a session keeps the value it opened with.
+// set; kept within 1 ms to a day). Thread-safe; a session keeps the value
+// it opened with.
 void SetPostedPollForTesting(absl::Duration poll);
 
 class ClientCore {

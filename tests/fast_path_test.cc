@@ -49,6 +49,20 @@ ObjectRef RefOfLine(const std::string& line) {
   return ref.value_or(ObjectRef{});
 }
 
+// Sets the writer's poll of the sessions opened while it lives
+// (internal::SetPostedPollForTesting); the shipped poll again after.
+class ScopedPostedPoll {
+ public:
+  explicit ScopedPostedPoll(absl::Duration poll) {
+    internal::SetPostedPollForTesting(poll);
+  }
+  ~ScopedPostedPoll() {
+    internal::SetPostedPollForTesting(internal::kPostedPoll);
+  }
+  ScopedPostedPoll(const ScopedPostedPoll&) = delete;
+  ScopedPostedPoll& operator=(const ScopedPostedPoll&) = delete;
+};
+
 class FastPathTest : public testing::DaemonTest {
  protected:
   // Leases `c`'s session holds.
@@ -81,9 +95,11 @@ TEST_F(FastPathTest,
 // ring message of the reader's. (The reader's writer thread polls once an
 // hour here, so that it cannot write a posted release on the stream first.)
 TEST_F(FastPathTest, AReadersPostedReleaseFreesTheMemoryACreateElsewhereNeeds) {
-  internal::SetPostedPollForTesting(absl::Hours(1));
-  Client reader = Connect();
-  internal::SetPostedPollForTesting(internal::kPostedPoll);
+  std::optional<Client> reader;
+  {
+    ScopedPostedPoll hourly(absl::Hours(1));
+    reader = Connect();
+  }
   Client other = Connect();
   constexpr uint64_t kBig = 48 << 20;  // Of a 64 MiB pool: one at a time.
   const std::vector<uint8_t> threes(kBig, 3);
@@ -91,7 +107,7 @@ TEST_F(FastPathTest, AReadersPostedReleaseFreesTheMemoryACreateElsewhereNeeds) {
     absl::StatusOr<SealedRef> put =
         client_->Put(threes.data(), {.size_bytes = kBig});
     ASSERT_TRUE(put.ok()) << put.status();
-    absl::StatusOr<View> view = reader.Get(put->ref());
+    absl::StatusOr<View> view = reader->Get(put->ref());
     ASSERT_TRUE(view.ok()) << view.status();
     ASSERT_TRUE(view->lease()->core().has_release_ring());
     put->Reset();
@@ -103,9 +119,14 @@ TEST_F(FastPathTest, AReadersPostedReleaseFreesTheMemoryACreateElsewhereNeeds) {
   const v1::ListClientsResponse clients =
       testing::MonitorClients(daemon_->address());
   for (const v1::ClientStatus& c : clients.clients()) {
-    if (c.client_id() == reader.client_id()) ring_messages = c.ring_messages();
+    if (c.client_id() == reader->client_id()) {
+      ring_messages = c.ring_messages();
+    }
   }
-  EXPECT_EQ(ring_messages, 3u);  // Its views' releases, and nothing else.
+  // Its views' releases, and nothing else. (No create here waits, so none
+  // asks a ring for a nudge, which would send the next post on the stream
+  // as well.)
+  EXPECT_EQ(ring_messages, 3u);
 }
 
 // A create that waits for memory a reader holds is woken when the reader
@@ -114,23 +135,30 @@ TEST_F(FastPathTest, AReadersPostedReleaseFreesTheMemoryACreateElsewhereNeeds) {
 // reader's writer thread polls once an hour here (every 250 ms as
 // shipped), so only the nudge can bring the release before the create's
 // deadline, whose last try would pull it from the ring: the create must
-// return long before that deadline (after about 300 ms; without the nudge,
-// at the deadline).
+// return long before that deadline (without the nudge, at the deadline).
+// The reader lets go only once the daemon counts the create as waiting.
 TEST_F(FastPathTest, AReadersReleasePostedWhileACreateWaitsWakesIt) {
-  internal::SetPostedPollForTesting(absl::Hours(1));
-  Client reader = Connect();
-  internal::SetPostedPollForTesting(internal::kPostedPoll);
+  std::optional<Client> reader;
+  {
+    ScopedPostedPoll hourly(absl::Hours(1));
+    reader = Connect();
+  }
   Client other = Connect();
   constexpr uint64_t kBig = 48 << 20;
   const std::vector<uint8_t> fours(kBig, 4);
   absl::StatusOr<SealedRef> put =
       client_->Put(fours.data(), {.size_bytes = kBig});
   ASSERT_TRUE(put.ok()) << put.status();
-  absl::StatusOr<View> view = reader.Get(put->ref());
+  absl::StatusOr<View> view = reader->Get(put->ref());
   ASSERT_TRUE(view.ok()) << view.status();
   put->Reset();
   std::thread reader_done([&] {
-    absl::SleepFor(absl::Milliseconds(300));
+    const absl::Time until = absl::Now() + absl::Seconds(20);
+    while (testing::MonitorStatus(daemon_->address()).waiters() == 0 &&
+           absl::Now() < until) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    EXPECT_GT(testing::MonitorStatus(daemon_->address()).waiters(), 0u);
     EXPECT_TRUE(AllBytes(*view, 4));  // Nobody wrote it while it was held.
     view = absl::CancelledError("released");
   });

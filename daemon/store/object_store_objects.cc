@@ -686,14 +686,17 @@ bool ObjectStore::DrainRing(uint64_t session_id, Session& s) {
     if (!broke.ok()) {
       client_errors_(
           session_id,
-          absl::Status(broke.code(), absl::StrCat(broke.message(),
+          absl::Status(broke.code(), absl::StrCat("client ", s.client_id, ": ",
+                                                  broke.message(),
                                                   "; its messages come by its "
                                                   "stream only")));
     }
     if (!refused.ok()) {
-      client_errors_(session_id, absl::Status(refused.code(),
-                                              absl::StrCat("release ring: ",
-                                                           refused.message())));
+      client_errors_(
+          session_id,
+          absl::Status(refused.code(),
+                       absl::StrCat("release ring of client ", s.client_id,
+                                    ": ", refused.message())));
     }
   }
   return applied;

@@ -78,9 +78,10 @@ class DTypeCache {
   void Add(PyObject* dtype, DType d) {
     Entry& e = entries_[next_];
     next_ = (next_ + 1) % kEntries;
-    Py_XDECREF(e.object);
+    PyObject* evicted = e.object;
     Py_INCREF(dtype);
     e = Entry{dtype, d};
+    Py_XDECREF(evicted);  // Last: its deallocation may run Python code.
   }
 
  private:
@@ -135,9 +136,14 @@ PyObject* ArraySource(PyObject* array) {
   const DType dtype = DTypeArg(a.dtype().ptr());
   py::tuple shape(a.ndim());
   for (py::ssize_t i = 0; i < a.ndim(); ++i) shape[i] = py::int_(a.shape(i));
+  // The bytes from the table's item size: pybind11 before 2.12 reads a
+  // dtype's item size where NumPy 1 kept it, which NumPy 2 moved (a Debian
+  // 12 virtualenv can pair the two); the array's own fields (data, shape,
+  // flags, descr) are where they were.
+  const auto nbytes =
+      static_cast<uint64_t>(a.size()) * static_cast<uint64_t>(ItemSize(dtype));
   return py::make_tuple(reinterpret_cast<uintptr_t>(a.data()), shape,
-                        static_cast<int>(dtype),
-                        static_cast<uint64_t>(a.nbytes()))
+                        static_cast<int>(dtype), nbytes)
       .release()
       .ptr();
 }
