@@ -384,10 +384,7 @@ absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::ConnectOnce(
       // the stream.
       absl::StatusOr<std::unique_ptr<RingMapping>> ring =
           RingMapping::Map(fds->release_ring);
-      if (ring.ok()) {
-        core->ring_ = *std::move(ring);
-        core->ring_on_.store(true, std::memory_order_release);
-      }
+      if (ring.ok()) core->InstallRing(*std::move(ring));
     }
     absl::Status failed;
     for (const PoolDescriptor& d : fds->pools) {
@@ -421,6 +418,7 @@ absl::StatusOr<std::shared_ptr<ClientCore>> ClientCore::ConnectOnce(
     writes_host = writes_host || (info.kind() == v1::MEMORY_KIND_HOST &&
                                   info.access() == v1::POOL_ACCESS_READ_WRITE);
   }
+  core->writes_host_ = writes_host;
   // Posts in the release ring kick no thread, and a daemon may die before
   // it reads what was written: the writer looks every kPostedPoll
   // (stream_writer.h).
@@ -442,7 +440,9 @@ ClientCore::~ClientCore() {
     releaser_.release();  // Its thread is the parent's.
     stock_.release();     // So is this one's,
     writer_.release();    // and this one's.
-    ring_.release();      // Not in this process (MADV_DONTFORK).
+    for (std::unique_ptr<RingMapping>& r : rings_) {
+      r.release();  // Not in this process (MADV_DONTFORK).
+    }
     return;
   }
   // Its thread makes calls: stopped before anything it uses goes. Its
@@ -597,7 +597,7 @@ absl::Status ClientCore::ResumeLocked(const std::shared_ptr<Connection>& broken,
     }
   }
   std::shared_ptr<Connection> old;
-  std::lock_guard<std::mutex> lock(conn_mu_);
+  std::unique_lock<std::mutex> lock(conn_mu_);
   old = std::move(conn_);
   if (!failed.ok()) {
     ended_why_ = absl::StrCat(
@@ -623,7 +623,25 @@ absl::Status ClientCore::ResumeLocked(const std::shared_ptr<Connection>& broken,
     std::lock_guard<std::mutex> registry(RegistryMu());
     descriptor_secret_ = opened.descriptor_secret();
   }
+  lock.unlock();  // The ring's request is no business of conn_mu_'s.
+  RenewRingLocked();
   return absl::OkStatus();
+}
+
+void ClientCore::RenewRingLocked() {
+  if (!writes_host_ || rings_.size() >= kMaxRingsPerSession) return;
+  absl::StatusOr<int> fd =
+      FetchReleaseRing(socket_path_, session_id_, descriptor_secret_,
+                       absl::Now() + absl::Seconds(5), daemon_uid_);
+  if (!fd.ok()) return;
+  absl::StatusOr<std::unique_ptr<RingMapping>> ring = RingMapping::Map(*fd);
+  if (ring.ok()) InstallRing(*std::move(ring));
+}
+
+void ClientCore::InstallRing(std::unique_ptr<RingMapping> ring) {
+  ring_.store(ring.get(), std::memory_order_release);
+  rings_.push_back(std::move(ring));
+  ring_on_.store(true, std::memory_order_release);
 }
 
 bool ClientCore::inherited() const {
@@ -835,28 +853,33 @@ absl::Status ClientCore::SendSeals(std::vector<v1::OneWaySeal> seals) {
 }
 
 absl::StatusOr<bool> ClientCore::PublishLocked(v1::ReleaseLeases message) {
-  if (!ring_on_.load(std::memory_order_relaxed)) {
+  if (!ring_on_.load(std::memory_order_acquire)) {
     if (absl::Status s = EnqueueLocked(std::move(message)); !s.ok()) return s;
     return true;
   }
   if (CurrentConnection() == nullptr) return Ended();
+  // Not null once ring_on_ was seen set (InstallRing). Its `applied` is
+  // true whichever ring it is: a stale one's only says less.
+  RingMapping* posted_in = nullptr;
   const bool posted = outbox_.EnqueuePosted(
-      std::move(message), ring_->writer().applied(),
-      [this](const v1::ReleaseLeases& m) {
+      std::move(message),
+      ring_.load(std::memory_order_acquire)->writer().applied(),
+      [this, &posted_in](const v1::ReleaseLeases& m) {
         // Read under the outbox's lock, which a resume's account takes
         // after clearing it: a post either is in the account or sees it
-        // cleared.
+        // cleared (and a new ring is installed only after the account).
         if (!ring_on_.load(std::memory_order_acquire)) return false;
         const size_t n = m.ByteSizeLong();
         if (n > kReleaseRingMaxRecord) return false;
         char record[kReleaseRingMaxRecord];
         m.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(record));
-        return ring_->writer().Post(absl::string_view(record, n));
+        posted_in = ring_.load(std::memory_order_acquire);
+        return posted_in->writer().Post(absl::string_view(record, n));
       });
   // Not posted: the stream takes it. Posted: the writer too, only while a
   // call waits for one of this session's messages (a seal, or memory some
   // release may free).
-  return !posted || ring_->writer().NudgeRequested();
+  return !posted || posted_in->writer().NudgeRequested();
 }
 
 bool ClientCore::FlushStream(absl::Time deadline) {
@@ -881,7 +904,7 @@ bool ClientCore::WriteOne() {
   // What the daemon applied from the ring (or the stream) need not be
   // written. After a resume the ring's figure is stale but still true.
   if (ring_on_.load(std::memory_order_acquire)) {
-    outbox_.Confirm(ring_->writer().applied());
+    outbox_.Confirm(ring_.load(std::memory_order_acquire)->writer().applied());
   }
   // The messages queued and not yet written, oldest first, up to a batch:
   // written together, gRPC holding all but the last (buffer_hint) so that
@@ -920,7 +943,7 @@ bool ClientCore::WriteOne() {
 
 bool ClientCore::PollUnconfirmed() {
   if (ring_on_.load(std::memory_order_acquire)) {
-    outbox_.Confirm(ring_->writer().applied());
+    outbox_.Confirm(ring_.load(std::memory_order_acquire)->writer().applied());
   }
   if (!outbox_.HasUnconfirmed()) return false;
   // Posted and not read yet: WriteOne writes them on the stream.

@@ -345,6 +345,13 @@ class ClientCore {
                             bool* reconciled = nullptr);
   // The leases a reconciling resume refused: marked lost and no longer held.
   void DropRefused(const v1::SessionOpened& opened);
+  // After a resume (write_mu_ held): a new release ring from the daemon,
+  // mapped and installed, when the session writes host pools and had fewer
+  // than kMaxRingsPerSession. Without one (an older daemon, a refusal) its
+  // messages go on the stream, as before.
+  void RenewRingLocked();
+  // Makes `ring` the one posted in (write_mu_ held, or in Open).
+  void InstallRing(std::unique_ptr<RingMapping> ring);
   // Publishes `message` (the next ReleaseLeases: releases, seals): posted
   // in the release ring while the session has one and it fits there (the
   // daemon pulls it when it serves this session or needs what it frees:
@@ -444,13 +451,21 @@ class ClientCore {
   };
   std::mutex shares_mu_;
   absl::flat_hash_map<uint64_t, Share> shares_;
-  // The session's release ring (ring_mapping.h), null without one.
-  // Releases and seals are posted there while ring_on_, which the first resume
-  // clears for good (the daemon drops a resumed session's ring); posted under
-  // outbox_'s lock. Never unmapped in a forked child (whatever the child maps
-  // later may lie where it was).
-  std::unique_ptr<RingMapping> ring_;
+  // The session's release ring now (ring_mapping.h), null until it has one.
+  // Releases and seals are posted there while ring_on_, under outbox_'s
+  // lock. A resume clears ring_on_ (the daemon drops a resumed session's
+  // ring), asks for a new ring, and sets it again with the new one
+  // (InstallRing): ring_ is stored before ring_on_, and never null again.
+  // rings_ owns every ring the session had, mapped until the core goes (a
+  // thread that read the last one may still read its `applied`), at most
+  // kMaxRingsPerSession; changed under write_mu_ (or in Open). Never
+  // unmapped in a forked child (whatever the child maps later may lie where
+  // they were).
+  std::atomic<RingMapping*> ring_{nullptr};
+  std::vector<std::unique_ptr<RingMapping>> rings_;
   std::atomic<bool> ring_on_{false};
+  // Whether the session may write a host pool (it gets a release ring).
+  bool writes_host_ = false;
   // Writes the session stream's messages (WriteOne); stopped, after it
   // wrote them all, before the session ends.
   std::unique_ptr<StreamWriter> writer_;

@@ -127,6 +127,44 @@ absl::StatusOr<int> TakeForkHold(const std::string& socket_path,
   return *conn;
 }
 
+absl::StatusOr<int> FetchReleaseRing(const std::string& socket_path,
+                                     uint64_t session_id,
+                                     const std::string& secret,
+                                     absl::Time deadline,
+                                     std::optional<uid_t> daemon_uid) {
+  v1::DescriptorRequest request;
+  request.set_session_id(session_id);
+  request.set_secret(secret);
+  request.set_release_ring_only(true);
+  v1::DescriptorReply reply;
+  std::vector<int> fds;
+  absl::StatusOr<int> conn =
+      Exchange(socket_path, request, deadline, daemon_uid, &reply, &fds);
+  if (!conn.ok()) return conn.status();
+  close(*conn);
+  if (reply.code() != 0 || !reply.granted()) {
+    CloseAll(fds);
+    return absl::Status(reply.code() != 0
+                            ? static_cast<absl::StatusCode>(reply.code())
+                            : absl::StatusCode::kInternal,
+                        absl::StrCat("shmtensord refused a release ring: ",
+                                     reply.message().substr(0, 1024)));
+  }
+  struct stat st;
+  const int flags = fds.size() == 1 ? fcntl(fds[0], F_GETFL) : -1;
+  if (!reply.release_ring() || reply.pool_ids_size() != 0 || fds.size() != 1 ||
+      fstat(fds[0], &st) != 0 || !S_ISREG(st.st_mode) || flags < 0 ||
+      (flags & O_ACCMODE) != O_RDWR) {
+    CloseAll(fds);
+    return absl::InternalError(absl::StrFormat(
+        "the daemon's reply to a release ring request names %d pools%s and "
+        "carries %d descriptors, not one ring opened read-write",
+        reply.pool_ids_size(), reply.release_ring() ? " and a ring" : "",
+        fds.size()));
+  }
+  return fds[0];
+}
+
 absl::StatusOr<SessionDescriptors> FetchPoolDescriptors(
     const std::string& socket_path, uint64_t session_id,
     const std::string& secret, absl::Time deadline,

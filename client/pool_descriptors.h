@@ -47,6 +47,17 @@ absl::StatusOr<SessionDescriptors> FetchPoolDescriptors(
     const std::string& secret, absl::Time deadline,
     std::optional<uid_t> daemon_uid);
 
+// A new release ring for session `session_id`, which has none (after a
+// resume: DescriptorRequest.release_ring_only): its descriptor (the
+// caller's), checked to be a regular file opened O_RDWR. Errors as
+// FetchPoolDescriptors; INTERNAL for a reply that carries anything but one
+// ring (an older daemon answers such a request as a descriptor request).
+absl::StatusOr<int> FetchReleaseRing(const std::string& socket_path,
+                                     uint64_t session_id,
+                                     const std::string& secret,
+                                     absl::Time deadline,
+                                     std::optional<uid_t> daemon_uid);
+
 // [P18] Takes a fork hold for session `session_id` (DescriptorRequest.
 // fork_hold): the daemon pins every object the session holds now for as
 // long as the returned connection (close-on-exec, the caller's) is open in

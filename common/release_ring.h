@@ -53,6 +53,11 @@ inline constexpr size_t kReleaseRingMaxRecord = kReleaseRingSlotBytes - 4;
 inline constexpr size_t kReleaseRingBytes =
     kReleaseRingHeaderBytes +
     static_cast<size_t>(kReleaseRingSlots) * kReleaseRingSlotBytes;
+// The most rings a session gets from one daemon: its first, and a new one
+// after each resume (DescriptorRequest.release_ring_only), which drops the
+// last. The client keeps each mapped until its session ends (a thread may
+// still be posting in the one before), so this bounds that memory too.
+inline constexpr uint32_t kMaxRingsPerSession = 8;
 
 // The daemon's end, over `base` (kReleaseRingBytes, writable, mapped
 // shared, made zero), which it initializes. Not copyable: it owns the read

@@ -24,6 +24,7 @@
 #include "shmtensor/client.h"
 #include "shmtensor/errors.h"
 #include "shmtensor/v1/shmtensor.grpc.pb.h"
+#include "tests/break_connection.h"
 #include "tests/ref_hex.h"
 #include "tests/test_util.h"
 
@@ -222,6 +223,57 @@ TEST_F(FastPathTest, APutsSealReachesAnotherProcessThroughTheRing) {
   }
   EXPECT_TRUE(has_ring);
   EXPECT_GE(ring_messages, 1u);
+}
+
+// The ring outlives a broken connection: the daemon drops the ring of a
+// session it resumes, and the client asks it for a new one, so a put's
+// seal and a release still go by a ring (no stream write, nobody woken)
+// after the resume, and another process's get still finds the seal.
+TEST_F(FastPathTest, AResumedSessionPostsInANewRing) {
+  Client consumer = Connect();
+  absl::StatusOr<Buffer> probe = client_->Create({.size_bytes = 4096});
+  ASSERT_TRUE(probe.ok()) << probe.status();
+  internal::ClientCore& core = probe->lease()->core();
+  ASSERT_TRUE(core.has_release_ring());
+  auto ring_of = [&](uint64_t client_id, bool* has_ring) {
+    const v1::ListClientsResponse clients =
+        testing::MonitorClients(daemon_->address());
+    for (const v1::ClientStatus& c : clients.clients()) {
+      if (c.client_id() != client_id) continue;
+      *has_ring = c.has_release_ring();
+      return c.ring_messages();
+    }
+    ADD_FAILURE() << "no client " << client_id;
+    return uint64_t{0};
+  };
+  ASSERT_GT(testing::BreakDaemonConnections(daemon_->address(),
+                                            testing::BreakMode::kShutdown),
+            0);
+  // The first call finds the connection broken and resumes (it may fail
+  // UNAVAILABLE once, saying so).
+  absl::Status resumed = client_->Stats().status();
+  if (absl::IsUnavailable(resumed)) resumed = client_->Stats().status();
+  ASSERT_TRUE(resumed.ok()) << resumed;
+  EXPECT_TRUE(core.has_release_ring());
+  bool has_ring = false;
+  const uint64_t before = ring_of(client_->client_id(), &has_ring);
+  EXPECT_TRUE(has_ring);
+  constexpr int kPuts = 5;
+  for (int i = 0; i < kPuts; ++i) {
+    const std::vector<uint8_t> bytes(kObject, 0x40 + i);
+    absl::StatusOr<SealedRef> put =
+        client_->Put(bytes.data(), {.size_bytes = kObject});
+    ASSERT_TRUE(put.ok()) << put.status();
+    absl::StatusOr<View> got = consumer.Get(put->ref());
+    if (absl::IsUnavailable(got.status())) got = consumer.Get(put->ref());
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE(AllBytes(*got, 0x40 + i));
+  }
+  ASSERT_TRUE(client_->Stats().ok());  // A call: the daemon drains.
+  // Each put's seal at least, and each ref's release, from the new ring.
+  EXPECT_GE(ring_of(client_->client_id(), &has_ring) - before,
+            uint64_t{kPuts});
+  EXPECT_TRUE(has_ring);
 }
 
 // GetHeld answers without the daemon, and only for what this process

@@ -28,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "client/client_core.h"
 #include "client/lease.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -483,6 +484,55 @@ TEST(TakeOverTest, SealsAndReleasesMadeWhileNoDaemonAnswersReachItsSuccessor) {
   ExpectEmptied(address);
   EXPECT_FALSE(absl::StrContains(systemd.Log(), "holds no lease"))
       << systemd.Log();
+}
+
+// A daemon restarted under a running job (SIGKILL, then started again
+// through the descriptor store) has no rings: each session's client asks
+// the successor for a new one when it resumes, so its puts go on sealing
+// one way through a ring, not the stream, and readers get their bytes.
+TEST(TakeOverTest, ASessionPostsInARingAgainAfterItsDaemonRestarts) {
+  const std::string address = FreshAddress();
+  FdStore systemd;
+  ASSERT_TRUE(systemd.Start(Args(address)).ok());
+  ASSERT_TRUE(systemd.WaitReady()) << systemd.Log();
+  ClientOptions options;
+  options.address = address;
+  options.resume_timeout = absl::Seconds(20);
+  Client producer = *Client::Connect(options);
+  Client consumer = *Client::Connect(options);
+  absl::StatusOr<Buffer> probe = producer.Create({.size_bytes = 4096});
+  ASSERT_TRUE(probe.ok()) << probe.status();
+  internal::ClientCore& core = probe->lease()->core();
+  ASSERT_TRUE(core.has_release_ring());
+
+  systemd.Kill();
+  ASSERT_TRUE(systemd.Start(Args(address)).ok());
+  ASSERT_TRUE(systemd.WaitReady()) << systemd.Log();
+  absl::Status resumed = producer.Stats().status();
+  if (absl::IsUnavailable(resumed)) resumed = producer.Stats().status();
+  ASSERT_TRUE(resumed.ok()) << resumed;
+  EXPECT_TRUE(core.has_release_ring());
+  constexpr int kPuts = 5;
+  for (int i = 0; i < kPuts; ++i) {
+    const std::vector<uint8_t> bytes(kObject, 0x20 + i);
+    absl::StatusOr<SealedRef> put =
+        producer.Put(bytes.data(), {.size_bytes = kObject});
+    ASSERT_TRUE(put.ok()) << put.status();
+    absl::StatusOr<View> got = consumer.Get(put->ref());
+    if (absl::IsUnavailable(got.status())) got = consumer.Get(put->ref());
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(static_cast<const uint8_t*>(got->data())[kObject - 1], 0x20 + i);
+  }
+  ASSERT_TRUE(producer.Stats().ok());  // A call: the successor drains.
+  bool listed = false;
+  const v1::ListClientsResponse clients = testing::MonitorClients(address);
+  for (const v1::ClientStatus& c : clients.clients()) {
+    if (c.client_id() != producer.client_id()) continue;
+    listed = true;
+    EXPECT_TRUE(c.has_release_ring());
+    EXPECT_GE(c.ring_messages(), uint64_t{kPuts});  // The successor's count.
+  }
+  EXPECT_TRUE(listed);
 }
 
 // A seal posted in the release ring that no daemon read before it was

@@ -8,6 +8,9 @@
 //     descriptor store, 20 each, under a put/get load: from the moment the
 //     replacement starts (or the kill) to the load's next completed round.
 //     p50 and max.
+//  4. The fast path across a take-over: a 64 KiB lifecycle in the same two
+//     sessions before and after it, and whether the producer posts in a
+//     release ring after it.
 //
 //   restart_bench [--quick]
 //
@@ -24,6 +27,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "client/client_core.h"
+#include "client/lease.h"
 #include "daemon/memory/fake_segment.h"
 #include "daemon/store/object_store.h"
 #include "shmtensor/client.h"
@@ -230,6 +235,70 @@ void KillGap(int n) {
               static_cast<unsigned long long>(load.failures.load()));
 }
 
+// One lifecycle of a 64 KiB object (put, get in the other session, release
+// both); false when a call failed (a resume's UNAVAILABLE).
+bool Lifecycle(Client& producer, Client& consumer,
+               const std::vector<uint8_t>& data) {
+  absl::StatusOr<SealedRef> ref =
+      producer.Put(data.data(), {.size_bytes = data.size()});
+  return ref.ok() && consumer.Get(ref->ref()).ok();
+}
+
+// p50 of `n` lifecycles, in microseconds.
+double LifecycleP50(Client& producer, Client& consumer,
+                    const std::vector<uint8_t>& data, int n) {
+  std::vector<double> us;
+  for (int i = 0; i < n; ++i) {
+    const absl::Time t0 = absl::Now();
+    if (Lifecycle(producer, consumer, data)) {
+      us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
+    }
+  }
+  if (us.empty()) return 0;
+  std::sort(us.begin(), us.end());
+  return us[us.size() / 2];
+}
+
+// The fast path across a take-over: the same two sessions' lifecycles
+// before and after it, and whether the producer posts in a release ring
+// after it (the successor makes a resumed session a new ring).
+void FastPathAcrossTakeOver(int n) {
+  std::vector<std::unique_ptr<testing::DaemonProcess>> daemons;
+  daemons.push_back(*testing::DaemonProcess::Start({"--pool-size", "64MiB"}));
+  const std::string address = daemons.back()->address();
+  ClientOptions o;
+  o.address = address;
+  o.resume_timeout = absl::Seconds(30);
+  Client producer = *Client::Connect(o);
+  Client consumer = *Client::Connect(o);
+  const std::vector<uint8_t> data(65536, 1);
+  LifecycleP50(producer, consumer, data, n);  // Warm-up: the stock grows.
+  const double before = LifecycleP50(producer, consumer, data, n);
+  absl::StatusOr<std::unique_ptr<testing::DaemonProcess>> next =
+      testing::DaemonProcess::Start({"--pool-size", "64MiB", "--take-over"},
+                                    address);
+  if (!next.ok()) {
+    std::printf("4. take-over failed: %s\n", next.status().ToString().c_str());
+    return;
+  }
+  daemons.back()->process().Wait();
+  daemons.push_back(*std::move(next));
+  // The first calls of each session resume it (and may fail once, saying so).
+  for (int ok = 0, tries = 0; ok < 20 && tries < 1000; ++tries) {
+    if (Lifecycle(producer, consumer, data)) ++ok;
+  }
+  absl::StatusOr<Buffer> probe = producer.Create({.size_bytes = 4096});
+  const bool ring = probe.ok() && probe->lease()->core().has_release_ring();
+  LifecycleP50(producer, consumer, data, n);
+  const double after = LifecycleP50(producer, consumer, data, n);
+  std::printf(
+      "4. A 64 KiB lifecycle (put, get in another session, release both) "
+      "in the same two sessions, %d each, p50: before a take-over %.1f us, "
+      "after it %.1f us (%.2fx); the producer posts in a release ring after "
+      "it: %s\n",
+      n, before, after, after / before, ring ? "yes" : "no");
+}
+
 }  // namespace
 }  // namespace shmtensor
 
@@ -246,5 +315,7 @@ int main(int argc, char** argv) {
       quick ? 5 : 20);
   shmtensor::TakeOverGap(quick ? 5 : 20);
   shmtensor::KillGap(quick ? 5 : 20);
+  std::printf("\n");
+  shmtensor::FastPathAcrossTakeOver(quick ? 500 : 2000);
   return 0;
 }

@@ -237,6 +237,28 @@ DescriptorServer::Served DescriptorServer::Serve(const Pending& p,
     *hold_id = hold->hold_id;
     return Served::kHeld;
   }
+  if (request.release_ring_only()) {
+    UniqueFd ring;
+    if (absl::Status s = store_.GrantRing(request.session_id(),
+                                          request.secret(), *who, &ring);
+        !s.ok()) {
+      return refuse(s.code(), std::string(s.message()));
+    }
+    v1::DescriptorReply reply;
+    reply.set_granted(true);
+    reply.set_release_ring(true);
+    const int raw = ring.get();
+    if (SendReply(p.fd, reply, {raw})) {
+      ++granted_;
+    } else {
+      // The session keeps the ring; its client, which asks only when it
+      // has none, seals on its stream.
+      Warn(absl::StrFormat("could not send pid %d uid %d its release ring: %s",
+                           p.peer.pid, p.peer.uid, std::strerror(errno)));
+      ++refused_;
+    }
+    return Served::kDone;
+  }
   UniqueFd ring;
   absl::StatusOr<std::vector<DescriptorGrant>> grants = store_.GrantDescriptors(
       request.session_id(), request.secret(), *who, &ring);

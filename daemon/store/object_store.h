@@ -308,6 +308,16 @@ class ObjectStore {
   absl::StatusOr<std::vector<DescriptorGrant>> GrantDescriptors(
       uint64_t session_id, absl::string_view secret, const OwnerKey& peer,
       UniqueFd* ring = nullptr);
+  // A new release ring for session `session_id`, which has none (a resume
+  // dropped it, or this daemon adopted the session), its descriptor set in
+  // *ring; authenticated as GrantDescriptors, with the same one refusal.
+  // The ring starts with the session's last applied seq as `applied`.
+  // FAILED_PRECONDITION when the session has a ring, or may write no host
+  // pool; RESOURCE_EXHAUSTED (LIMIT_EXCEEDED) once kMaxRingsPerSession
+  // rings were made for it (a client that resumes again and again seals on
+  // its stream from then on); INTERNAL when the ring cannot be made.
+  absl::Status GrantRing(uint64_t session_id, absl::string_view secret,
+                         const OwnerKey& peer, UniqueFd* ring);
   // [P18] A process is about to fork while it holds views: pins every object
   // session `session_id` holds now, until EndForkHold(hold_id), so that the
   // views its children inherit keep their bytes whatever the parent (or its
@@ -494,6 +504,10 @@ class ObjectStore {
                                        const OwnerKey& peer)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   AdoptedState AdoptedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes session `s` a release ring, its descriptor in *ring. INTERNAL
+  // from SessionRing::Create.
+  absl::Status MakeRingLocked(SessionTable::Session& s, UniqueFd* ring)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Stats of session `session` (id `session_id`), or with none (null, 0)
   // of the pools `viewer` may use (all when it is null too).
   v1::StatsResponse StatsLocked(uint64_t session_id,

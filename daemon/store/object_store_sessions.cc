@@ -177,16 +177,56 @@ absl::StatusOr<std::vector<DescriptorGrant>> ObjectStore::GrantDescriptors(
         return g.access == v1::POOL_ACCESS_READ_WRITE;
       });
   if (ring != nullptr && writes_host) {
-    absl::StatusOr<std::unique_ptr<SessionRing>> made =
-        SessionRing::Create(ring);
-    if (made.ok()) {
-      s->ring = *std::move(made);
-    } else {
+    if (absl::Status made = MakeRingLocked(*s, ring); !made.ok()) {
       spdlog::warn("client {}: no release ring ({}); it seals on its stream",
-                   s->client_id, std::string(made.status().message()));
+                   s->client_id, std::string(made.message()));
     }
   }
   return out;
+}
+
+absl::Status ObjectStore::GrantRing(uint64_t session_id,
+                                    absl::string_view secret,
+                                    const OwnerKey& peer, UniqueFd* ring) {
+  absl::MutexLock lock(&mu_);
+  Session* s = ProvenSession(session_id, secret, peer);
+  if (s == nullptr) {
+    return absl::PermissionDeniedError(
+        "release ring refused: no open session of this process has that id "
+        "and secret");
+  }
+  if (s->ring != nullptr) {
+    return absl::FailedPreconditionError(
+        "release ring refused: this session has one");
+  }
+  bool writes_host = false;
+  for (size_t i = 0; i < pools_.size() && i < s->access.size(); ++i) {
+    writes_host =
+        writes_host || (s->access[i] == v1::POOL_ACCESS_READ_WRITE &&
+                        pools_[i]->segment().kind() == v1::MEMORY_KIND_HOST);
+  }
+  if (!writes_host) {
+    return absl::FailedPreconditionError(
+        "release ring refused: this session may write no host pool");
+  }
+  if (s->rings_made >= kMaxRingsPerSession) {
+    return LimitExceededError(absl::StrFormat(
+        "release ring refused: this daemon made %d for this session already "
+        "(at most %d); its seals and releases go on its stream",
+        s->rings_made, kMaxRingsPerSession));
+  }
+  return MakeRingLocked(*s, ring);
+}
+
+absl::Status ObjectStore::MakeRingLocked(Session& s, UniqueFd* ring) {
+  absl::StatusOr<std::unique_ptr<SessionRing>> made = SessionRing::Create(ring);
+  if (!made.ok()) return made.status();
+  s.ring = *std::move(made);
+  ++s.rings_made;
+  // What the session's messages so far did is settled: a client that reads
+  // `applied` to confirm them reads the truth from the first.
+  s.ring->reader().PublishApplied(s.releases.applied());
+  return absl::OkStatus();
 }
 
 absl::StatusOr<ForkHoldGrant> ObjectStore::HoldForFork(uint64_t session_id,

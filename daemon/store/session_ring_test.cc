@@ -346,6 +346,81 @@ TEST_F(SessionRingTest, AResumedSessionHasNoRingAndLosesNoPost) {
   EXPECT_TRUE(store_->Get(b_.id, h.ref).ok());
 }
 
+// A resumed session asks for a new ring (DescriptorRequest.
+// release_ring_only): its posts there apply from the seq it had reached,
+// and the ring says what was applied before it was made.
+TEST_F(SessionRingTest, AResumedSessionGetsANewRingThatGoesOnFromItsSeq) {
+  const Handout h1 = Create(a_.id);
+  ASSERT_TRUE(Post(SealMessage(1, h1.lease_id)));
+  ASSERT_TRUE(store_->ResumeSession(a_.id, Peer(1).owner).ok());
+  UniqueFd fd;
+  ASSERT_TRUE(
+      store_->GrantRing(a_.id, a_.descriptor_secret, Peer(1).owner, &fd).ok());
+  ASSERT_TRUE(fd.valid());
+  void* base = mmap(nullptr, kReleaseRingBytes, PROT_READ | PROT_WRITE,
+                    MAP_SHARED, fd.get(), 0);
+  ASSERT_NE(base, MAP_FAILED);
+  absl::StatusOr<ReleaseRingWriter> ring =
+      ReleaseRingWriter::Attach(base, kReleaseRingBytes);
+  ASSERT_TRUE(ring.ok()) << ring.status();
+  EXPECT_EQ(ring->applied(), 1u);  // The old ring's seal, drained by resume.
+  EXPECT_TRUE(StatusOf(a_.client_id).has_release_ring());
+  const Handout h2 = Create(a_.id);
+  ASSERT_TRUE(ring->Post(SealMessage(2, h2.lease_id).SerializeAsString()));
+  absl::StatusOr<Handout> got = store_->Get(b_.id, h2.ref);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(ring->applied(), 2u);
+  EXPECT_EQ(StatusOf(a_.client_id).ring_messages(), 2u);
+  munmap(base, kReleaseRingBytes);
+}
+
+// Only the session's own process, with its secret, gets a ring, only while
+// it has none and may write a host pool, and at most kMaxRingsPerSession
+// in all: a client that resumes again and again cannot make the daemon
+// make rings (and send their descriptors) without end.
+TEST_F(SessionRingTest, ARingGoesOnlyToItsSessionWithoutOneABoundedNumber) {
+  UniqueFd fd;
+  EXPECT_EQ(
+      store_->GrantRing(a_.id, a_.descriptor_secret, Peer(1).owner, &fd).code(),
+      absl::StatusCode::kFailedPrecondition);  // It has one.
+  ASSERT_TRUE(store_->ResumeSession(a_.id, Peer(1).owner).ok());
+  EXPECT_EQ(store_->GrantRing(a_.id, "wrong secret", Peer(1).owner, &fd).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(
+      store_->GrantRing(a_.id, a_.descriptor_secret, Peer(2).owner, &fd).code(),
+      absl::StatusCode::kPermissionDenied);  // Another process.
+  EXPECT_FALSE(fd.valid());
+  absl::StatusOr<OpenedSession> reader =
+      store_->OpenSession("r", Peer(3), /*read_only=*/true);
+  ASSERT_TRUE(reader.ok());
+  EXPECT_EQ(
+      store_
+          ->GrantRing(reader->id, reader->descriptor_secret, Peer(3).owner, &fd)
+          .code(),
+      absl::StatusCode::kFailedPrecondition);
+  // The first ring was GrantDescriptors'; then one per resume, to the cap.
+  for (uint32_t made = 1; made < kMaxRingsPerSession; ++made) {
+    UniqueFd again;
+    ASSERT_TRUE(
+        store_->GrantRing(a_.id, a_.descriptor_secret, Peer(1).owner, &again)
+            .ok())
+        << made;
+    ASSERT_TRUE(store_->ResumeSession(a_.id, Peer(1).owner).ok());
+  }
+  const absl::Status past =
+      store_->GrantRing(a_.id, a_.descriptor_secret, Peer(1).owner, &fd);
+  EXPECT_EQ(past.code(), absl::StatusCode::kResourceExhausted) << past;
+  EXPECT_TRUE(IsLimitExceeded(past)) << past;
+  EXPECT_FALSE(fd.valid());
+  EXPECT_FALSE(StatusOf(a_.client_id).has_release_ring());
+  // The session still works, on its stream.
+  const Handout h = Create(a_.id);
+  EXPECT_TRUE(
+      store_->ReleaseBatch(a_.id, 1, {}, {SealMessage(1, h.lease_id).seals(0)})
+          .ok());
+  EXPECT_TRUE(store_->Get(b_.id, h.ref).ok());
+}
+
 TEST_F(SessionRingTest, OnlyASessionThatWritesHostMemoryGetsARing) {
   absl::StatusOr<OpenedSession> reader =
       store_->OpenSession("r", Peer(3), /*read_only=*/true);

@@ -88,11 +88,14 @@ class SessionTable {
     uint64_t stock_objects = 0;
     uint64_t stock_bytes = 0;
     // Its release ring (session_ring.h), made by GrantDescriptors for a
-    // session that may write a host pool; none after a resume (its client
-    // stops posting there) or in a successor. ReleaseLeases messages read
-    // from it, for operators.
+    // session that may write a host pool; dropped by a resume (its client
+    // stops posting there), and none in a successor, until its client asks
+    // for a new one (GrantRing). ReleaseLeases messages read from its
+    // rings, for operators, and rings made for it by this daemon
+    // (kMaxRingsPerSession).
     std::unique_ptr<SessionRing> ring;
     uint64_t ring_messages = 0;
+    uint32_t rings_made = 0;
   };
 
   // `random` draws session ids and descriptor secrets, and is called only
