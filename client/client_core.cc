@@ -440,9 +440,7 @@ ClientCore::~ClientCore() {
     releaser_.release();  // Its thread is the parent's.
     stock_.release();     // So is this one's,
     writer_.release();    // and this one's.
-    for (std::unique_ptr<RingMapping>& r : rings_) {
-      r.release();  // Not in this process (MADV_DONTFORK).
-    }
+    ring_.release();      // Not in this process (MADV_DONTFORK).
     return;
   }
   // Its thread makes calls: stopped before anything it uses goes. Its
@@ -629,19 +627,36 @@ absl::Status ClientCore::ResumeLocked(const std::shared_ptr<Connection>& broken,
 }
 
 void ClientCore::RenewRingLocked() {
-  if (!writes_host_ || rings_.size() >= kMaxRingsPerSession) return;
+  if (!writes_host_ || ring_refused_by_ == descriptor_secret_) return;
   absl::StatusOr<int> fd =
       FetchReleaseRing(socket_path_, session_id_, descriptor_secret_,
-                       absl::Now() + absl::Seconds(5), daemon_uid_);
-  if (!fd.ok()) return;
-  absl::StatusOr<std::unique_ptr<RingMapping>> ring = RingMapping::Map(*fd);
-  if (ring.ok()) InstallRing(*std::move(ring));
+                       absl::Now() + kRingRequestTimeout, daemon_uid_);
+  absl::StatusOr<std::unique_ptr<RingMapping>> ring =
+      fd.ok() ? RingMapping::Map(*fd) : fd.status();
+  if (!ring.ok()) {
+    // Not asked again of this daemon: its answer would be the same (its
+    // cap, an older daemon, a layout this client cannot map). A timeout is
+    // no answer: the next resume asks again.
+    if (!absl::IsUnavailable(ring.status())) {
+      ring_refused_by_ = descriptor_secret_;
+    }
+    return;
+  }
+  InstallRing(*std::move(ring));
 }
 
 void ClientCore::InstallRing(std::unique_ptr<RingMapping> ring) {
-  ring_.store(ring.get(), std::memory_order_release);
-  rings_.push_back(std::move(ring));
+  std::unique_ptr<RingMapping> old;
+  {
+    std::lock_guard<std::mutex> lock(ring_mu_);
+    old = std::exchange(ring_, std::move(ring));
+  }
   ring_on_.store(true, std::memory_order_release);
+}
+
+uint64_t ClientCore::RingApplied() const {
+  std::lock_guard<std::mutex> lock(ring_mu_);
+  return ring_ != nullptr ? ring_->writer().applied() : 0;
 }
 
 bool ClientCore::inherited() const {
@@ -858,13 +873,12 @@ absl::StatusOr<bool> ClientCore::PublishLocked(v1::ReleaseLeases message) {
     return true;
   }
   if (CurrentConnection() == nullptr) return Ended();
-  // Not null once ring_on_ was seen set (InstallRing). Its `applied` is
-  // true whichever ring it is: a stale one's only says less.
-  RingMapping* posted_in = nullptr;
+  // The ring's `applied` is true whichever ring it is (a resume's new ring
+  // starts at the session's applied seq).
+  bool nudge = false;
   const bool posted = outbox_.EnqueuePosted(
-      std::move(message),
-      ring_.load(std::memory_order_acquire)->writer().applied(),
-      [this, &posted_in](const v1::ReleaseLeases& m) {
+      std::move(message), RingApplied(),
+      [this, &nudge](const v1::ReleaseLeases& m) {
         // Read under the outbox's lock, which a resume's account takes
         // after clearing it: a post either is in the account or sees it
         // cleared (and a new ring is installed only after the account).
@@ -873,13 +887,18 @@ absl::StatusOr<bool> ClientCore::PublishLocked(v1::ReleaseLeases message) {
         if (n > kReleaseRingMaxRecord) return false;
         char record[kReleaseRingMaxRecord];
         m.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(record));
-        posted_in = ring_.load(std::memory_order_acquire);
-        return posted_in->writer().Post(absl::string_view(record, n));
+        std::lock_guard<std::mutex> lock(ring_mu_);
+        if (ring_ == nullptr ||
+            !ring_->writer().Post(absl::string_view(record, n))) {
+          return false;
+        }
+        nudge = ring_->writer().NudgeRequested();
+        return true;
       });
   // Not posted: the stream takes it. Posted: the writer too, only while a
   // call waits for one of this session's messages (a seal, or memory some
   // release may free).
-  return !posted || posted_in->writer().NudgeRequested();
+  return !posted || nudge;
 }
 
 bool ClientCore::FlushStream(absl::Time deadline) {
@@ -904,7 +923,7 @@ bool ClientCore::WriteOne() {
   // What the daemon applied from the ring (or the stream) need not be
   // written. After a resume the ring's figure is stale but still true.
   if (ring_on_.load(std::memory_order_acquire)) {
-    outbox_.Confirm(ring_.load(std::memory_order_acquire)->writer().applied());
+    outbox_.Confirm(RingApplied());
   }
   // The messages queued and not yet written, oldest first, up to a batch:
   // written together, gRPC holding all but the last (buffer_hint) so that
@@ -943,7 +962,7 @@ bool ClientCore::WriteOne() {
 
 bool ClientCore::PollUnconfirmed() {
   if (ring_on_.load(std::memory_order_acquire)) {
-    outbox_.Confirm(ring_.load(std::memory_order_acquire)->writer().applied());
+    outbox_.Confirm(RingApplied());
   }
   if (!outbox_.HasUnconfirmed()) return false;
   // Posted and not read yet: WriteOne writes them on the stream.

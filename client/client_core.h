@@ -79,6 +79,11 @@ inline constexpr absl::Duration kStockIdle = absl::Seconds(2);
 // writer thread looks at it: it writes those the daemon has not applied on
 // the stream, where a broken connection shows (stream_writer.h).
 inline constexpr absl::Duration kPostedPoll = absl::Milliseconds(250);
+// How long a resumed session waits for its new release ring
+// (ClientCore::RenewRingLocked), with the writer held: the daemon answers
+// at once; a daemon that does not in time leaves the session on its stream
+// until its next resume.
+inline constexpr absl::Duration kRingRequestTimeout = absl::Seconds(2);
 // For tests that must tell what the poll does from what a nudge does: the
 // poll of the sessions this process opens from here on (kPostedPoll until
 // set; kept within 1 ms to a day). Thread-safe; a session keeps the value
@@ -346,12 +351,17 @@ class ClientCore {
   // The leases a reconciling resume refused: marked lost and no longer held.
   void DropRefused(const v1::SessionOpened& opened);
   // After a resume (write_mu_ held): a new release ring from the daemon,
-  // mapped and installed, when the session writes host pools and had fewer
-  // than kMaxRingsPerSession. Without one (an older daemon, a refusal) its
-  // messages go on the stream, as before.
+  // mapped and installed, when the session writes host pools and this
+  // daemon did not refuse it one before. Without one (a refusal, its cap
+  // kMaxRingsPerSession, an older daemon) its messages go on the stream,
+  // as before. The request is a descriptor-socket exchange, bounded by
+  // kRingRequestTimeout (the daemon answers at once).
   void RenewRingLocked();
-  // Makes `ring` the one posted in (write_mu_ held, or in Open).
+  // Makes `ring` the one posted in and sets ring_on_ (write_mu_ held, or
+  // in Open); the one before is unmapped.
   void InstallRing(std::unique_ptr<RingMapping> ring);
+  // The `applied` of the ring (0 without one).
+  uint64_t RingApplied() const;
   // Publishes `message` (the next ReleaseLeases: releases, seals): posted
   // in the release ring while the session has one and it fits there (the
   // daemon pulls it when it serves this session or needs what it frees:
@@ -451,21 +461,23 @@ class ClientCore {
   };
   std::mutex shares_mu_;
   absl::flat_hash_map<uint64_t, Share> shares_;
-  // The session's release ring now (ring_mapping.h), null until it has one.
-  // Releases and seals are posted there while ring_on_, under outbox_'s
-  // lock. A resume clears ring_on_ (the daemon drops a resumed session's
-  // ring), asks for a new ring, and sets it again with the new one
-  // (InstallRing): ring_ is stored before ring_on_, and never null again.
-  // rings_ owns every ring the session had, mapped until the core goes (a
-  // thread that read the last one may still read its `applied`), at most
-  // kMaxRingsPerSession; changed under write_mu_ (or in Open). Never
-  // unmapped in a forked child (whatever the child maps later may lie where
-  // they were).
-  std::atomic<RingMapping*> ring_{nullptr};
-  std::vector<std::unique_ptr<RingMapping>> rings_;
+  // The session's release ring (ring_mapping.h), null without one; only
+  // read or replaced under ring_mu_, a leaf lock (nothing is taken under
+  // it). Releases and seals are posted there while ring_on_, under
+  // outbox_'s lock. A resume clears ring_on_ (the daemon drops a resumed
+  // session's ring), then asks for a new ring and installs it
+  // (InstallRing: the old one unmapped) before setting ring_on_ again.
+  // Never unmapped in a forked child (whatever the child maps later may lie
+  // where it was).
+  mutable std::mutex ring_mu_;
+  std::unique_ptr<RingMapping> ring_;
   std::atomic<bool> ring_on_{false};
   // Whether the session may write a host pool (it gets a release ring).
   bool writes_host_ = false;
+  // The descriptor secret of the daemon that last refused this session a
+  // ring (or whose ring this client could not map): not asked again until
+  // a successor gives the session a new secret. Under write_mu_.
+  std::string ring_refused_by_;
   // Writes the session stream's messages (WriteOne); stopped, after it
   // wrote them all, before the session ends.
   std::unique_ptr<StreamWriter> writer_;

@@ -19,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "client/client_core.h"
 #include "client/lease.h"
+#include "common/release_ring.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "shmtensor/client.h"
@@ -271,9 +272,62 @@ TEST_F(FastPathTest, AResumedSessionPostsInANewRing) {
   }
   ASSERT_TRUE(client_->Stats().ok());  // A call: the daemon drains.
   // Each put's seal at least, and each ref's release, from the new ring.
-  EXPECT_GE(ring_of(client_->client_id(), &has_ring) - before,
-            uint64_t{kPuts});
+  EXPECT_GE(ring_of(client_->client_id(), &has_ring) - before, uint64_t{kPuts});
   EXPECT_TRUE(has_ring);
+}
+
+// Puts, gets and releases from another thread while the process's
+// connections break again and again (each break a resume of both sessions,
+// each resume a new ring, and past the daemon's cap none): every get reads
+// the bytes its put wrote, and once every ref and view is gone the pool
+// holds nothing, so no seal or release was lost in a ring the client
+// swapped or gave up.
+TEST_F(FastPathTest, PutsAndReleasesRacingResumesLoseNothing) {
+  Client consumer = Connect();
+  std::atomic<bool> stop{false};
+  std::atomic<int> rounds{0}, mismatches{0}, failures{0};
+  std::thread load([&] {
+    for (int i = 0; !stop; ++i) {
+      const std::vector<uint8_t> bytes(kObject, static_cast<uint8_t>(i));
+      absl::StatusOr<SealedRef> put =
+          client_->Put(bytes.data(), {.size_bytes = kObject});
+      for (int tries = 0; absl::IsUnavailable(put.status()) && tries < 3;
+           ++tries) {
+        put = client_->Put(bytes.data(), {.size_bytes = kObject});
+      }
+      if (!put.ok()) {
+        ++failures;
+        continue;
+      }
+      absl::StatusOr<View> got = consumer.Get(put->ref());
+      for (int tries = 0; absl::IsUnavailable(got.status()) && tries < 3;
+           ++tries) {
+        got = consumer.Get(put->ref());
+      }
+      if (!got.ok()) {
+        ++failures;
+        continue;
+      }
+      if (!AllBytes(*got, static_cast<uint8_t>(i))) ++mismatches;
+      ++rounds;
+    }
+  });
+  constexpr int kBreaks = kMaxRingsPerSession + 2;
+  for (int k = 0; k < kBreaks; ++k) {
+    const int seen = rounds.load();
+    while (rounds.load() < seen + 20) absl::SleepFor(absl::Milliseconds(1));
+    testing::BreakDaemonConnections(daemon_->address(),
+                                    testing::BreakMode::kShutdown);
+  }
+  const int seen = rounds.load();
+  while (rounds.load() < seen + 20) absl::SleepFor(absl::Milliseconds(1));
+  stop = true;
+  load.join();
+  EXPECT_EQ(mismatches.load(), 0);
+  EXPECT_EQ(failures.load(), 0);
+  ASSERT_TRUE(client_->Stats().ok());
+  ASSERT_TRUE(consumer.Stats().ok());
+  EXPECT_EQ(Used(), 0u);
 }
 
 // GetHeld answers without the daemon, and only for what this process

@@ -315,7 +315,8 @@ class ObjectStore {
   // FAILED_PRECONDITION when the session has a ring, or may write no host
   // pool; RESOURCE_EXHAUSTED (LIMIT_EXCEEDED) once kMaxRingsPerSession
   // rings were made for it (a client that resumes again and again seals on
-  // its stream from then on); INTERNAL when the ring cannot be made.
+  // its stream from then on); UNAVAILABLE after Shutdown; INTERNAL when the
+  // ring cannot be made.
   absl::Status GrantRing(uint64_t session_id, absl::string_view secret,
                          const OwnerKey& peer, UniqueFd* ring);
   // [P18] A process is about to fork while it holds views: pins every object

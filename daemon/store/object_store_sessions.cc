@@ -176,7 +176,8 @@ absl::StatusOr<std::vector<DescriptorGrant>> ObjectStore::GrantDescriptors(
       std::any_of(out.begin(), out.end(), [](const DescriptorGrant& g) {
         return g.access == v1::POOL_ACCESS_READ_WRITE;
       });
-  if (ring != nullptr && writes_host) {
+  // A session of a successor may have asked for a ring alone first.
+  if (ring != nullptr && writes_host && s->ring == nullptr) {
     if (absl::Status made = MakeRingLocked(*s, ring); !made.ok()) {
       spdlog::warn("client {}: no release ring ({}); it seals on its stream",
                    s->client_id, std::string(made.message()));
@@ -189,6 +190,7 @@ absl::Status ObjectStore::GrantRing(uint64_t session_id,
                                     absl::string_view secret,
                                     const OwnerKey& peer, UniqueFd* ring) {
   absl::MutexLock lock(&mu_);
+  if (shutting_down_) return ShuttingDownError();
   Session* s = ProvenSession(session_id, secret, peer);
   if (s == nullptr) {
     return absl::PermissionDeniedError(
