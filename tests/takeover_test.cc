@@ -5,6 +5,7 @@
 // on $NOTIFY_SOCKET (FDSTORE=1, FDNAME=, FDSTOREREMOVE=1, READY=1), and
 // $LISTEN_FDS, $LISTEN_PID, $LISTEN_FDNAMES with descriptors from 3.
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/mman.h>
@@ -15,6 +16,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -216,9 +218,14 @@ uint64_t UsedBytes(const std::string& address) {
   ClientOptions options;
   options.address = address;
   absl::StatusOr<Client> c = Client::Connect(options);
-  if (!c.ok()) return UINT64_MAX;
-  absl::StatusOr<StoreStats> s = c->Stats();
-  return s.ok() ? s->pools[0].used_bytes : UINT64_MAX;
+  absl::StatusOr<StoreStats> s = c.ok() ? c->Stats() : c.status();
+  if (!s.ok()) {
+    // Shown with the failure of whatever compares it.
+    std::fprintf(stderr, "no stats from %s: %s\n", address.c_str(),
+                 s.status().ToString().c_str());
+    return UINT64_MAX;
+  }
+  return s->pools[0].used_bytes;
 }
 
 TEST(TakeOverTest, TenTakeOversUnderLoadEndNoSessionAndLoseNoByte) {
@@ -672,7 +679,24 @@ TEST(TakeOverTest, ReloadReExecutesInPlaceKeepingEverything) {
   co.size_bytes = kObject;
   SealedRef ref = *c.Put(bytes.data(), co);
   const uint64_t used = UsedBytes((*d)->address());
+  // A connection the old image accepted: it ends when that image goes (the
+  // signal is taken in the daemon's own time, and a call made before could
+  // be answered by the old image, or a new client's connection broken by
+  // the reload halfway).
+  const int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const std::string path = (*d)->address().substr(5);
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  ASSERT_EQ(connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)),
+            0);
+  // Accepted: gRPC's server speaks first (its HTTP/2 settings).
+  pollfd accepted{probe, POLLIN, 0};
+  ASSERT_EQ(poll(&accepted, 1, 20000), 1);
   (*d)->process().Signal(SIGHUP);
+  pollfd gone{probe, POLLRDHUP, 0};
+  ASSERT_EQ(poll(&gone, 1, 20000), 1);
+  close(probe);
   // The same process serves on: the first call may find the connection
   // broken (UNAVAILABLE), none finds the session ended.
   absl::StatusOr<View> v = c.Get(ref.ref());
