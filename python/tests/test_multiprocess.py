@@ -119,9 +119,12 @@ def test_parent_and_forked_child_use_grpc_at_once(client, daemon):
     assert done.get(timeout=60) == "ready"
     session = client.client_id
     for i in range(5):
-        q.put(client.put(np.full(1 << 18, float(i), dtype=np.float32),
-                         exclusive=True))
-        assert client.stats()["sessions"] == 2  # Both sessions alive.
+        ref = client.put(np.full(1 << 18, float(i), dtype=np.float32),
+                         exclusive=True)
+        # Both sessions alive. Asked before the child has its last ref: once
+        # it has, it may finish and end its session before the answer.
+        assert client.stats()["sessions"] == 2
+        q.put(ref)
     assert done.get(timeout=60) == sum(i * (1 << 18) for i in range(5))
     proc.join(30)
     assert proc.exitcode == 0 and client.client_id == session
