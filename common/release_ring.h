@@ -55,8 +55,8 @@ inline constexpr size_t kReleaseRingBytes =
     static_cast<size_t>(kReleaseRingSlots) * kReleaseRingSlotBytes;
 // The most rings a session gets from one daemon: its first, and a new one
 // after each resume (DescriptorRequest.release_ring_only), which drops the
-// last. The client keeps each mapped until its session ends (a thread may
-// still be posting in the one before), so this bounds that memory too.
+// last. It bounds the ring descriptors the daemon sends a session (each in
+// flight until read); a client holds one ring at a time.
 inline constexpr uint32_t kMaxRingsPerSession = 8;
 
 // The daemon's end, over `base` (kReleaseRingBytes, writable, mapped
