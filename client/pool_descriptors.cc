@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "client/daemon_socket.h"
 #include "shmtensor/defaults.h"
@@ -100,6 +101,31 @@ absl::StatusOr<int> Exchange(const std::string& socket_path,
   return fd;
 }
 
+// Sends `request` and returns the descriptors of a granted reply (the
+// caller's), the reply in *reply; the daemon's refusal as its code and
+// message after `refused`, every descriptor received closed. Errors as
+// Exchange.
+absl::StatusOr<std::vector<int>> Ask(const std::string& socket_path,
+                                     const v1::DescriptorRequest& request,
+                                     absl::Time deadline,
+                                     std::optional<uid_t> daemon_uid,
+                                     absl::string_view refused,
+                                     v1::DescriptorReply* reply) {
+  std::vector<int> fds;
+  absl::StatusOr<int> conn =
+      Exchange(socket_path, request, deadline, daemon_uid, reply, &fds);
+  if (!conn.ok()) return conn.status();
+  close(*conn);
+  if (reply->code() != 0 || !reply->granted()) {
+    CloseAll(fds);
+    return absl::Status(
+        reply->code() != 0 ? static_cast<absl::StatusCode>(reply->code())
+                           : absl::StatusCode::kInternal,
+        absl::StrCat(refused, reply->message().substr(0, 1024)));
+  }
+  return fds;
+}
+
 }  // namespace
 
 absl::StatusOr<int> TakeForkHold(const std::string& socket_path,
@@ -137,19 +163,11 @@ absl::StatusOr<int> FetchReleaseRing(const std::string& socket_path,
   request.set_secret(secret);
   request.set_release_ring_only(true);
   v1::DescriptorReply reply;
-  std::vector<int> fds;
-  absl::StatusOr<int> conn =
-      Exchange(socket_path, request, deadline, daemon_uid, &reply, &fds);
-  if (!conn.ok()) return conn.status();
-  close(*conn);
-  if (reply.code() != 0 || !reply.granted()) {
-    CloseAll(fds);
-    return absl::Status(reply.code() != 0
-                            ? static_cast<absl::StatusCode>(reply.code())
-                            : absl::StatusCode::kInternal,
-                        absl::StrCat("shmtensord refused a release ring: ",
-                                     reply.message().substr(0, 1024)));
-  }
+  absl::StatusOr<std::vector<int>> got =
+      Ask(socket_path, request, deadline, daemon_uid,
+          "shmtensord refused a release ring: ", &reply);
+  if (!got.ok()) return got.status();
+  std::vector<int>& fds = *got;
   struct stat st;
   const int flags = fds.size() == 1 ? fcntl(fds[0], F_GETFL) : -1;
   if (!reply.release_ring() || reply.pool_ids_size() != 0 || fds.size() != 1 ||
@@ -173,20 +191,11 @@ absl::StatusOr<SessionDescriptors> FetchPoolDescriptors(
   request.set_session_id(session_id);
   request.set_secret(secret);
   v1::DescriptorReply reply;
-  std::vector<int> fds;
-  absl::StatusOr<int> conn =
-      Exchange(socket_path, request, deadline, daemon_uid, &reply, &fds);
-  if (!conn.ok()) return conn.status();
-  close(*conn);
-  if (reply.code() != 0 || !reply.granted()) {
-    CloseAll(fds);
-    return absl::Status(reply.code() != 0
-                            ? static_cast<absl::StatusCode>(reply.code())
-                            : absl::StatusCode::kInternal,
-                        absl::StrCat("shmtensord refused this process the "
-                                     "pools' descriptors: ",
-                                     reply.message().substr(0, 1024)));
-  }
+  absl::StatusOr<std::vector<int>> got =
+      Ask(socket_path, request, deadline, daemon_uid,
+          "shmtensord refused this process the pools' descriptors: ", &reply);
+  if (!got.ok()) return got.status();
+  std::vector<int>& fds = *got;
   const bool ring = reply.release_ring() && !fds.empty();
   const size_t pools = fds.size() - (ring ? 1 : 0);
   if (ring != reply.release_ring() ||
