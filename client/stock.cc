@@ -29,6 +29,7 @@ void Stock::Stop() {
     stopping_ = true;
   }
   wake_.notify_all();
+  refilled_.notify_all();
   if (thread_.joinable()) thread_.join();
 }
 
@@ -50,14 +51,24 @@ uint64_t Stock::bytes() const {
   return n;
 }
 
+uint64_t Stock::made() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return made_;
+}
+
+uint64_t Stock::surplus() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return surplus_;
+}
+
 uint64_t Stock::BudgetFor(const v1::PoolInfo& pool) const {
   return std::min(budget_, pool.size_bytes() / 8);
 }
 
 Stock::Class& Stock::ClassOf(const v1::PoolInfo& pool, uint64_t capacity,
                              std::vector<uint64_t>* evicted) {
-  for (Class& c : classes_) {
-    if (c.pool_id == pool.pool_id() && c.capacity == capacity) return c;
+  if (Class* c = FindLocked(pool.pool_id(), capacity); c != nullptr) {
+    return *c;
   }
   if (classes_.size() == kMaxClasses) {
     auto lru = std::min_element(classes_.begin(), classes_.end(),
@@ -71,11 +82,29 @@ Stock::Class& Stock::ClassOf(const v1::PoolInfo& pool, uint64_t capacity,
   c.pool_id = pool.pool_id();
   c.pool = pool.name();
   c.capacity = capacity;
-  c.target = static_cast<uint32_t>(std::clamp<uint64_t>(
+  c.cap = static_cast<uint32_t>(std::clamp<uint64_t>(
       BudgetFor(pool) / 4 / capacity, 1, uint64_t{kMaxPerClass}));
+  c.target = std::min(c.cap, kFirstTarget);
   c.last_take = absl::Now();
   classes_.push_back(std::move(c));
   return classes_.back();
+}
+
+Stock::Class* Stock::FindLocked(uint32_t pool_id, uint64_t capacity) {
+  for (Class& c : classes_) {
+    if (c.pool_id == pool_id && c.capacity == capacity) return &c;
+  }
+  return nullptr;
+}
+
+std::optional<StockBuffer> Stock::PopLocked(Class& c) {
+  while (!c.buffers.empty()) {
+    StockBuffer b = std::move(c.buffers.back());
+    c.buffers.pop_back();
+    // A resume may have refused it since (its lease is no longer held).
+    if (core_.Holds(b.lease_id)) return b;
+  }
+  return std::nullopt;
 }
 
 absl::StatusOr<StockBuffer> Stock::Take(const v1::PoolInfo& pool,
@@ -92,18 +121,33 @@ absl::StatusOr<StockBuffer> Stock::Take(const v1::PoolInfo& pool,
   std::vector<uint64_t> evicted;
   std::optional<StockBuffer> hit;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    Class& c = ClassOf(pool, capacity, &evicted);
-    c.last_take = absl::Now();
-    if (c.takes < UINT32_MAX) ++c.takes;
-    while (!c.buffers.empty() && !hit.has_value()) {
-      StockBuffer b = std::move(c.buffers.back());
-      c.buffers.pop_back();
-      // A resume may have refused it since (its lease is no longer held).
-      if (core_.Holds(b.lease_id)) hit = std::move(b);
+    std::unique_lock<std::mutex> lock(mu_);
+    Class* c = &ClassOf(pool, capacity, &evicted);
+    c->last_take = absl::Now();
+    if (c->takes < UINT32_MAX) ++c->takes;
+    hit = PopLocked(*c);
+    if (!hit.has_value() && c->takes > c->target) {
+      // Run dry in use: the takes outpace the refill, whose call lands
+      // later than the class's lower half lasts. Twice the stock, up to
+      // its cap, so that the next refill starts earlier and brings more.
+      c->target = std::min(c->target * 2, c->cap);
+    }
+    if (!hit.has_value() && make_on_miss && c->refilling) {
+      // A call for this class is out (the refill thread's, or another
+      // take's miss): take from what it brings rather than make a second
+      // call, whose buffers would come back as surplus (work for the daemon
+      // twice over). Bounded by the call's deadline; the class may go
+      // meanwhile (found again).
+      const uint32_t pool_id = pool.pool_id();
+      refilled_.wait_for(lock, absl::ToChronoNanoseconds(kRpcDeadline), [&] {
+        c = FindLocked(pool_id, capacity);
+        return stopping_ || c == nullptr || !c->refilling;
+      });
+      if (c == nullptr) c = &ClassOf(pool, capacity, &evicted);
+      hit = PopLocked(*c);
     }
     if ((hit.has_value() || !make_on_miss) &&
-        c.buffers.size() < (c.want() + 1) / 2) {
+        c->buffers.size() < (c->want() + 1) / 2) {
       refill_due_ = true;
       // Waking a sleeping thread costs this take a cross-CPU wake-up (on a
       // VM, tens of µs), once per refill: the takes after it find the
@@ -111,7 +155,10 @@ absl::StatusOr<StockBuffer> Stock::Take(const v1::PoolInfo& pool,
       // caller that takes many wakes it after its last take (WakeIfDue).
       if (make_on_miss) wake_.notify_one();
     }
-    want = c.want();
+    want = c->want();
+    // A miss makes the class's call: the refill thread and other takes
+    // wait for it rather than make their own.
+    if (!hit.has_value() && make_on_miss) c->refilling = true;
   }
   GiveBack(evicted);
   if (hit.has_value()) return *std::move(hit);
@@ -121,23 +168,30 @@ absl::StatusOr<StockBuffer> Stock::Take(const v1::PoolInfo& pool,
   // A miss: this buffer and the class's refill in one round trip.
   absl::StatusOr<std::vector<StockBuffer>> made =
       Make(pool.name(), capacity, want);
-  if (!made.ok()) return made.status();
-  if (made->empty()) {
+  std::vector<uint64_t> surplus;
+  std::unique_lock<std::mutex> lock(mu_);
+  Class& c = ClassOf(pool, capacity, &surplus);
+  c.refilling = false;
+  refilled_.notify_all();
+  if (!made.ok() || made->empty()) {
+    lock.unlock();
+    GiveBack(surplus);
+    if (!made.ok()) return made.status();
     return absl::ResourceExhaustedError("the daemon made no stock buffer");
   }
   StockBuffer first = std::move(made->front());
-  std::vector<uint64_t> surplus;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    Class& c = ClassOf(pool, capacity, &surplus);
+    made_ += made->size();
     for (size_t i = 1; i < made->size(); ++i) {
       if (c.buffers.size() < c.want()) {
         c.buffers.push_back(std::move((*made)[i]));
       } else {
         surplus.push_back((*made)[i].lease_id);
+        ++surplus_;
       }
     }
   }
+  lock.unlock();
   GiveBack(surplus);
   return first;
 }
@@ -206,12 +260,14 @@ void Stock::Loop() {
     uint32_t pool_id = 0;
     uint64_t capacity = 0;
     uint32_t count = 0;
-    for (const Class& c : classes_) {
-      if (c.takes >= 2 && c.buffers.size() < (c.want() + 1) / 2) {
+    for (Class& c : classes_) {
+      if (c.takes >= 2 && !c.refilling &&
+          c.buffers.size() < (c.want() + 1) / 2) {
         pool = c.pool;
         pool_id = c.pool_id;
         capacity = c.capacity;
         count = c.want() - static_cast<uint32_t>(c.buffers.size());
+        c.refilling = true;  // Its takes that miss wait for this call.
         refill_due_ = true;  // Look again for the others.
         break;
       }
@@ -226,19 +282,20 @@ void Stock::Loop() {
       absl::StatusOr<std::vector<StockBuffer>> made =
           Make(pool, capacity, count);
       lock.lock();
+      Class* c = FindLocked(pool_id, capacity);
+      if (c != nullptr) c->refilling = false;
+      refilled_.notify_all();
       if (!made.ok()) {
         // At the daemon's stock limit, or the pool is full: not now.
         refill_due_ = false;
       } else {
-        Class* c = nullptr;
-        for (Class& k : classes_) {
-          if (k.pool_id == pool_id && k.capacity == capacity) c = &k;
-        }
+        made_ += made->size();
         for (StockBuffer& b : *made) {
           if (c != nullptr && c->buffers.size() < c->want()) {
             c->buffers.push_back(std::move(b));
           } else {
             surplus.push_back(b.lease_id);
+            ++surplus_;
           }
         }
         if (made->empty()) refill_due_ = false;

@@ -9,21 +9,25 @@
 //    stays faulted in and open in this process's writable mapping). At most
 //    kMaxClasses classes; the least recently used goes first.
 //  - How many: the budget of a pool is the client's, at most an eighth of
-//    the pool; a class keeps up to budget / 4 / capacity buffers, 1 to
-//    kMaxPerClass, and fewer while it is new: its n-th take asks for at
-//    most n (a size asked for once takes one buffer, and leaves no stock).
-//    A size past budget / 4 has no stock (its put makes one round trip for
-//    its buffer).
+//    the pool; a class keeps up to its target of buffers, and fewer while
+//    it is new: its n-th take asks for at most n (a size asked for once
+//    takes one buffer, and leaves no stock). The target starts at
+//    kFirstTarget and doubles each time a take finds the class empty after
+//    its first `target` takes (the takes outpace the refill), up to its cap,
+//    budget / 4 / capacity, 1 to kMaxPerClass. A size past budget / 4 has
+//    no stock (its put makes one round trip for its buffer).
 //  - Which: a take takes the class's newest buffer (the range its daemon
 //    freed last, the likeliest to be in the CPU's caches still).
 //  - When: a take that misses makes the buffer and the class's refill in
-//    the same round trip; a take that leaves the class under half its
-//    target has the refill thread refill it in the background, and wakes
-//    it (the first such take pays the wake-up), so that the refill lands
-//    before the class runs dry. A caller that takes many (PutMany) wakes
-//    it after its last take instead (WakeIfDue): a refill racing the
-//    batch would top the class up to less than its target, and compete
-//    with the batch's own round trip for its misses.
+//    the same round trip, unless the refill thread's call for the class is
+//    out: it then waits for that call's buffers (a second call's would come
+//    back as surplus, given back: work for the daemon twice over); a take that
+//    leaves the class under half its target has the refill thread refill it in
+//    the background, and wakes it (the first such take pays the wake-up), so
+//    that the refill lands before the class runs dry. A caller that takes many
+//    (PutMany) wakes it after its last take instead (WakeIfDue): a refill
+//    racing the batch would top the class up to less than its target, and
+//    compete with the batch's own round trip for its misses.
 //  - Return: a class not taken from for `idle` gives its buffers back
 //    (their release discards them), as the session's end does all.
 //  - Bound: the daemon's limits.max_stock_bytes_per_client, whatever this
@@ -45,6 +49,7 @@
 #include <cstdint>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -68,7 +73,10 @@ struct StockBuffer {
 class Stock {
  public:
   static constexpr size_t kMaxClasses = 16;
-  static constexpr uint32_t kMaxPerClass = 64;
+  // A class's target starts at kFirstTarget buffers and doubles each time
+  // the class runs dry in use, up to kMaxPerClass (see the file comment).
+  static constexpr uint32_t kFirstTarget = 64;
+  static constexpr uint32_t kMaxPerClass = 128;
 
   // `core` owns the stock and outlives it. `budget_bytes` > 0.
   Stock(ClientCore& core, uint64_t budget_bytes, absl::Duration idle);
@@ -103,14 +111,20 @@ class Stock {
   // Buffers held now, and their capacity.
   size_t buffers() const;
   uint64_t bytes() const;
+  // Buffers the daemon made for this stock so far, and those of them given
+  // back unused because their class was full when they came (surplus).
+  uint64_t made() const;
+  uint64_t surplus() const;
 
  private:
   struct Class {
     uint32_t pool_id = 0;
     std::string pool;
     uint64_t capacity = 0;
-    uint32_t target = 1;  // Its most buffers.
-    uint32_t takes = 0;   // Takes so far (the stock it asks for grows).
+    uint32_t cap = 1;        // The most `target` grows to.
+    uint32_t target = 1;     // Its most buffers now.
+    uint32_t takes = 0;      // Takes so far (the stock it asks for grows).
+    bool refilling = false;  // The refill thread's call for it is out.
     std::deque<StockBuffer> buffers;
     absl::Time last_take;
     // How many buffers it wants now.
@@ -127,6 +141,11 @@ class Stock {
   absl::StatusOr<std::vector<StockBuffer>> Make(const std::string& pool,
                                                 uint64_t capacity,
                                                 uint32_t count);
+  // The class of (pool_id, capacity), or null. mu_ held.
+  Class* FindLocked(uint32_t pool_id, uint64_t capacity);
+  // The class's newest buffer whose lease is still held (the others are
+  // dropped), or none. mu_ held.
+  std::optional<StockBuffer> PopLocked(Class& c);
   // Releases the leases of buffers given back. Without mu_.
   void GiveBack(const std::vector<uint64_t>& lease_ids);
   void Loop();
@@ -136,10 +155,13 @@ class Stock {
   const absl::Duration idle_;
   mutable std::mutex mu_;
   std::condition_variable wake_;
-  std::vector<Class> classes_;  // Guarded by mu_.
-  bool stopping_ = false;       // Guarded by mu_.
-  bool refill_due_ = false;     // Guarded by mu_.
-  ForkGate fork_gate_;          // Around the thread's calls.
+  std::condition_variable refilled_;  // A refill's call came back.
+  std::vector<Class> classes_;        // Guarded by mu_.
+  bool stopping_ = false;             // Guarded by mu_.
+  bool refill_due_ = false;           // Guarded by mu_.
+  uint64_t made_ = 0;                 // Guarded by mu_.
+  uint64_t surplus_ = 0;              // Guarded by mu_.
+  ForkGate fork_gate_;                // Around the thread's calls.
   std::thread thread_;
 };
 

@@ -19,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "client/client_core.h"
 #include "client/lease.h"
+#include "client/stock.h"
 #include "common/release_ring.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -532,6 +533,30 @@ TEST_F(FastPathTest, RefusedRingPostsCannotFloodTheDaemonsLog) {
 // PutMany and GetMany move many objects in a round trip each; each get
 // result stands alone (a stale ref fails, its neighbours do not), and a
 // PutMany that fails leaves nothing.
+// A producer that puts as fast as it can outruns the refill thread's call.
+// The take that finds its class empty then waits for that call's buffers
+// instead of making a call of its own, so every buffer the daemon makes for
+// the stock serves a put: none comes back as surplus (a create and a
+// release for the daemon, for nothing). And the class's stock grows to keep
+// up, up to its cap.
+TEST_F(FastPathTest, PutsBackToBackMakeNoStockBufferInVain) {
+  absl::StatusOr<Client> c = Client::Connect({.address = daemon_->address()});
+  ASSERT_TRUE(c.ok()) << c.status();
+  constexpr uint64_t kSmall = 4 << 10;
+  constexpr int kPuts = 5000;
+  std::vector<uint8_t> bytes(kSmall, 7);
+  for (int i = 0; i < kPuts; ++i) {
+    ASSERT_TRUE(c->Put(bytes.data(), {.size_bytes = kSmall}).ok()) << i;
+  }
+  absl::StatusOr<Buffer> probe = c->Create({.size_bytes = kSmall});
+  ASSERT_TRUE(probe.ok()) << probe.status();
+  const internal::Stock* stock = probe->lease()->core().stock();
+  ASSERT_NE(stock, nullptr);
+  EXPECT_EQ(stock->surplus(), 0u) << stock->made() << " made";
+  EXPECT_LE(stock->made(), kPuts + 1 + internal::Stock::kMaxPerClass);
+  EXPECT_LE(stock->buffers(), internal::Stock::kMaxPerClass);
+}
+
 TEST_F(FastPathTest, ManyObjectsPerRoundTrip) {
   Client consumer = Connect();
   std::vector<std::vector<uint8_t>> data(64);
