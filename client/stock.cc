@@ -1,11 +1,13 @@
 #include "client/stock.h"
 
 #include <algorithm>
+#include <chrono>
 #include <optional>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
+#include "client/call_canceller.h"
 #include "client/client_core.h"
 
 namespace shmtensor::internal {
@@ -118,6 +120,7 @@ absl::StatusOr<StockBuffer> Stock::Take(const v1::PoolInfo& pool,
         bytes, pool.name(), BudgetFor(pool)));
   }
   uint32_t want = 0;
+  uint64_t call = 0;  // The id of this take's own call (a miss's).
   std::vector<uint64_t> evicted;
   std::optional<StockBuffer> hit;
   {
@@ -126,25 +129,26 @@ absl::StatusOr<StockBuffer> Stock::Take(const v1::PoolInfo& pool,
     c->last_take = absl::Now();
     if (c->takes < UINT32_MAX) ++c->takes;
     hit = PopLocked(*c);
-    if (!hit.has_value() && c->takes > c->target) {
+    if (!hit.has_value() && make_on_miss && c->takes > c->target) {
       // Run dry in use: the takes outpace the refill, whose call lands
       // later than the class's lower half lasts. Twice the stock, up to
       // its cap, so that the next refill starts earlier and brings more.
       c->target = std::min(c->target * 2, c->cap);
     }
-    if (!hit.has_value() && make_on_miss && c->refilling) {
-      // A call for this class is out (the refill thread's, or another
-      // take's miss): take from what it brings rather than make a second
-      // call, whose buffers would come back as surplus (work for the daemon
-      // twice over). Bounded by the call's deadline; the class may go
-      // meanwhile (found again).
-      const uint32_t pool_id = pool.pool_id();
-      refilled_.wait_for(lock, absl::ToChronoNanoseconds(kRpcDeadline), [&] {
-        c = FindLocked(pool_id, capacity);
-        return stopping_ || c == nullptr || !c->refilling;
-      });
-      if (c == nullptr) c = &ClassOf(pool, capacity, &evicted);
+    // A call for this class is out (the refill thread's, or another take's
+    // miss): take from what it brings rather than make a second call, whose
+    // buffers would come back as surplus (work for the daemon twice over).
+    // Not in a forked child (the call it sees out is its parent's), nor
+    // under a canceller (a wait here is no call that Cancel could end).
+    const auto until = std::chrono::steady_clock::now() +
+                       absl::ToChronoNanoseconds(kRpcDeadline);
+    while (!hit.has_value() && make_on_miss && c->call_out != 0 && !stopping_ &&
+           !core_.inherited() && ThreadCanceller() == nullptr) {
+      const bool timed_out =
+          refilled_.wait_until(lock, until) == std::cv_status::timeout;
+      c = &ClassOf(pool, capacity, &evicted);  // It may have gone meanwhile.
       hit = PopLocked(*c);
+      if (timed_out) break;
     }
     if ((hit.has_value() || !make_on_miss) &&
         c->buffers.size() < (c->want() + 1) / 2) {
@@ -158,7 +162,7 @@ absl::StatusOr<StockBuffer> Stock::Take(const v1::PoolInfo& pool,
     want = c->want();
     // A miss makes the class's call: the refill thread and other takes
     // wait for it rather than make their own.
-    if (!hit.has_value() && make_on_miss) c->refilling = true;
+    if (!hit.has_value() && make_on_miss) c->call_out = call = ++next_call_;
   }
   GiveBack(evicted);
   if (hit.has_value()) return *std::move(hit);
@@ -171,7 +175,7 @@ absl::StatusOr<StockBuffer> Stock::Take(const v1::PoolInfo& pool,
   std::vector<uint64_t> surplus;
   std::unique_lock<std::mutex> lock(mu_);
   Class& c = ClassOf(pool, capacity, &surplus);
-  c.refilling = false;
+  if (c.call_out == call) c.call_out = 0;  // Not a class made since afresh.
   refilled_.notify_all();
   if (!made.ok() || made->empty()) {
     lock.unlock();
@@ -180,15 +184,13 @@ absl::StatusOr<StockBuffer> Stock::Take(const v1::PoolInfo& pool,
     return absl::ResourceExhaustedError("the daemon made no stock buffer");
   }
   StockBuffer first = std::move(made->front());
-  {
-    made_ += made->size();
-    for (size_t i = 1; i < made->size(); ++i) {
-      if (c.buffers.size() < c.want()) {
-        c.buffers.push_back(std::move((*made)[i]));
-      } else {
-        surplus.push_back((*made)[i].lease_id);
-        ++surplus_;
-      }
+  made_ += made->size();
+  for (size_t i = 1; i < made->size(); ++i) {
+    if (c.buffers.size() < c.want()) {
+      c.buffers.push_back(std::move((*made)[i]));
+    } else {
+      surplus.push_back((*made)[i].lease_id);
+      ++surplus_;
     }
   }
   lock.unlock();
@@ -244,46 +246,60 @@ void Stock::Loop() {
                    [this] { return stopping_ || refill_due_; });
     if (stopping_) break;
     refill_due_ = false;
-    // Idle classes give their buffers back.
+    // Idle classes give their buffers back (not one with a call out: its
+    // buffers are on their way to it).
     const absl::Time now = absl::Now();
     std::vector<uint64_t> idle;
     for (auto it = classes_.begin(); it != classes_.end();) {
-      if (now - it->last_take >= idle_) {
+      if (now - it->last_take >= idle_ && it->call_out == 0) {
         for (const StockBuffer& b : it->buffers) idle.push_back(b.lease_id);
         it = classes_.erase(it);
       } else {
         ++it;
       }
     }
-    // One class under half its target is refilled per turn.
+    // One class under half its target, with no call out, is refilled per
+    // turn.
     std::string pool;
     uint32_t pool_id = 0;
     uint64_t capacity = 0;
-    uint32_t count = 0;
-    for (Class& c : classes_) {
-      if (c.takes >= 2 && !c.refilling &&
+    bool refill = false;
+    for (const Class& c : classes_) {
+      if (c.takes >= 2 && c.call_out == 0 &&
           c.buffers.size() < (c.want() + 1) / 2) {
         pool = c.pool;
         pool_id = c.pool_id;
         capacity = c.capacity;
-        count = c.want() - static_cast<uint32_t>(c.buffers.size());
-        c.refilling = true;  // Its takes that miss wait for this call.
+        refill = true;
         refill_due_ = true;  // Look again for the others.
         break;
       }
     }
-    if (idle.empty() && count == 0) continue;
-    // The calls below go without the lock, and never across a fork.
+    if (idle.empty() && !refill) continue;
+    // The calls below go without the lock, and never across a fork: the
+    // call is marked out only once the gate is passed, so no take waits
+    // for a call that a fork holds back.
     lock.unlock();
     fork_gate_.Enter();
     GiveBack(idle);
+    uint64_t call = 0;
+    uint32_t count = 0;
+    if (refill) {
+      lock.lock();
+      Class* c = FindLocked(pool_id, capacity);
+      if (c != nullptr && c->call_out == 0 && c->buffers.size() < c->want()) {
+        count = c->want() - static_cast<uint32_t>(c->buffers.size());
+        c->call_out = call = ++next_call_;  // Its missing takes wait for it.
+      }
+      lock.unlock();
+    }
     std::vector<uint64_t> surplus;
-    if (count > 0) {
+    if (call != 0) {
       absl::StatusOr<std::vector<StockBuffer>> made =
           Make(pool, capacity, count);
       lock.lock();
       Class* c = FindLocked(pool_id, capacity);
-      if (c != nullptr) c->refilling = false;
+      if (c != nullptr && c->call_out == call) c->call_out = 0;
       refilled_.notify_all();
       if (!made.ok()) {
         // At the daemon's stock limit, or the pool is full: not now.

@@ -12,16 +12,20 @@
 //    the pool; a class keeps up to its target of buffers, and fewer while
 //    it is new: its n-th take asks for at most n (a size asked for once
 //    takes one buffer, and leaves no stock). The target starts at
-//    kFirstTarget and doubles each time a take finds the class empty after
-//    its first `target` takes (the takes outpace the refill), up to its cap,
+//    kFirstTarget and doubles each time a take (not PutMany's) finds the
+//    class empty after its first `target` takes (the takes outpace the
+//    refill), up to its cap,
 //    budget / 4 / capacity, 1 to kMaxPerClass. A size past budget / 4 has
 //    no stock (its put makes one round trip for its buffer).
 //  - Which: a take takes the class's newest buffer (the range its daemon
 //    freed last, the likeliest to be in the CPU's caches still).
 //  - When: a take that misses makes the buffer and the class's refill in
-//    the same round trip, unless the refill thread's call for the class is
-//    out: it then waits for that call's buffers (a second call's would come
-//    back as surplus, given back: work for the daemon twice over); a take that
+//    the same round trip, unless a call for the class is out (the refill
+//    thread's, or another take's miss): it then waits for that call's
+//    buffers (a second call's would come back as surplus, given back: work
+//    for the daemon twice over), up to kRpcDeadline, except in a forked
+//    child and under a CallCanceller (the wait is no call Cancel ends); a
+//    class evicted and made again meanwhile may still get two. A take that
 //    leaves the class under half its target has the refill thread refill it in
 //    the background, and wakes it (the first such take pays the wake-up), so
 //    that the refill lands before the class runs dry. A caller that takes many
@@ -121,10 +125,12 @@ class Stock {
     uint32_t pool_id = 0;
     std::string pool;
     uint64_t capacity = 0;
-    uint32_t cap = 1;        // The most `target` grows to.
-    uint32_t target = 1;     // Its most buffers now.
-    uint32_t takes = 0;      // Takes so far (the stock it asks for grows).
-    bool refilling = false;  // The refill thread's call for it is out.
+    uint32_t cap = 1;     // The most `target` grows to.
+    uint32_t target = 1;  // Its most buffers now.
+    uint32_t takes = 0;   // Takes so far (the stock it asks for grows).
+    // The id of the call out for it (the refill thread's or a take's miss),
+    // 0 when none: its takes that miss wait for that call's buffers.
+    uint64_t call_out = 0;
     std::deque<StockBuffer> buffers;
     absl::Time last_take;
     // How many buffers it wants now.
@@ -161,6 +167,7 @@ class Stock {
   bool refill_due_ = false;           // Guarded by mu_.
   uint64_t made_ = 0;                 // Guarded by mu_.
   uint64_t surplus_ = 0;              // Guarded by mu_.
+  uint64_t next_call_ = 0;            // Guarded by mu_.
   ForkGate fork_gate_;                // Around the thread's calls.
   std::thread thread_;
 };

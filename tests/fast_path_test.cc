@@ -530,24 +530,33 @@ TEST_F(FastPathTest, RefusedRingPostsCannotFloodTheDaemonsLog) {
   EXPECT_TRUE(victim.Get(sealed->ref()).ok());
 }
 
-// PutMany and GetMany move many objects in a round trip each; each get
-// result stands alone (a stale ref fails, its neighbours do not), and a
-// PutMany that fails leaves nothing.
 // A producer that puts as fast as it can outruns the refill thread's call.
-// The take that finds its class empty then waits for that call's buffers
+// The take that finds its class empty then waits (for the refill's call, or
+// another thread's take's) for that call's buffers
 // instead of making a call of its own, so every buffer the daemon makes for
 // the stock serves a put: none comes back as surplus (a create and a
-// release for the daemon, for nothing). And the class's stock grows to keep
-// up, up to its cap.
+// release for the daemon, for nothing). The stock stays within its cap.
 TEST_F(FastPathTest, PutsBackToBackMakeNoStockBufferInVain) {
   absl::StatusOr<Client> c = Client::Connect({.address = daemon_->address()});
   ASSERT_TRUE(c.ok()) << c.status();
   constexpr uint64_t kSmall = 4 << 10;
   constexpr int kPuts = 5000;
   std::vector<uint8_t> bytes(kSmall, 7);
-  for (int i = 0; i < kPuts; ++i) {
+  // One producer thread, then two of the same size at once (a take may
+  // then wait for the other's call, and for the refill thread's).
+  for (int i = 0; i < kPuts / 2; ++i) {
     ASSERT_TRUE(c->Put(bytes.data(), {.size_bytes = kSmall}).ok()) << i;
   }
+  std::atomic<int> failed{0};
+  auto producer = [&] {
+    for (int i = 0; i < kPuts / 4; ++i) {
+      if (!c->Put(bytes.data(), {.size_bytes = kSmall}).ok()) ++failed;
+    }
+  };
+  std::thread other(producer);
+  producer();
+  other.join();
+  EXPECT_EQ(failed.load(), 0);
   absl::StatusOr<Buffer> probe = c->Create({.size_bytes = kSmall});
   ASSERT_TRUE(probe.ok()) << probe.status();
   const internal::Stock* stock = probe->lease()->core().stock();
@@ -557,6 +566,9 @@ TEST_F(FastPathTest, PutsBackToBackMakeNoStockBufferInVain) {
   EXPECT_LE(stock->buffers(), internal::Stock::kMaxPerClass);
 }
 
+// PutMany and GetMany move many objects in a round trip each; each get
+// result stands alone (a stale ref fails, its neighbours do not), and a
+// PutMany that fails leaves nothing.
 TEST_F(FastPathTest, ManyObjectsPerRoundTrip) {
   Client consumer = Connect();
   std::vector<std::vector<uint8_t>> data(64);

@@ -773,6 +773,35 @@ void BenchFastPath(const DaemonProcess& daemon, int iters) {
         "bare round trip (gRPC health check, the bound below): p50 %.1f us\n",
         Summarize(rtt).p50);
   }
+  {
+    // What writing memory costs when it was last written a while ago: a
+    // 16 MiB copy into one buffer, 1 ms and 30 ms after its last write
+    // (busy-waiting between: no memory traffic). On the dev VM the second
+    // costs far more, with no page fault in the guest (a cost of the host's,
+    // docs/performance.md), and the bound's destination below is written
+    // every few ms, where a put's stock range is one of two in turn.
+    const uint64_t bytes = uint64_t{16} << 20;
+    std::vector<uint8_t> src(bytes, 1), dst(bytes, 0);
+    auto after = [&](absl::Duration idle) {
+      std::vector<double> us;
+      for (int i = 0; i < 9; ++i) {
+        std::memcpy(dst.data(), src.data(), bytes);
+        const absl::Time until = absl::Now() + idle;
+        while (absl::Now() < until) {
+        }
+        const auto t0 = Clock::now();
+        std::memcpy(dst.data(), src.data(), bytes);
+        us.push_back(Us(Clock::now() - t0));
+      }
+      return Summarize(us).p50;
+    };
+    const double warm = after(absl::Milliseconds(1));
+    const double cold = after(absl::Milliseconds(30));
+    std::printf(
+        "a 16MiB copy into memory last written 1 ms before: %.0f us; 30 ms "
+        "before: %.0f us (%.2fx)\n",
+        warm, cold, cold / warm);
+  }
   std::printf("%-8s %12s %14s %8s %10s %10s %12s %12s %14s %12s\n", "size",
               "lifecycle us", "1 RTT+copy us", "ratio", "put us", "copy us",
               "put/(copy+5)", "pool copy us", "put/(pool+5)", "get held us");
@@ -869,6 +898,32 @@ void BenchFastPath(const DaemonProcess& daemon, int iters) {
     std::printf("         put: %.2f minor faults, %.2f mprotect per put\n",
                 double(put_faults) / n,
                 double(mapping->protect_calls() - protects0) / n);
+    if (bytes >= (uint64_t{16} << 20)) {
+      // The loop above writes the bound's destination twice an iteration
+      // (the bound's copy and the copy alone), and each of the stock's
+      // ranges, which take turns, once in one or two: at this size an
+      // iteration is ~10 ms, and on the dev VM memory not written for that
+      // long costs more to write (the probe above). The lifecycle and its
+      // bound alone, in turn, each writing its destination every few ms:
+      std::vector<double> alone_life, alone_bound;
+      for (int i = 0; i < n; ++i) {
+        auto t0 = Clock::now();
+        std::memcpy(dst.data(), src.data(), bytes);
+        bare.Once();
+        auto t1 = Clock::now();
+        alone_bound.push_back(Us(t1 - t0));
+        t0 = Clock::now();
+        lifecycle();
+        t1 = Clock::now();
+        alone_life.push_back(Us(t1 - t0));
+      }
+      const double al = Summarize(alone_life).p50,
+                   ab = Summarize(alone_bound).p50;
+      std::printf(
+          "         alone, in turn: lifecycle %.1f us, 1 RTT+copy %.1f us, "
+          "ratio %.2f\n",
+          al, ab, al / ab);
+    }
   }
   // Puts back to back, each ref dropped at once (a producer that puts as
   // fast as it can): what the stock's refill keeps up with. A put the
