@@ -667,7 +667,8 @@ void Ledger::AddSession(const LedgerSession& s) {
   std::memcpy(r->name, s.client_name.data(), name);
   const size_t access = std::min<size_t>(s.access.size(), kMaxPools);
   r->access_count = static_cast<uint16_t>(access);
-  std::memcpy(r->access, s.access.data(), access);
+  // An empty vector's data() may be null, which memcpy may not be given.
+  if (access > 0) std::memcpy(r->access, s.access.data(), access);
   r->word.store(s.client_id, std::memory_order_release);
   session_at_[s.client_id] = i;
 }
