@@ -140,12 +140,15 @@ absl::StatusOr<StockBuffer> Stock::Take(const v1::PoolInfo& pool,
     // buffers would come back as surplus (work for the daemon twice over).
     // Not in a forked child (the call it sees out is its parent's), nor
     // under a canceller (a wait here is no call that Cancel could end).
-    const auto until = std::chrono::steady_clock::now() +
-                       absl::ToChronoNanoseconds(kRpcDeadline);
+    std::optional<std::chrono::steady_clock::time_point> until;
     while (!hit.has_value() && make_on_miss && c->call_out != 0 && !stopping_ &&
            !core_.inherited() && ThreadCanceller() == nullptr) {
+      if (!until.has_value()) {  // Not read on a take that does not wait.
+        until = std::chrono::steady_clock::now() +
+                absl::ToChronoNanoseconds(kRpcDeadline);
+      }
       const bool timed_out =
-          refilled_.wait_until(lock, until) == std::cv_status::timeout;
+          refilled_.wait_until(lock, *until) == std::cv_status::timeout;
       c = &ClassOf(pool, capacity, &evicted);  // It may have gone meanwhile.
       hit = PopLocked(*c);
       if (timed_out) break;
@@ -172,30 +175,43 @@ absl::StatusOr<StockBuffer> Stock::Take(const v1::PoolInfo& pool,
   // A miss: this buffer and the class's refill in one round trip.
   absl::StatusOr<std::vector<StockBuffer>> made =
       Make(pool.name(), capacity, want);
+  std::optional<StockBuffer> first;
+  if (made.ok() && !made->empty()) {
+    first = std::move(made->front());
+    made->erase(made->begin());
+  }
   std::vector<uint64_t> surplus;
-  std::unique_lock<std::mutex> lock(mu_);
-  Class& c = ClassOf(pool, capacity, &surplus);
-  if (c.call_out == call) c.call_out = 0;  // Not a class made since afresh.
-  refilled_.notify_all();
-  if (!made.ok() || made->empty()) {
-    lock.unlock();
-    GiveBack(surplus);
-    if (!made.ok()) return made.status();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    surplus = LandLocked(pool.pool_id(), capacity, call, made);
+  }
+  GiveBack(surplus);
+  if (!made.ok()) return made.status();
+  if (!first.has_value()) {
     return absl::ResourceExhaustedError("the daemon made no stock buffer");
   }
-  StockBuffer first = std::move(made->front());
-  made_ += made->size();
-  for (size_t i = 1; i < made->size(); ++i) {
-    if (c.buffers.size() < c.want()) {
-      c.buffers.push_back(std::move((*made)[i]));
+  return *std::move(first);
+}
+
+std::vector<uint64_t> Stock::LandLocked(
+    uint32_t pool_id, uint64_t capacity, uint64_t call,
+    absl::StatusOr<std::vector<StockBuffer>>& made) {
+  Class* c = FindLocked(pool_id, capacity);
+  // Not a class made afresh since, whose call may be out.
+  if (c != nullptr && c->call_out == call) c->call_out = 0;
+  refilled_.notify_all();
+  std::vector<uint64_t> surplus;
+  if (!made.ok()) return surplus;
+  for (StockBuffer& b : *made) {
+    ++made_;
+    if (c != nullptr && c->buffers.size() < c->want()) {
+      c->buffers.push_back(std::move(b));
     } else {
-      surplus.push_back((*made)[i].lease_id);
+      surplus.push_back(b.lease_id);
       ++surplus_;
     }
   }
-  lock.unlock();
-  GiveBack(surplus);
-  return first;
+  return surplus;
 }
 
 absl::StatusOr<std::vector<StockBuffer>> Stock::Make(const std::string& pool,
@@ -298,24 +314,9 @@ void Stock::Loop() {
       absl::StatusOr<std::vector<StockBuffer>> made =
           Make(pool, capacity, count);
       lock.lock();
-      Class* c = FindLocked(pool_id, capacity);
-      if (c != nullptr && c->call_out == call) c->call_out = 0;
-      refilled_.notify_all();
-      if (!made.ok()) {
-        // At the daemon's stock limit, or the pool is full: not now.
-        refill_due_ = false;
-      } else {
-        made_ += made->size();
-        for (StockBuffer& b : *made) {
-          if (c != nullptr && c->buffers.size() < c->want()) {
-            c->buffers.push_back(std::move(b));
-          } else {
-            surplus.push_back(b.lease_id);
-            ++surplus_;
-          }
-        }
-        if (made->empty()) refill_due_ = false;
-      }
+      surplus = LandLocked(pool_id, capacity, call, made);
+      // At the daemon's stock limit, or the pool is full: not now.
+      if (!made.ok() || made->empty()) refill_due_ = false;
       lock.unlock();
       GiveBack(surplus);
     }

@@ -14,9 +14,9 @@
 //    takes one buffer, and leaves no stock). The target starts at
 //    kFirstTarget and doubles each time a take (not PutMany's) finds the
 //    class empty after its first `target` takes (the takes outpace the
-//    refill), up to its cap,
-//    budget / 4 / capacity, 1 to kMaxPerClass. A size past budget / 4 has
-//    no stock (its put makes one round trip for its buffer).
+//    refill), up to its cap, budget / 4 / capacity, 1 to kMaxPerClass. A
+//    size past budget / 4 has no stock (its put makes one round trip for
+//    its buffer).
 //  - Which: a take takes the class's newest buffer (the range its daemon
 //    freed last, the likeliest to be in the CPU's caches still).
 //  - When: a take that misses makes the buffer and the class's refill in
@@ -26,12 +26,13 @@
 //    for the daemon twice over), up to kRpcDeadline, except in a forked
 //    child and under a CallCanceller (the wait is no call Cancel ends); a
 //    class evicted and made again meanwhile may still get two. A take that
-//    leaves the class under half its target has the refill thread refill it in
-//    the background, and wakes it (the first such take pays the wake-up), so
-//    that the refill lands before the class runs dry. A caller that takes many
-//    (PutMany) wakes it after its last take instead (WakeIfDue): a refill
-//    racing the batch would top the class up to less than its target, and
-//    compete with the batch's own round trip for its misses.
+//    leaves the class under half its target has the refill thread refill
+//    it in the background, and wakes it (the first such take pays the
+//    wake-up), so that the refill lands before the class runs dry. A caller
+//    that takes many (PutMany) wakes it after its last take instead
+//    (WakeIfDue): a refill racing the batch would top the class up to less
+//    than its target, and compete with the batch's own round trip for its
+//    misses.
 //  - Return: a class not taken from for `idle` gives its buffers back
 //    (their release discards them), as the session's end does all.
 //  - Bound: the daemon's limits.max_stock_bytes_per_client, whatever this
@@ -152,6 +153,14 @@ class Stock {
   // The class's newest buffer whose lease is still held (the others are
   // dropped), or none. mu_ held.
   std::optional<StockBuffer> PopLocked(Class& c);
+  // A call for (pool_id, capacity) came back: clears the class's mark if
+  // `call` is still its call out, wakes the takes waiting, counts `made`
+  // and adds its buffers to the class up to what it wants. Returns the
+  // leases of the rest (surplus, or all if the class went), to give back
+  // without mu_. mu_ held.
+  std::vector<uint64_t> LandLocked(
+      uint32_t pool_id, uint64_t capacity, uint64_t call,
+      absl::StatusOr<std::vector<StockBuffer>>& made);
   // Releases the leases of buffers given back. Without mu_.
   void GiveBack(const std::vector<uint64_t>& lease_ids);
   void Loop();

@@ -848,22 +848,27 @@ void BenchFastPath(const DaemonProcess& daemon, int iters) {
                   pool_buf.lease()->placement().pool_id()),
               "mapping");
     const uint64_t protects0 = mapping->protect_calls();
-    for (int i = 0; i < n; ++i) {
-      // The bound in the lifecycle's order: the copy, then the round trip
-      // that tells the other side (a copy larger than the caches leaves the
-      // round trip's code and data cold, in the bound as in the lifecycle).
-      auto t0 = Clock::now();
+    // The bound in the lifecycle's order: the copy, then the round trip
+    // that tells the other side (a copy larger than the caches leaves the
+    // round trip's code and data cold, in the bound as in the lifecycle).
+    // Each appends its time in us.
+    auto time_bound = [&](std::vector<double>& us) {
+      const auto t0 = Clock::now();
       std::memcpy(dst.data(), src.data(), bytes);
       bare.Once();
-      auto t1 = Clock::now();
-      bound.push_back(Us(t1 - t0));
-      t0 = Clock::now();
+      us.push_back(Us(Clock::now() - t0));
+    };
+    auto time_lifecycle = [&](std::vector<double>& us) {
+      const auto t0 = Clock::now();
       lifecycle();
-      t1 = Clock::now();
-      life.push_back(Us(t1 - t0));
-      t0 = Clock::now();
+      us.push_back(Us(Clock::now() - t0));
+    };
+    for (int i = 0; i < n; ++i) {
+      time_bound(bound);
+      time_lifecycle(life);
+      auto t0 = Clock::now();
       std::memcpy(dst.data(), src.data(), bytes);
-      t1 = Clock::now();
+      auto t1 = Clock::now();
       copy.push_back(Us(t1 - t0));
       t0 = Clock::now();
       Check(pool_buf.CopyFrom(src.data(), bytes), "copy");
@@ -907,15 +912,8 @@ void BenchFastPath(const DaemonProcess& daemon, int iters) {
       // bound alone, in turn, each writing its destination every few ms:
       std::vector<double> alone_life, alone_bound;
       for (int i = 0; i < n; ++i) {
-        auto t0 = Clock::now();
-        std::memcpy(dst.data(), src.data(), bytes);
-        bare.Once();
-        auto t1 = Clock::now();
-        alone_bound.push_back(Us(t1 - t0));
-        t0 = Clock::now();
-        lifecycle();
-        t1 = Clock::now();
-        alone_life.push_back(Us(t1 - t0));
+        time_bound(alone_bound);
+        time_lifecycle(alone_life);
       }
       const double al = Summarize(alone_life).p50,
                    ab = Summarize(alone_bound).p50;
