@@ -834,6 +834,7 @@ void ClientCore::DropRefused(const v1::SessionOpened& opened) {
 
 absl::Status ClientCore::ReleaseLease(uint64_t lease_id, Route route) {
   if (absl::Status s = CheckOwner(); !s.ok()) return s;
+  bool kicked = true;  // The stream's writer has work.
   {
     // Leaves held_ and is queued at once for a resume's account (see
     // ResumeLocked).
@@ -849,10 +850,13 @@ absl::Status ClientCore::ReleaseLease(uint64_t lease_id, Route route) {
     } else {
       absl::StatusOr<bool> kick = PublishLocked(std::move(release));
       if (!kick.ok()) return kick.status();
-      if (!*kick) return absl::OkStatus();
+      kicked = *kick;
     }
   }
-  AfterEnqueue();
+  // Queued: the stock's refill that this may start carries it (not under
+  // held_mu_, which the stock takes under its own lock).
+  if (stock_ != nullptr) stock_->Released(lease_id);
+  if (kicked) AfterEnqueue();
   return absl::OkStatus();
 }
 

@@ -77,8 +77,7 @@ Stock::Class& Stock::ClassOf(const v1::PoolInfo& pool, uint64_t capacity,
                                 [](const Class& a, const Class& b) {
                                   return a.last_take < b.last_take;
                                 });
-    for (const StockBuffer& b : lru->buffers) evicted->push_back(b.lease_id);
-    classes_.erase(lru);
+    EraseLocked(lru, evicted);
   }
   Class c;
   c.pool_id = pool.pool_id();
@@ -121,6 +120,7 @@ absl::StatusOr<StockBuffer> Stock::Take(const v1::PoolInfo& pool,
   }
   uint32_t want = 0;
   uint64_t call = 0;  // The id of this take's own call (a miss's).
+  std::optional<v1::ObjectRef> reuse;
   std::vector<uint64_t> evicted;
   std::optional<StockBuffer> hit;
   {
@@ -129,6 +129,7 @@ absl::StatusOr<StockBuffer> Stock::Take(const v1::PoolInfo& pool,
     c->last_take = absl::Now();
     if (c->takes < UINT32_MAX) ++c->takes;
     hit = PopLocked(*c);
+    if (hit.has_value()) TakenLocked(*c, *hit);
     if (!hit.has_value() && make_on_miss && c->takes > c->target) {
       // Run dry in use: the takes outpace the refill, whose call lands
       // later than the class's lower half lasts. Twice the stock, up to
@@ -151,9 +152,12 @@ absl::StatusOr<StockBuffer> Stock::Take(const v1::PoolInfo& pool,
           refilled_.wait_until(lock, *until) == std::cv_status::timeout;
       c = &ClassOf(pool, capacity, &evicted);  // It may have gone meanwhile.
       hit = PopLocked(*c);
+      if (hit.has_value()) TakenLocked(*c, *hit);
       if (timed_out) break;
     }
-    if ((hit.has_value() || !make_on_miss) &&
+    // A class of one buffer is refilled when its object is let go of
+    // (Released), not now.
+    if ((hit.has_value() || !make_on_miss) && !c->one() &&
         c->buffers.size() < (c->want() + 1) / 2) {
       refill_due_ = true;
       // Waking a sleeping thread costs this take a cross-CPU wake-up (on a
@@ -164,8 +168,13 @@ absl::StatusOr<StockBuffer> Stock::Take(const v1::PoolInfo& pool,
     }
     want = c->want();
     // A miss makes the class's call: the refill thread and other takes
-    // wait for it rather than make their own.
-    if (!hit.has_value() && make_on_miss) c->call_out = call = ++next_call_;
+    // wait for it rather than make their own. In a class of one buffer it
+    // asks for the range of the object let go of last.
+    if (!hit.has_value() && make_on_miss) {
+      c->call_out = call = ++next_call_;
+      reuse = std::move(c->freed);
+      c->freed.reset();
+    }
   }
   GiveBack(evicted);
   if (hit.has_value()) return *std::move(hit);
@@ -174,7 +183,7 @@ absl::StatusOr<StockBuffer> Stock::Take(const v1::PoolInfo& pool,
   }
   // A miss: this buffer and the class's refill in one round trip.
   absl::StatusOr<std::vector<StockBuffer>> made =
-      Make(pool.name(), capacity, want);
+      Make(pool.name(), capacity, want, reuse);
   std::optional<StockBuffer> first;
   if (made.ok() && !made->empty()) {
     first = std::move(made->front());
@@ -184,6 +193,8 @@ absl::StatusOr<StockBuffer> Stock::Take(const v1::PoolInfo& pool,
   {
     std::lock_guard<std::mutex> lock(mu_);
     surplus = LandLocked(pool.pool_id(), capacity, call, made);
+    Class* c = FindLocked(pool.pool_id(), capacity);
+    if (first.has_value() && c != nullptr) TakenLocked(*c, *first);
   }
   GiveBack(surplus);
   if (!made.ok()) return made.status();
@@ -214,13 +225,14 @@ std::vector<uint64_t> Stock::LandLocked(
   return surplus;
 }
 
-absl::StatusOr<std::vector<StockBuffer>> Stock::Make(const std::string& pool,
-                                                     uint64_t capacity,
-                                                     uint32_t count) {
+absl::StatusOr<std::vector<StockBuffer>> Stock::Make(
+    const std::string& pool, uint64_t capacity, uint32_t count,
+    const std::optional<v1::ObjectRef>& reuse) {
   v1::CreateManyRequest req;
   req.set_session_id(core_.session_id());
   req.set_pool(pool);
   req.set_stock(true);
+  if (reuse.has_value()) *req.mutable_reuse_range_of() = *reuse;
   for (uint32_t i = 0; i < count; ++i) req.add_sizes(capacity);
   v1::CreateManyResponse resp;
   uint64_t generation = 0;
@@ -255,6 +267,39 @@ void Stock::WakeIfDue() {
   if (refill_due_) wake_.notify_one();
 }
 
+void Stock::TakenLocked(Class& c, const StockBuffer& b) {
+  if (!c.one()) return;
+  if (c.taken_lease == 0) taken_out_.fetch_add(1, std::memory_order_relaxed);
+  c.taken_lease = b.lease_id;
+  c.taken_ref = b.ref;
+}
+
+void Stock::EraseLocked(std::vector<Class>::iterator c,
+                        std::vector<uint64_t>* leases) {
+  for (const StockBuffer& b : c->buffers) leases->push_back(b.lease_id);
+  if (c->taken_lease != 0) taken_out_.fetch_sub(1, std::memory_order_relaxed);
+  classes_.erase(c);
+}
+
+void Stock::Released(uint64_t lease_id) {
+  // Only while this process holds the object of a class of one buffer's
+  // last take is there anything to look for (every other release of the
+  // process passes here).
+  if (taken_out_.load(std::memory_order_relaxed) == 0 || lease_id == 0) {
+    return;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Class& c : classes_) {
+    if (c.taken_lease != lease_id) continue;
+    c.taken_lease = 0;
+    taken_out_.fetch_sub(1, std::memory_order_relaxed);
+    c.freed = std::move(c.taken_ref);
+    refill_due_ = true;
+    wake_.notify_one();
+    return;
+  }
+}
+
 void Stock::Loop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
@@ -268,8 +313,9 @@ void Stock::Loop() {
     std::vector<uint64_t> idle;
     for (auto it = classes_.begin(); it != classes_.end();) {
       if (now - it->last_take >= idle_ && it->call_out == 0) {
-        for (const StockBuffer& b : it->buffers) idle.push_back(b.lease_id);
-        it = classes_.erase(it);
+        const size_t at = it - classes_.begin();
+        EraseLocked(it, &idle);
+        it = classes_.begin() + at;
       } else {
         ++it;
       }
@@ -281,8 +327,10 @@ void Stock::Loop() {
     uint64_t capacity = 0;
     bool refill = false;
     for (const Class& c : classes_) {
-      if (c.takes >= 2 && c.call_out == 0 &&
-          c.buffers.size() < (c.want() + 1) / 2) {
+      // A class of one buffer: once its last take's object is let go of.
+      const bool low = c.one() ? c.taken_lease == 0 && c.buffers.empty()
+                               : c.buffers.size() < (c.want() + 1) / 2;
+      if (c.takes >= 2 && c.call_out == 0 && low) {
         pool = c.pool;
         pool_id = c.pool_id;
         capacity = c.capacity;
@@ -300,19 +348,22 @@ void Stock::Loop() {
     GiveBack(idle);
     uint64_t call = 0;
     uint32_t count = 0;
+    std::optional<v1::ObjectRef> reuse;
     if (refill) {
       lock.lock();
       Class* c = FindLocked(pool_id, capacity);
       if (c != nullptr && c->call_out == 0 && c->buffers.size() < c->want()) {
         count = c->want() - static_cast<uint32_t>(c->buffers.size());
         c->call_out = call = ++next_call_;  // Its missing takes wait for it.
+        reuse = std::move(c->freed);
+        c->freed.reset();
       }
       lock.unlock();
     }
     std::vector<uint64_t> surplus;
     if (call != 0) {
       absl::StatusOr<std::vector<StockBuffer>> made =
-          Make(pool, capacity, count);
+          Make(pool, capacity, count, reuse);
       lock.lock();
       surplus = LandLocked(pool_id, capacity, call, made);
       // At the daemon's stock limit, or the pool is full: not now.

@@ -18,7 +18,14 @@
 //    size past budget / 4 has no stock (its put makes one round trip for
 //    its buffer).
 //  - Which: a take takes the class's newest buffer (the range its daemon
-//    freed last, the likeliest to be in the CPU's caches still).
+//    freed last, the likeliest to be in the CPU's caches still). A class
+//    of one buffer (cap 1: a size past an eighth of the budget, whose copy
+//    outweighs a round trip) is refilled when this process lets go of the
+//    object of its last take, not at the take, and asks for that object's
+//    range back (CreateManyRequest.reuse_range_of): when its readers let
+//    go first, the next put writes the range the last one wrote, which the
+//    caches still hold, where a refill at the take (the object held) would
+//    get another, and puts would write two ranges in turn.
 //  - When: a take that misses makes the buffer and the class's refill in
 //    the same round trip, unless a call for the class is out (the refill
 //    thread's, or another take's miss): it then waits for that call's
@@ -28,7 +35,8 @@
 //    class evicted and made again meanwhile may still get two. A take that
 //    leaves the class under half its target has the refill thread refill
 //    it in the background, and wakes it (the first such take pays the
-//    wake-up), so that the refill lands before the class runs dry. A caller
+//    wake-up), so that the refill lands before the class runs dry (a class
+//    of one buffer: the release of its last take's object, Released). A caller
 //    that takes many (PutMany) wakes it after its last take instead
 //    (WakeIfDue): a refill racing the batch would top the class up to less
 //    than its target, and compete with the batch's own round trip for its
@@ -106,6 +114,12 @@ class Stock {
   // Wakes the refill thread if a take left a refill due.
   void WakeIfDue();
 
+  // This process let go of lease `lease_id` (ClientCore::ReleaseLease, after
+  // the release is queued, so that the refill's call carries it): when it
+  // is the last take of a class of one buffer, that class is refilled now.
+  // Cheap when the stock has no such class.
+  void Released(uint64_t lease_id);
+
   // Stops the refill thread (waiting for its call on the way) and gives
   // nothing back: the session's end discards the buffers. Idempotent.
   void Stop();
@@ -134,6 +148,13 @@ class Stock {
     uint64_t call_out = 0;
     std::deque<StockBuffer> buffers;
     absl::Time last_take;
+    // A class of one buffer (see the file comment): the lease of its last
+    // take while this process holds it (0: none), and its object; once let
+    // go of, that object, for the refill to ask for its range back.
+    uint64_t taken_lease = 0;
+    v1::ObjectRef taken_ref;
+    std::optional<v1::ObjectRef> freed;
+    bool one() const { return cap == 1; }
     // How many buffers it wants now.
     uint32_t want() const { return std::min(target, std::max(takes, 1u)); }
   };
@@ -145,9 +166,11 @@ class Stock {
                  std::vector<uint64_t>* evicted);
   // One CreateMany(stock) of `count` buffers of `capacity` in `pool`; the
   // buffers whose leases were entered as held. Without mu_.
-  absl::StatusOr<std::vector<StockBuffer>> Make(const std::string& pool,
-                                                uint64_t capacity,
-                                                uint32_t count);
+  // With `reuse`, the first buffer asks for that object's range
+  // (CreateManyRequest.reuse_range_of).
+  absl::StatusOr<std::vector<StockBuffer>> Make(
+      const std::string& pool, uint64_t capacity, uint32_t count,
+      const std::optional<v1::ObjectRef>& reuse);
   // The class of (pool_id, capacity), or null. mu_ held.
   Class* FindLocked(uint32_t pool_id, uint64_t capacity);
   // The class's newest buffer whose lease is still held (the others are
@@ -161,6 +184,13 @@ class Stock {
   std::vector<uint64_t> LandLocked(
       uint32_t pool_id, uint64_t capacity, uint64_t call,
       absl::StatusOr<std::vector<StockBuffer>>& made);
+  // A take of `b` from `c`: a class of one buffer notes it as its last
+  // take (taken_lease). mu_ held.
+  void TakenLocked(Class& c, const StockBuffer& b);
+  // Removes class `c`, its buffers' leases appended to *leases (to give
+  // back without mu_). mu_ held.
+  void EraseLocked(std::vector<Class>::iterator c,
+                   std::vector<uint64_t>* leases);
   // Releases the leases of buffers given back. Without mu_.
   void GiveBack(const std::vector<uint64_t>& lease_ids);
   void Loop();
@@ -177,7 +207,11 @@ class Stock {
   uint64_t made_ = 0;                 // Guarded by mu_.
   uint64_t surplus_ = 0;              // Guarded by mu_.
   uint64_t next_call_ = 0;            // Guarded by mu_.
-  ForkGate fork_gate_;                // Around the thread's calls.
+  // Classes of one buffer whose last take's lease this process holds
+  // (taken_lease != 0): Released looks for nothing while there are none.
+  // Changed under mu_, read without it.
+  std::atomic<uint32_t> taken_out_ = 0;
+  ForkGate fork_gate_;  // Around the thread's calls.
   std::thread thread_;
 };
 

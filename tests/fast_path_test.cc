@@ -19,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "client/client_core.h"
 #include "client/lease.h"
+#include "client/ref_proto.h"
 #include "client/stock.h"
 #include "common/release_ring.h"
 #include "grpcpp/grpcpp.h"
@@ -564,6 +565,128 @@ TEST_F(FastPathTest, PutsBackToBackMakeNoStockBufferInVain) {
   EXPECT_EQ(stock->surplus(), 0u) << stock->made() << " made";
   EXPECT_LE(stock->made(), kPuts + 1 + internal::Stock::kMaxPerClass);
   EXPECT_LE(stock->buffers(), internal::Stock::kMaxPerClass);
+}
+
+// A put of a size the stock keeps one buffer of (a quarter of the
+// client's stock budget: 2 MiB of the test pool's 8 MiB budget) writes the
+// range its last object freed, which the CPU's caches still hold, when the
+// reader let go first: the stock's buffer is made when the creator lets go
+// of its object, not when it takes it (while it is held), and the daemon
+// applies the releases posted in release rings (the reader's, which wakes
+// nobody: its writer thread polls once an hour here) before it places that
+// buffer. Old behaviour: the refill at the take got the other range, and
+// the puts took two ranges in turn.
+TEST_F(FastPathTest, ABigPutWritesTheRangeItsLastObjectFreed) {
+  std::optional<Client> reader;
+  {
+    ScopedPostedPoll hourly(absl::Hours(1));
+    reader = Connect();
+  }
+  absl::StatusOr<Client> producer =
+      Client::Connect({.address = daemon_->address()});
+  ASSERT_TRUE(producer.ok()) << producer.status();
+  constexpr uint64_t kBig = 2 << 20;
+  constexpr int kPuts = 12;
+  std::vector<uint64_t> offsets;
+  for (int i = 0; i < kPuts; ++i) {
+    const std::vector<uint8_t> bytes(kBig, static_cast<uint8_t>(40 + i));
+    absl::StatusOr<SealedRef> put =
+        producer->Put(bytes.data(), {.size_bytes = kBig});
+    ASSERT_TRUE(put.ok()) << put.status();
+    absl::StatusOr<View> view = reader->Get(put->ref());
+    ASSERT_TRUE(view.ok()) << view.status();
+    EXPECT_TRUE(AllBytes(*view, static_cast<uint8_t>(40 + i))) << i;
+    offsets.push_back(view->lease()->placement().offset());
+    view = absl::CancelledError("released");  // Posted in the reader's ring.
+    put->Reset();
+  }
+  // The first two make their buffers on a miss (a size asked for once
+  // leaves no stock); each later one writes the range the one before it
+  // freed.
+  for (int i = 2; i < kPuts; ++i) {
+    EXPECT_EQ(offsets[i], offsets[i - 1]) << "put " << i;
+  }
+  absl::StatusOr<Buffer> probe = producer->Create({.size_bytes = 4096});
+  ASSERT_TRUE(probe.ok()) << probe.status();
+  const internal::Stock* stock = probe->lease()->core().stock();
+  ASSERT_NE(stock, nullptr);
+  EXPECT_EQ(stock->surplus(), 0u);
+  EXPECT_LE(stock->made(), static_cast<uint64_t>(kPuts) + 2);
+}
+
+// The same size's range is never handed back while a view of its object
+// is held: the producer lets go and puts again while the reader keeps its
+// view, and the view keeps its bytes through every later put; once the
+// reader lets go, the next put's buffer may be that range again.
+TEST_F(FastPathTest, ABigPutNeverWritesARangeAViewStillHolds) {
+  std::optional<Client> reader;
+  {
+    ScopedPostedPoll hourly(absl::Hours(1));
+    reader = Connect();
+  }
+  absl::StatusOr<Client> producer =
+      Client::Connect({.address = daemon_->address()});
+  ASSERT_TRUE(producer.ok()) << producer.status();
+  constexpr uint64_t kBig = 2 << 20;
+  auto put = [&](uint8_t value) {
+    const std::vector<uint8_t> bytes(kBig, value);
+    return producer->Put(bytes.data(), {.size_bytes = kBig});
+  };
+  // The class's stock is made after its second take.
+  for (uint8_t v : {60, 61}) ASSERT_TRUE(put(v).ok());
+  absl::StatusOr<SealedRef> kept = put(62);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  absl::StatusOr<View> view = reader->Get(kept->ref());
+  ASSERT_TRUE(view.ok()) << view.status();
+  const uint64_t held = view->lease()->placement().offset();
+  kept->Reset();  // The creator lets go; the reader's view holds it.
+  for (int i = 0; i < 6; ++i) {
+    absl::StatusOr<SealedRef> next = put(static_cast<uint8_t>(63 + i));
+    ASSERT_TRUE(next.ok()) << next.status();
+    absl::StatusOr<View> other = reader->Get(next->ref());
+    ASSERT_TRUE(other.ok()) << other.status();
+    EXPECT_NE(other->lease()->placement().offset(), held) << i;
+    EXPECT_TRUE(AllBytes(*other, static_cast<uint8_t>(63 + i))) << i;
+  }
+  EXPECT_TRUE(AllBytes(*view, 62));
+}
+
+// CreateManyRequest.reuse_range_of is a wish, never a way in: naming an
+// object another client holds, or no object at all, is no error, and never
+// places the buffer where a live object lies.
+TEST_F(FastPathTest, AReuseRangeWishNeverPlacesOverALiveObject) {
+  Client reader = Connect();
+  constexpr uint64_t kBig = 2 << 20;
+  const std::vector<uint8_t> sevens(kBig, 7);
+  absl::StatusOr<SealedRef> put =
+      client_->Put(sevens.data(), {.size_bytes = kBig});
+  ASSERT_TRUE(put.ok()) << put.status();
+  absl::StatusOr<View> view = reader.Get(put->ref());
+  ASSERT_TRUE(view.ok()) << view.status();
+  const uint64_t held = view->lease()->placement().offset();
+  put->Reset();  // Its creator lets go; the reader's view holds it.
+  Client other =
+      *Client::Connect({.address = daemon_->address(), .stock_bytes = 0});
+  auto stub = v1::ObjectStore::NewStub(grpc::CreateChannel(
+      daemon_->address(), grpc::InsecureChannelCredentials()));
+  v1::ObjectRef garbage;
+  garbage.set_daemon_epoch(12345);
+  garbage.set_slot(3);
+  garbage.set_generation(9);
+  for (const v1::ObjectRef& wish : {internal::ToProto(view->ref()), garbage}) {
+    v1::CreateManyRequest req;
+    req.set_session_id(other.session_id());
+    req.set_stock(true);
+    req.add_sizes(kBig);
+    *req.mutable_reuse_range_of() = wish;
+    v1::CreateManyResponse resp;
+    grpc::ClientContext ctx;
+    const grpc::Status s = stub->CreateMany(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    ASSERT_EQ(resp.created_size(), 1);
+    EXPECT_NE(resp.created(0).placement().offset(), held);
+  }
+  EXPECT_TRUE(AllBytes(*view, 7));
 }
 
 // PutMany and GetMany move many objects in a round trip each; each get

@@ -438,6 +438,12 @@ grpc::ServerUnaryReactor* ObjectStoreService::HandleCreateMany(
         // Resumed where the last try stopped: only the first one waits.
         for (int i = resp->created_size(); i < req->sizes_size(); ++i) {
           args.size_bytes = req->sizes(i);
+          // For the first buffer only.
+          if (i == 0 && req->has_reuse_range_of()) {
+            args.reuse_range_of = req->reuse_range_of();
+          } else {
+            args.reuse_range_of.reset();
+          }
           const bool last_try = i > 0 || absl::Now() >= deadline;
           absl::StatusOr<std::optional<Handout>> h =
               store_.TryCreate(args, last_try);

@@ -36,6 +36,14 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::TryCreate(
     }
   }
   absl::MutexLock lock(&mu_);
+  // The range the caller wants back is its object's, which a reader's
+  // release posted in a release ring may free: pulled before placing, so
+  // that Pool::PlaceRange finds it free (the caller's own releases are
+  // applied by CreateLocked's Admit, or by this drain).
+  if (args.reuse_range_of.has_value() &&
+      objects_.ResolveRef(*args.reuse_range_of).ok()) {
+    DrainRings();
+  }
   absl::StatusOr<std::optional<Handout>> h =
       CreateLocked(args, *bytes, /*last_try=*/false);
   // What it lacks (memory, room under a limit) may be freed by releases
