@@ -791,9 +791,12 @@ absl::Status ClientCore::HoldLease(uint64_t lease_id, uint64_t generation) {
       " was on its way; the session was resumed without it (call again)"));
 }
 
-void ClientCore::ForgetLease(uint64_t lease_id) {
-  std::lock_guard<std::mutex> lock(held_mu_);
-  held_.erase(lease_id);
+void ClientCore::ForgetLease(uint64_t lease_id, bool released) {
+  {
+    std::lock_guard<std::mutex> lock(held_mu_);
+    held_.erase(lease_id);
+  }
+  if (stock_ != nullptr) stock_->Released(lease_id, released);
 }
 
 void ClientCore::LeaseMade(Lease* lease) {
@@ -819,6 +822,11 @@ void ClientCore::DropRefused(const v1::SessionOpened& opened) {
       // the break) is no loss.
       if (it->second == nullptr || it->second->MarkLost()) ++in_use;
       held_.erase(it);
+    }
+  }
+  if (stock_ != nullptr) {
+    for (uint64_t id : opened.refused_lease_ids()) {
+      stock_->Released(id, /*named=*/false);
     }
   }
   if (in_use == 0) return;
@@ -855,7 +863,7 @@ absl::Status ClientCore::ReleaseLease(uint64_t lease_id, Route route) {
   }
   // Queued: the stock's refill that this may start carries it (not under
   // held_mu_, which the stock takes under its own lock).
-  if (stock_ != nullptr) stock_->Released(lease_id);
+  if (stock_ != nullptr) stock_->Released(lease_id, /*named=*/true);
   if (kicked) AfterEnqueue();
   return absl::OkStatus();
 }

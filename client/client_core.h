@@ -135,11 +135,12 @@ class ClientCore {
   // the call (Call's `generation`): UNAVAILABLE, and not entered, when a
   // resume began since (the daemon dropped the lease, or will: the resume
   // did not present it). It leaves by ReleaseLease (which sends its
-  // release), ForgetLease (the daemon consumed it: an exclusive seal), or a
-  // resume that finds the daemon does not hold it (the Lease is then
-  // marked lost: Lease::MarkLost).
+  // release), ForgetLease (the daemon dropped it at a unary Release,
+  // `released`, or consumed it: an exclusive seal), or a resume that finds
+  // the daemon does not hold it (the Lease is then marked lost:
+  // Lease::MarkLost). Each way out tells the stock (Stock::Released).
   absl::Status HoldLease(uint64_t lease_id, uint64_t generation);
-  void ForgetLease(uint64_t lease_id);
+  void ForgetLease(uint64_t lease_id, bool released);
   // Counted by each Lease for its life (what a fork hold is for); LeaseMade
   // also binds the Lease to its held id (marking it lost if a resume
   // refused the id meanwhile).

@@ -140,7 +140,7 @@ absl::Status Lease::ReleaseNow() {
   absl::Status s =
       core_->CallAfterReleases(&v1::ObjectStore::Stub::Release, req, &resp);
   if (s.ok()) {
-    core_->ForgetLease(id_);
+    core_->ForgetLease(id_, /*released=*/true);
   } else {
     // Maybe not released (the call broke, say): the stream's release is
     // certain to arrive.
@@ -211,7 +211,7 @@ void Lease::Forget() {
   std::lock_guard<std::mutex> lock(mu_);
   held_ = false;
   releasing_.store(true, std::memory_order_release);
-  core_->ForgetLease(id_);
+  core_->ForgetLease(id_, /*released=*/false);
 }
 
 }  // namespace shmtensor::internal

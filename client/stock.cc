@@ -281,7 +281,7 @@ void Stock::EraseLocked(std::vector<Class>::iterator c,
   classes_.erase(c);
 }
 
-void Stock::Released(uint64_t lease_id) {
+void Stock::Released(uint64_t lease_id, bool named) {
   // Only while this process holds the object of a class of one buffer's
   // last take is there anything to look for (every other release of the
   // process passes here).
@@ -293,7 +293,11 @@ void Stock::Released(uint64_t lease_id) {
     if (c.taken_lease != lease_id) continue;
     c.taken_lease = 0;
     taken_out_.fetch_sub(1, std::memory_order_relaxed);
-    c.freed = std::move(c.taken_ref);
+    if (named) {
+      c.freed = std::move(c.taken_ref);
+    } else {
+      c.freed.reset();
+    }
     refill_due_ = true;
     wake_.notify_one();
     return;

@@ -20,12 +20,14 @@
 //  - Which: a take takes the class's newest buffer (the range its daemon
 //    freed last, the likeliest to be in the CPU's caches still). A class
 //    of one buffer (cap 1: a size past an eighth of the budget, whose copy
-//    outweighs a round trip) is refilled when this process lets go of the
-//    object of its last take, not at the take, and asks for that object's
+//    outweighs a round trip) is refilled when its last take's lease leaves
+//    this process (Released), not at the take, and asks for that object's
 //    range back (CreateManyRequest.reuse_range_of): when its readers let
 //    go first, the next put writes the range the last one wrote, which the
 //    caches still hold, where a refill at the take (the object held) would
-//    get another, and puts would write two ranges in turn.
+//    get another, and puts would write two ranges in turn. A put of such
+//    a size while this process still holds the last one's object finds
+//    the class empty, and makes its buffer in its own round trip.
 //  - When: a take that misses makes the buffer and the class's refill in
 //    the same round trip, unless a call for the class is out (the refill
 //    thread's, or another take's miss): it then waits for that call's
@@ -114,11 +116,15 @@ class Stock {
   // Wakes the refill thread if a take left a refill due.
   void WakeIfDue();
 
-  // This process let go of lease `lease_id` (ClientCore::ReleaseLease, after
-  // the release is queued, so that the refill's call carries it): when it
-  // is the last take of a class of one buffer, that class is refilled now.
-  // Cheap when the stock has no such class.
-  void Released(uint64_t lease_id);
+  // Lease `lease_id` left this process (ClientCore: after its release is
+  // queued, so that the refill's call carries it, or applied; or consumed
+  // by an exclusive seal, or lost to a resume): when it is the last take of
+  // a class of one buffer, that class is refilled now, asking for its
+  // object's range back when `named` (let go of: the range may be free;
+  // not an object handed over whole, alive with its taker). Cheap while
+  // no such take is held. Not under the core's held_mu_ (PopLocked takes
+  // it under mu_).
+  void Released(uint64_t lease_id, bool named);
 
   // Stops the refill thread (waiting for its call on the way) and gives
   // nothing back: the session's end discards the buffers. Idempotent.

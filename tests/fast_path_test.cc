@@ -574,8 +574,9 @@ TEST_F(FastPathTest, PutsBackToBackMakeNoStockBufferInVain) {
 // of its object, not when it takes it (while it is held), and the daemon
 // applies the releases posted in release rings (the reader's, which wakes
 // nobody: its writer thread polls once an hour here) before it places that
-// buffer. Old behaviour: the refill at the take got the other range, and
-// the puts took two ranges in turn.
+// buffer. (A refill at the take, the object held, gets another range, and
+// the puts take two ranges in turn.) The producer lets go either way: its
+// ref's release posted, or a unary Release.
 TEST_F(FastPathTest, ABigPutWritesTheRangeItsLastObjectFreed) {
   std::optional<Client> reader;
   {
@@ -598,7 +599,11 @@ TEST_F(FastPathTest, ABigPutWritesTheRangeItsLastObjectFreed) {
     EXPECT_TRUE(AllBytes(*view, static_cast<uint8_t>(40 + i))) << i;
     offsets.push_back(view->lease()->placement().offset());
     view = absl::CancelledError("released");  // Posted in the reader's ring.
-    put->Reset();
+    if (i % 2 == 0) {
+      put->Reset();
+    } else {
+      ASSERT_TRUE(put->Release().ok());
+    }
   }
   // The first two make their buffers on a miss (a size asked for once
   // leaves no stock); each later one writes the range the one before it
@@ -616,8 +621,7 @@ TEST_F(FastPathTest, ABigPutWritesTheRangeItsLastObjectFreed) {
 
 // The same size's range is never handed back while a view of its object
 // is held: the producer lets go and puts again while the reader keeps its
-// view, and the view keeps its bytes through every later put; once the
-// reader lets go, the next put's buffer may be that range again.
+// view, and the view keeps its bytes through every later put.
 TEST_F(FastPathTest, ABigPutNeverWritesARangeAViewStillHolds) {
   std::optional<Client> reader;
   {
@@ -649,6 +653,40 @@ TEST_F(FastPathTest, ABigPutNeverWritesARangeAViewStillHolds) {
     EXPECT_TRUE(AllBytes(*other, static_cast<uint8_t>(63 + i))) << i;
   }
   EXPECT_TRUE(AllBytes(*view, 62));
+}
+
+// A put handed over whole (exclusive: the daemon consumes the creator's
+// lease at the seal) lets go of its lease without a release: the class of
+// one buffer is refilled all the same, in the background.
+TEST_F(FastPathTest, AnExclusivePutStillRefillsItsClass) {
+  absl::StatusOr<Client> producer =
+      Client::Connect({.address = daemon_->address()});
+  ASSERT_TRUE(producer.ok()) << producer.status();
+  constexpr uint64_t kBig = 2 << 20;
+  const std::vector<uint8_t> bytes(kBig, 9);
+  std::vector<SealedRef> handed;
+  for (int i = 0; i < 2; ++i) {  // A class's stock is made after 2 takes.
+    absl::StatusOr<SealedRef> put =
+        producer->Put(bytes.data(), {.size_bytes = kBig}, /*exclusive=*/true);
+    ASSERT_TRUE(put.ok()) << put.status();
+    handed.push_back(*std::move(put));
+  }
+  absl::StatusOr<Buffer> probe = producer->Create({.size_bytes = 4096});
+  ASSERT_TRUE(probe.ok()) << probe.status();
+  const internal::Stock* stock = probe->lease()->core().stock();
+  ASSERT_NE(stock, nullptr);
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (stock->bytes() < kBig && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(stock->bytes(), kBig);
+  // Its objects are another's to take, whole.
+  Client taker = Connect();
+  for (const SealedRef& r : handed) {
+    absl::StatusOr<View> v = taker.Get(r.ref());
+    ASSERT_TRUE(v.ok()) << v.status();
+    EXPECT_TRUE(AllBytes(*v, 9));
+  }
 }
 
 // CreateManyRequest.reuse_range_of is a wish, never a way in: naming an

@@ -156,10 +156,10 @@ struct CreateArgs {
   // Made ahead of need (CreateManyRequest.stock): untyped, unnamed, counted
   // against limits.max_stock_bytes_per_client (LIMIT_EXCEEDED past it).
   bool stock = false;
-  // An object of the caller's that it let go of, whose range it wants for
-  // this one (CreateManyRequest.reuse_range_of): while it is alive, every
-  // session's release ring is drained first. Ignored when it names no live
-  // object.
+  // An object the caller's session created and let go of, whose range it
+  // wants for this one (CreateManyRequest.reuse_range_of): while it is
+  // alive, every session's release ring is drained before the placement.
+  // Ignored when it names no live object of the caller's.
   std::optional<v1::ObjectRef> reuse_range_of;
   CancelledFn cancelled;  // May be empty.
 };

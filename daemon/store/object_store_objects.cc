@@ -36,14 +36,6 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::TryCreate(
     }
   }
   absl::MutexLock lock(&mu_);
-  // The range the caller wants back is its object's, which a reader's
-  // release posted in a release ring may free: pulled before placing, so
-  // that Pool::PlaceRange finds it free (the caller's own releases are
-  // applied by CreateLocked's Admit, or by this drain).
-  if (args.reuse_range_of.has_value() &&
-      objects_.ResolveRef(*args.reuse_range_of).ok()) {
-    DrainRings();
-  }
   absl::StatusOr<std::optional<Handout>> h =
       CreateLocked(args, *bytes, /*last_try=*/false);
   // What it lacks (memory, room under a limit) may be freed by releases
@@ -69,6 +61,19 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::CreateLocked(
   if (!session.ok()) return session.status();
   if (shutting_down_) return ShuttingDownError();
   const uint64_t session_id = args.caller.session_id;
+  // The caller wants back the range of an object of its own that it let go
+  // of (its releases are applied: Admit): while the object is alive, the
+  // release that frees it may be posted in a reader's release ring, pulled
+  // before the buffer is placed, so that Pool::PlaceRange (the range the
+  // caller wrote last that is free, first) may find it free. Another
+  // session's object is no reason to.
+  if (args.reuse_range_of.has_value()) {
+    const absl::StatusOr<uint32_t> slot =
+        objects_.ResolveRef(*args.reuse_range_of);
+    if (slot.ok() && objects_.object(*slot).creator == session_id) {
+      DrainRings();
+    }
+  }
   absl::StatusOr<uint32_t> chosen = PoolFor(**session, args.pool);
   if (!chosen.ok()) return chosen.status();
   const uint32_t pool_id = *chosen;
