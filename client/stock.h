@@ -19,15 +19,16 @@
 //    its buffer).
 //  - Which: a take takes the class's newest buffer (the range its daemon
 //    freed last, the likeliest to be in the CPU's caches still). A class
-//    of one buffer (cap 1: a size past an eighth of the budget, whose copy
-//    outweighs a round trip) is refilled when its last take's lease leaves
-//    this process (Released), not at the take, and asks for that object's
-//    range back (CreateManyRequest.reuse_range_of): when its readers let
-//    go first, the next put writes the range the last one wrote, which the
-//    caches still hold, where a refill at the take (the object held) would
-//    get another, and puts would write two ranges in turn. A put of such
-//    a size while this process still holds the last one's object finds
-//    the class empty, and makes its buffer in its own round trip.
+//    of one buffer (cap 1: a size past an eighth of the budget; at the
+//    default budget, past 8 MiB, whose copy outweighs a round trip) is
+//    refilled when its last take's lease leaves this process (Released),
+//    not at the take, and asks for that object's range back
+//    (CreateManyRequest.reuse_range_of): when its readers let go first,
+//    the next put writes the range the last one wrote, which the caches
+//    still hold, where a refill at the take (the object held) would get
+//    another, and puts would write two ranges in turn. A put of such a
+//    size while this process still holds the last one's object finds the
+//    class empty, and makes its buffer in its own round trip.
 //  - When: a take that misses makes the buffer and the class's refill in
 //    the same round trip, unless a call for the class is out (the refill
 //    thread's, or another take's miss): it then waits for that call's
