@@ -69,6 +69,12 @@ class ScopedPostedPoll {
 
 class FastPathTest : public testing::DaemonTest {
  protected:
+  // A client whose writer thread polls once an hour: what it posts in its
+  // release ring stays there until the daemon reads the ring.
+  Client QuietClient() {
+    ScopedPostedPoll hourly(absl::Hours(1));
+    return Connect();
+  }
   // Leases `c`'s session holds.
   uint64_t LeasesOf(const Client& c) {
     return testing::MonitorLeasesOf(daemon_->address(), c.client_id());
@@ -578,23 +584,17 @@ TEST_F(FastPathTest, PutsBackToBackMakeNoStockBufferInVain) {
 // the puts take two ranges in turn.) The producer lets go either way: its
 // ref's release posted, or a unary Release.
 TEST_F(FastPathTest, ABigPutWritesTheRangeItsLastObjectFreed) {
-  std::optional<Client> reader;
-  {
-    ScopedPostedPoll hourly(absl::Hours(1));
-    reader = Connect();
-  }
-  absl::StatusOr<Client> producer =
-      Client::Connect({.address = daemon_->address()});
-  ASSERT_TRUE(producer.ok()) << producer.status();
+  Client reader = QuietClient();
+  Client producer = Connect();
   constexpr uint64_t kBig = 2 << 20;
   constexpr int kPuts = 12;
   std::vector<uint64_t> offsets;
   for (int i = 0; i < kPuts; ++i) {
     const std::vector<uint8_t> bytes(kBig, static_cast<uint8_t>(40 + i));
     absl::StatusOr<SealedRef> put =
-        producer->Put(bytes.data(), {.size_bytes = kBig});
+        producer.Put(bytes.data(), {.size_bytes = kBig});
     ASSERT_TRUE(put.ok()) << put.status();
-    absl::StatusOr<View> view = reader->Get(put->ref());
+    absl::StatusOr<View> view = reader.Get(put->ref());
     ASSERT_TRUE(view.ok()) << view.status();
     EXPECT_TRUE(AllBytes(*view, static_cast<uint8_t>(40 + i))) << i;
     offsets.push_back(view->lease()->placement().offset());
@@ -611,7 +611,7 @@ TEST_F(FastPathTest, ABigPutWritesTheRangeItsLastObjectFreed) {
   for (int i = 2; i < kPuts; ++i) {
     EXPECT_EQ(offsets[i], offsets[i - 1]) << "put " << i;
   }
-  absl::StatusOr<Buffer> probe = producer->Create({.size_bytes = 4096});
+  absl::StatusOr<Buffer> probe = producer.Create({.size_bytes = 4096});
   ASSERT_TRUE(probe.ok()) << probe.status();
   const internal::Stock* stock = probe->lease()->core().stock();
   ASSERT_NE(stock, nullptr);
@@ -623,31 +623,25 @@ TEST_F(FastPathTest, ABigPutWritesTheRangeItsLastObjectFreed) {
 // is held: the producer lets go and puts again while the reader keeps its
 // view, and the view keeps its bytes through every later put.
 TEST_F(FastPathTest, ABigPutNeverWritesARangeAViewStillHolds) {
-  std::optional<Client> reader;
-  {
-    ScopedPostedPoll hourly(absl::Hours(1));
-    reader = Connect();
-  }
-  absl::StatusOr<Client> producer =
-      Client::Connect({.address = daemon_->address()});
-  ASSERT_TRUE(producer.ok()) << producer.status();
+  Client reader = QuietClient();
+  Client producer = Connect();
   constexpr uint64_t kBig = 2 << 20;
   auto put = [&](uint8_t value) {
     const std::vector<uint8_t> bytes(kBig, value);
-    return producer->Put(bytes.data(), {.size_bytes = kBig});
+    return producer.Put(bytes.data(), {.size_bytes = kBig});
   };
   // The class's stock is made after its second take.
   for (uint8_t v : {60, 61}) ASSERT_TRUE(put(v).ok());
   absl::StatusOr<SealedRef> kept = put(62);
   ASSERT_TRUE(kept.ok()) << kept.status();
-  absl::StatusOr<View> view = reader->Get(kept->ref());
+  absl::StatusOr<View> view = reader.Get(kept->ref());
   ASSERT_TRUE(view.ok()) << view.status();
   const uint64_t held = view->lease()->placement().offset();
   kept->Reset();  // The creator lets go; the reader's view holds it.
   for (int i = 0; i < 6; ++i) {
     absl::StatusOr<SealedRef> next = put(static_cast<uint8_t>(63 + i));
     ASSERT_TRUE(next.ok()) << next.status();
-    absl::StatusOr<View> other = reader->Get(next->ref());
+    absl::StatusOr<View> other = reader.Get(next->ref());
     ASSERT_TRUE(other.ok()) << other.status();
     EXPECT_NE(other->lease()->placement().offset(), held) << i;
     EXPECT_TRUE(AllBytes(*other, static_cast<uint8_t>(63 + i))) << i;
@@ -659,19 +653,17 @@ TEST_F(FastPathTest, ABigPutNeverWritesARangeAViewStillHolds) {
 // lease at the seal) lets go of its lease without a release: the class of
 // one buffer is refilled all the same, in the background.
 TEST_F(FastPathTest, AnExclusivePutStillRefillsItsClass) {
-  absl::StatusOr<Client> producer =
-      Client::Connect({.address = daemon_->address()});
-  ASSERT_TRUE(producer.ok()) << producer.status();
+  Client producer = Connect();
   constexpr uint64_t kBig = 2 << 20;
   const std::vector<uint8_t> bytes(kBig, 9);
   std::vector<SealedRef> handed;
   for (int i = 0; i < 2; ++i) {  // A class's stock is made after 2 takes.
     absl::StatusOr<SealedRef> put =
-        producer->Put(bytes.data(), {.size_bytes = kBig}, /*exclusive=*/true);
+        producer.Put(bytes.data(), {.size_bytes = kBig}, /*exclusive=*/true);
     ASSERT_TRUE(put.ok()) << put.status();
     handed.push_back(*std::move(put));
   }
-  absl::StatusOr<Buffer> probe = producer->Create({.size_bytes = 4096});
+  absl::StatusOr<Buffer> probe = producer.Create({.size_bytes = 4096});
   ASSERT_TRUE(probe.ok()) << probe.status();
   const internal::Stock* stock = probe->lease()->core().stock();
   ASSERT_NE(stock, nullptr);
