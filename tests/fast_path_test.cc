@@ -338,6 +338,57 @@ TEST_F(FastPathTest, PutsAndReleasesRacingResumesLoseNothing) {
   EXPECT_EQ(Used(), 0u);
 }
 
+// A call that reaches the daemon on a connection older than the one its
+// session's stream opened or last resumed on (in flight across a resume,
+// or waiting for a seal and tried again after it; the test above breaks
+// connections under such calls) is refused UNAVAILABLE: a lease it granted
+// would go to a connection the client has left, and be held, unknown to
+// the client, until the session ends. Here the older connection is one the
+// process opened before the session's; one opened after it serves.
+TEST_F(FastPathTest, ACallOnAConnectionOlderThanItsSessionsIsRefused) {
+  // A stub on a connection of its own (channels with the same target and
+  // arguments share one otherwise), connected now.
+  auto connected_stub = [&] {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
+        daemon_->address(), grpc::InsecureChannelCredentials(), args);
+    EXPECT_TRUE(channel->WaitForConnected(std::chrono::system_clock::now() +
+                                          std::chrono::seconds(10)));
+    return v1::ObjectStore::NewStub(channel);
+  };
+  auto older = connected_stub();
+  Client reader = Connect();
+  auto newer = connected_stub();
+  const std::vector<uint8_t> threes(kObject, 3);
+  absl::StatusOr<SealedRef> put =
+      client_->Put(threes.data(), {.size_bytes = kObject});
+  ASSERT_TRUE(put.ok()) << put.status();
+  v1::GetRequest req;
+  req.set_session_id(reader.session_id());
+  *req.mutable_ref() = internal::ToProto(put->ref());
+  {
+    v1::GetResponse resp;
+    grpc::ClientContext ctx;
+    const grpc::Status s = older->Get(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
+    EXPECT_TRUE(absl::StrContains(s.error_message(), "newer connection"))
+        << s.error_message();
+  }
+  EXPECT_EQ(LeasesOf(reader), 0u);  // Nothing granted.
+  v1::GetResponse resp;
+  grpc::ClientContext ctx;
+  const grpc::Status s = newer->Get(&ctx, req, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(LeasesOf(reader), 1u);
+  v1::ReleaseRequest release;
+  release.set_session_id(reader.session_id());
+  release.set_lease_id(resp.lease_id());
+  v1::ReleaseResponse released;
+  grpc::ClientContext release_ctx;
+  ASSERT_TRUE(newer->Release(&release_ctx, release, &released).ok());
+}
+
 // GetHeld answers without the daemon, and only for what this process
 // holds: a share of its lease, never a transfer or another's object.
 TEST_F(FastPathTest, GetHeldSharesOnlyALeaseThisProcessHolds) {

@@ -43,6 +43,7 @@ absl::Status ConnectionTable::Add(int fd, Connection connection) {
                           connection.peer.uid, same_uid, max_per_uid_));
     }
   }
+  connection.serial = ++last_serial_;
   entries_[fd] = Entry{std::move(connection), st.st_dev, st.st_ino};
   return absl::OkStatus();
 }

@@ -39,6 +39,11 @@ struct Connection {
   // give none (a peer in another pid namespace, before Linux 6.5): such a
   // session ends with its connection.
   std::shared_ptr<const UniqueFd> pidfd;
+  // Counts up from 1 in the order the daemon accepted its connections
+  // (ConnectionTable::Add): a session's calls on a connection older than
+  // the one its stream last opened or resumed on are refused
+  // (ObjectStore::Admit).
+  uint64_t serial = 0;
 };
 
 class ConnectionTable {
@@ -50,9 +55,9 @@ class ConnectionTable {
   ConnectionTable(const ConnectionTable&) = delete;
   ConnectionTable& operator=(const ConnectionTable&) = delete;
 
-  // Records the accepted socket `fd`. RESOURCE_EXHAUSTED naming the uid and
-  // the limit when that user has max_per_uid connections open (the caller
-  // closes the socket); INTERNAL when `fd` cannot be examined.
+  // Records the accepted socket `fd`, with the next serial. RESOURCE_EXHAUSTED
+  // naming the uid and the limit when that user has max_per_uid connections
+  // open (the caller closes the socket); INTERNAL when `fd` cannot be examined.
   absl::Status Add(int fd, Connection connection);
 
   // The connection of a call whose gRPC peer is `peer`; nullopt for a peer
@@ -75,6 +80,7 @@ class ConnectionTable {
   const uint32_t max_per_uid_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<int, Entry> entries_ ABSL_GUARDED_BY(mu_);
+  uint64_t last_serial_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace shmtensor::daemon

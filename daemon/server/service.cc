@@ -220,6 +220,7 @@ grpc::ServerUnaryReactor* ObjectStoreService::ServeAdmitted(
   if (!conn.ok()) return Answer(ctx, ToGrpcStatus(ctx, conn.status()), nullptr);
   daemon::Caller caller(req->session_id());
   caller.owner = conn->owner;
+  caller.connection = conn->serial;
   caller.carried = &req->releases();
   caller.releases_through = req->releases_through();
   const absl::Time releases_deadline = BoundedDeadline(ctx, kMaxReleaseWait);
@@ -284,6 +285,7 @@ grpc::ServerUnaryReactor* ObjectStoreService::HandleSeal(
   if (!conn.ok()) return Answer(ctx, ToGrpcStatus(ctx, conn.status()), reply);
   daemon::Caller caller(req->session_id());
   caller.owner = conn->owner;
+  caller.connection = conn->serial;
   absl::StatusOr<SealResult> r =
       store_.Seal(caller, req->lease_id(), req->exclusive());
   if (!r.ok()) return Answer(ctx, ToGrpcStatus(ctx, r.status()), reply);

@@ -64,11 +64,11 @@ void SessionReactor::OnOpen(const v1::OpenSession& open) {
       open.resume_session_id() != 0
           ? service_.store_.ResumeSession(
                 open.resume_session_id(), caller_.owner,
-                open.present_leases() ? &account : nullptr)
+                open.present_leases() ? &account : nullptr, caller_.serial)
           : service_.store_.OpenSession(
                 open.client_name(),
                 PeerInfo{caller_.peer, caller_.owner, caller_.pidfd,
-                         CommandLineOf(caller_.peer.pid)},
+                         CommandLineOf(caller_.peer.pid), caller_.serial},
                 open.read_only());
   if (!opened.ok()) {
     FinishOnce(ToGrpcStatus(ctx_, opened.status()));

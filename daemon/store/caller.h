@@ -32,6 +32,14 @@ struct Caller {
   // only for the process that opened it, and any other process gets the
   // same SESSION_ENDED as for a session that is not open.
   std::optional<OwnerKey> owner;
+  // The serial of the connection the call came on (Connection::serial; 0:
+  // unchecked, an in-process caller). Older than the one the session's
+  // stream last opened or resumed on: the call was made before that
+  // resume's account of leases, or is a waiting call tried again after
+  // it, and its answer goes to a connection the client has left. It is
+  // refused UNAVAILABLE: a lease it granted would be one the client never
+  // learns of, held until the session ends.
+  uint64_t connection = 0;
   // Copies of the session's ReleaseLeases the request carries (its
   // `releases`), applied first, in order, up to the first gap (the stream
   // brings the rest); more than kDaemonMaxCarriedReleases fails

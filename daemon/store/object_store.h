@@ -278,9 +278,11 @@ class ObjectStore {
   // account->releases_through is then settled. INVALID_ARGUMENT naming the
   // counts for more ids than limits.max_leases_per_client, or a
   // releases_through below the seq already applied; nothing changes then.
+  // `connection`: the serial of the connection the resume came on
+  // (PeerInfo::connection).
   absl::StatusOr<OpenedSession> ResumeSession(
       uint64_t session_id, OwnerKey owner,
-      const LeaseAccount* account = nullptr);
+      const LeaseAccount* account = nullptr, uint64_t connection = 0);
   // The session's stream `stream` ended without EndSession: if the process
   // is gone the session ends now, else it stays, detached, with every
   // lease, until the process resumes it, ends it, or exits

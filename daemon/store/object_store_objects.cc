@@ -607,6 +607,12 @@ absl::StatusOr<ObjectStore::Session*> ObjectStore::Admit(const Caller& caller) {
       (caller.owner.has_value() && s->peer.owner != *caller.owner)) {
     return SessionNotOpenError(caller.session_id);
   }
+  if (caller.connection != 0 && caller.connection < s->peer.connection) {
+    return absl::UnavailableError(absl::StrFormat(
+        "client %d's session is on a newer connection than this call's "
+        "(a call from before its last resume): call again",
+        s->client_id));
+  }
   // What the session posted in its ring comes before what it asks now.
   DrainRing(caller.session_id, *s);
   if (caller.carried != nullptr && !caller.carried->empty()) {

@@ -327,7 +327,8 @@ void ObjectStore::EndForkHold(uint64_t hold_id) {
 }
 
 absl::StatusOr<OpenedSession> ObjectStore::ResumeSession(
-    uint64_t session_id, OwnerKey owner, const LeaseAccount* account) {
+    uint64_t session_id, OwnerKey owner, const LeaseAccount* account,
+    uint64_t connection) {
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return ShuttingDownError();
   TakeAdopted(session_id, owner, /*exact=*/true);
@@ -360,6 +361,8 @@ absl::StatusOr<OpenedSession> ObjectStore::ResumeSession(
   }
   const bool was_detached = s.stream == 0;
   sessions_.Attach(s);
+  // From here on, its calls on older connections are refused (Admit).
+  if (connection != 0) s.peer.connection = connection;
   OpenedSession opened{session_id,           s.client_id, s.stream,
                        s.releases.applied(), PoolsOf(s),  s.descriptor_secret};
   if (account != nullptr) ReconcileLeases(s, *account, &opened);

@@ -42,6 +42,10 @@ struct PeerInfo {
   // ended at once, as if its process were gone).
   std::shared_ptr<const UniqueFd> pidfd;
   std::string command_line;  // For operators, from /proc.
+  // The serial of the connection the session's stream opened or last
+  // resumed on (Connection::serial; 0: an in-process session): its calls
+  // on an older connection are refused (ObjectStore::Admit).
+  uint64_t connection = 0;
 };
 
 // Bytes of SessionOpened.descriptor_secret.
