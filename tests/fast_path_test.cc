@@ -75,6 +75,18 @@ class FastPathTest : public testing::DaemonTest {
     ScopedPostedPoll hourly(absl::Hours(1));
     return Connect();
   }
+  // A stub on a connection of its own (channels with the same target and
+  // arguments share one otherwise), connected (so the daemon has accepted
+  // it) when this returns.
+  std::unique_ptr<v1::ObjectStore::Stub> ConnectedStub() {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
+        daemon_->address(), grpc::InsecureChannelCredentials(), args);
+    EXPECT_TRUE(channel->WaitForConnected(std::chrono::system_clock::now() +
+                                          std::chrono::seconds(10)));
+    return v1::ObjectStore::NewStub(channel);
+  }
   // Leases `c`'s session holds.
   uint64_t LeasesOf(const Client& c) {
     return testing::MonitorLeasesOf(daemon_->address(), c.client_id());
@@ -346,20 +358,9 @@ TEST_F(FastPathTest, PutsAndReleasesRacingResumesLoseNothing) {
 // the client, until the session ends. Here the older connection is one the
 // process opened before the session's; one opened after it serves.
 TEST_F(FastPathTest, ACallOnAConnectionOlderThanItsSessionsIsRefused) {
-  // A stub on a connection of its own (channels with the same target and
-  // arguments share one otherwise), connected now.
-  auto connected_stub = [&] {
-    grpc::ChannelArguments args;
-    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
-        daemon_->address(), grpc::InsecureChannelCredentials(), args);
-    EXPECT_TRUE(channel->WaitForConnected(std::chrono::system_clock::now() +
-                                          std::chrono::seconds(10)));
-    return v1::ObjectStore::NewStub(channel);
-  };
-  auto older = connected_stub();
+  auto older = ConnectedStub();
   Client reader = Connect();
-  auto newer = connected_stub();
+  auto newer = ConnectedStub();
   const std::vector<uint8_t> threes(kObject, 3);
   absl::StatusOr<SealedRef> put =
       client_->Put(threes.data(), {.size_bytes = kObject});
@@ -387,6 +388,64 @@ TEST_F(FastPathTest, ACallOnAConnectionOlderThanItsSessionsIsRefused) {
   v1::ReleaseResponse released;
   grpc::ClientContext release_ctx;
   ASSERT_TRUE(newer->Release(&release_ctx, release, &released).ok());
+}
+
+// The race the check closes, made certain: a Get waits at the daemon (for
+// a name not bound yet) on the connection its session opened on; the
+// session is resumed on a newer connection, with an account of no lease;
+// then the name is bound and the waiting Get is tried again. It is
+// refused, and the session holds no lease. (Served, it would grant a lease
+// the resumed session's client never learns of: its answer goes to the
+// connection the session left.)
+TEST_F(FastPathTest, AWaitingGetTriedAgainAfterAResumeGrantsNothing) {
+  auto first = ConnectedStub();
+  grpc::ClientContext open_ctx;
+  auto stream = first->Session(&open_ctx);
+  v1::SessionRequest open;
+  open.mutable_open()->set_client_name("raw");
+  ASSERT_TRUE(stream->Write(open));
+  v1::SessionEvent opened;
+  ASSERT_TRUE(stream->Read(&opened) && opened.has_opened());
+  const uint64_t session = opened.opened().session_id();
+  const uint64_t client_id = opened.opened().client_id();
+  grpc::Status got;
+  std::thread waiter([&] {
+    v1::GetRequest req;
+    req.set_session_id(session);
+    req.set_name("late");
+    req.set_timeout_ms(30000);
+    v1::GetResponse resp;
+    grpc::ClientContext ctx;
+    got = first->Get(&ctx, req, &resp);
+  });
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (testing::MonitorStatus(daemon_->address()).waiters() == 0 &&
+         absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_GT(testing::MonitorStatus(daemon_->address()).waiters(), 0u);
+  auto second = ConnectedStub();
+  grpc::ClientContext resume_ctx;
+  auto resumed = second->Session(&resume_ctx);
+  v1::SessionRequest resume;
+  resume.mutable_open()->set_client_name("raw");
+  resume.mutable_open()->set_resume_session_id(session);
+  resume.mutable_open()->set_present_leases(true);  // Holding none.
+  ASSERT_TRUE(resumed->Write(resume));
+  v1::SessionEvent reopened;
+  ASSERT_TRUE(resumed->Read(&reopened) && reopened.has_opened());
+  EXPECT_TRUE(reopened.opened().leases_reconciled());
+  const std::vector<uint8_t> sixes(kObject, 6);
+  ASSERT_TRUE(
+      client_->Put(sixes.data(), {.size_bytes = kObject, .name = "late"}).ok());
+  waiter.join();
+  EXPECT_EQ(got.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << got.error_message();
+  EXPECT_EQ(testing::MonitorLeasesOf(daemon_->address(), client_id), 0u);
+  open_ctx.TryCancel();
+  resume_ctx.TryCancel();
+  stream->Finish().ok();
+  resumed->Finish().ok();
 }
 
 // GetHeld answers without the daemon, and only for what this process

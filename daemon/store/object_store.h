@@ -279,7 +279,8 @@ class ObjectStore {
   // counts for more ids than limits.max_leases_per_client, or a
   // releases_through below the seq already applied; nothing changes then.
   // `connection`: the serial of the connection the resume came on
-  // (PeerInfo::connection).
+  // (PeerInfo::connection); the session's recorded serial only grows (0
+  // leaves it as it is).
   absl::StatusOr<OpenedSession> ResumeSession(
       uint64_t session_id, OwnerKey owner,
       const LeaseAccount* account = nullptr, uint64_t connection = 0);

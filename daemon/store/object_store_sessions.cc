@@ -362,7 +362,8 @@ absl::StatusOr<OpenedSession> ObjectStore::ResumeSession(
   const bool was_detached = s.stream == 0;
   sessions_.Attach(s);
   // From here on, its calls on older connections are refused (Admit).
-  if (connection != 0) s.peer.connection = connection;
+  // (A resume the client gave up on may be served after a later one.)
+  s.peer.connection = std::max(s.peer.connection, connection);
   OpenedSession opened{session_id,           s.client_id, s.stream,
                        s.releases.applied(), PoolsOf(s),  s.descriptor_secret};
   if (account != nullptr) ReconcileLeases(s, *account, &opened);
