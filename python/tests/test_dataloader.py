@@ -545,6 +545,100 @@ def test_batches_that_outgrow_the_ring_go_through_the_pool(daemon):
     assert wait_until(lambda: used(c) == 0, 5.0), c.stats()
 
 
+def _doubled(batch, *, collate_fn_map=None):
+    return torch.stack(batch) * 2
+
+
+class Changing(Dataset):
+    """Samples of batches alike (float32, 3 x 5) but for one change at a
+    time, with batch_size 4 (index // 4: the batch): a worker stacks batches
+    alike into its ring without planning them again, and each change must
+    end that. At index 60 the worker's registry gets a function of the
+    user's for tensors."""
+
+    def __len__(self):
+        return 68
+
+    def __getitem__(self, i):
+        batch = i // 4
+        t = torch.arange(15, dtype=torch.float32).reshape(3, 5) + i
+        if batch == 3:  # Same bytes, another dtype.
+            return t.to(torch.int32)
+        if batch == 6:  # Same bytes, another shape.
+            return t.reshape(5, 3)
+        if batch == 10:  # Same dtype and shape, not contiguous.
+            return t.reshape(5, 3).t()
+        if batch == 11:  # Another structure: [stack].
+            return (t,)
+        if batch == 12:
+            return t.to(torch.float64)
+        if i == 60:  # From batch 15 on, torch's collate calls the user's.
+            from torch.utils.data._utils.collate import default_collate_fn_map
+            default_collate_fn_map[torch.Tensor] = _doubled
+        return t
+
+
+def test_batches_alike_follow_every_change_of_their_samples(daemon):
+    """One worker, so that batches alike follow each other in it: every
+    batch is torch's, whatever changes after batches alike (dtype, shape,
+    strides, structure, the batch's length, the collate registry)."""
+    sampler = [list(range(k, k + 4)) for k in range(0, 68, 4)]
+    sampler[9] = [36, 37, 38]  # One sample short.
+    theirs = list(TorchLoader(Changing(), batch_sampler=sampler,
+                              num_workers=1))
+    assert len(theirs) == 17
+    # Each batch dropped before the next but one: the ring's slots carry
+    # them all.
+    loader = st.DataLoader(Changing(), batch_sampler=sampler, num_workers=1,
+                           shmtensor_address=daemon.address)
+    got = 0
+    for i, b in enumerate(loader):
+        assert_same(theirs[i], b, f"batch {i}")
+        assert all(in_pool(p) for p in pooled_ptrs(b)), i
+        got += 1
+    assert got == 17
+    assert torch.equal(b[0], 2 * Changing()[64])  # The user's function.
+
+
+def test_a_batch_handed_over_alike_is_taken_once(daemon):
+    """The second batch alike pickles as the form its worker made once (the
+    ring, the batch's dtype and shape), its slot and its generation; the
+    receiving side takes it once (the form cached): a second delivery is a
+    stale handle, which in a DataLoader becomes torch's ExceptionWrapper
+    for that batch, never a second tensor over the slot."""
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+    from torch._utils import ExceptionWrapper
+    from shmtensor.dataloader import PoolCollate
+    from shmtensor.dataloader.rings import RingCache
+    rings = RingCache()
+    collate = PoolCollate(daemon.address).with_consumer(rings.token, 2)
+    samples = [torch.full((8,), float(k)) for k in range(4)]
+    first = pickle.loads(ForkingPickler.dumps(collate(samples)))
+    handle = collate(samples)
+    assert handle._form is not None  # Batches alike: the short way.
+    sent = bytes(ForkingPickler.dumps(handle))
+    assert handle._form in sent
+    batch = pickle.loads(sent)
+    assert torch.equal(batch, torch.stack(samples)) and torch.equal(first,
+                                                                    batch)
+    again = pickle.loads(sent)
+    assert type(again) is ExceptionWrapper
+    assert "stale batch handle" in again.exc_msg
+    batch[0, 0] = -1
+    del batch, first
+    # The slots are free again: two more batches alike come through the
+    # ring, and the old handle stays stale.
+    more = [pickle.loads(ForkingPickler.dumps(collate(samples)))
+            for _ in range(2)]
+    assert all(torch.equal(m, torch.stack(samples)) for m in more)
+    assert "stale batch handle" in pickle.loads(sent).exc_msg
+    c = shmtensor.connect(daemon.address)
+    del more, rings, collate
+    gc.collect()
+    assert wait_until(lambda: used(c) == 0, 5.0), c.stats()
+
+
 RING_POOL_JOB = """
 import json, sys
 import shmtensor

@@ -62,7 +62,7 @@ def _stack_fill(batch):
     return fill
 
 
-def _torch_registry():
+def torch_registry_only():
     """Whether torch's collate registry holds torch's functions alone
     (judged again only when its functions change: by identity, the ids of
     functions the cache keeps alive)."""
@@ -78,7 +78,7 @@ def _torch_registry():
     return torch_only
 
 
-# (the registry's functions, their ids, _torch_registry of them)
+# (the registry's functions, their ids, torch_registry_only of them)
 _registry_seen = ((), (), True)
 
 
@@ -147,7 +147,7 @@ class Plan:
         stack (made into the buffer by `fill`; torch.stack's own errors come
         from there) and returns its leaf's persistent id, the batch's whole
         payload; None otherwise, for `collate` and `pack`."""
-        if not _torch_registry() or type(samples[0]) is not torch.Tensor:
+        if not torch_registry_only() or type(samples[0]) is not torch.Tensor:
             return None
         elem = samples[0]
         if not _stackable(elem):
@@ -166,7 +166,7 @@ class Plan:
         tensors are copied in). Raises what default_collate raises for the
         same samples (torch.stack's own errors: from `fill`)."""
         registry = _torch_collate.default_collate_fn_map
-        if not _torch_registry():
+        if not torch_registry_only():
             # A collate function of the user's may compute on what a stack
             # returns; it gets real tensors (copied in by `pack`), never a
             # placeholder.
@@ -305,11 +305,17 @@ def typed_leaf(payload, nbytes):
     return dtype, shape
 
 
+# The tensor over a DLPack capsule. torch.from_dlpack looks for __dlpack__
+# on its argument first, a failed attribute lookup on a capsule that costs
+# more than the rest; the function it then calls, where this torch has it.
+from_capsule = getattr(torch._C, "_from_dlpack", torch.from_dlpack)
+
+
 def typed_tensor(capsule, dtype):
     """The tensor of a capsule the binding described as `dtype`
     (BatchRing.target, adopt): a bool one comes as uint8, as every export
     does for torch's DLPack, and is viewed as bool here."""
-    t = torch.from_dlpack(capsule)
+    t = from_capsule(capsule)
     return t.view(torch.bool) if dtype is torch.bool else t
 
 

@@ -2,6 +2,7 @@
 straight into pool memory and returns a small handle (handles.py)."""
 
 import copy
+import os
 
 import torch
 import torch.utils.data
@@ -10,7 +11,7 @@ from .._local import local_client
 from ..errors import Error, LargerThanPoolError, PoolExhaustedError
 from . import batch as _batch
 from .advice import pool_advice
-from .handles import PooledBatch, RingBatch
+from .handles import PooledBatch, RingBatch, ring_form
 from .rings import WorkerRing, pool_of
 
 __all__ = ["PoolCollate"]
@@ -45,6 +46,7 @@ class PoolCollate:
         self.ring_slots = ring_slots if consumer is not None else 0
         self.consumer = consumer
         self._ring = WorkerRing(self.ring_slots)
+        self._repeat = None  # _RepeatStack of the last ring batch, or None.
 
     def with_consumer(self, consumer, ring_slots):
         """The same collate_fn (a subclass's too) for another consumer (a
@@ -53,18 +55,26 @@ class PoolCollate:
         other.consumer = consumer
         other.ring_slots = ring_slots if consumer is not None else 0
         other._ring = WorkerRing(other.ring_slots)
+        other._repeat = None
         return other
 
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_ring"] = WorkerRing(self.ring_slots)  # Per process.
+        state["_repeat"] = None
         return state
 
     def __call__(self, samples):
+        repeat = self._repeat
+        if repeat is not None:
+            ringed = repeat(samples)
+            if ringed is not None:
+                return ringed
         plan = _batch.Plan()
         # One stack (the common batch): no placeholder, no pickle.
         payload = plan.stack(samples) if self.collate_fn is None else None
-        if payload is None:
+        stacked = payload is not None
+        if not stacked:
             if self.collate_fn is None:
                 batch = plan.collate(samples)
             else:
@@ -73,7 +83,8 @@ class PoolCollate:
             if not plan:
                 return batch  # Nothing for the pool: as torch passes it.
         client = local_client(self.address)
-        ringed = self._into_ring(client, plan, payload)
+        ringed = self._into_ring(client, plan, payload, samples if stacked
+                                 else None)
         if ringed is not None:
             return ringed
         try:
@@ -85,10 +96,11 @@ class PoolCollate:
         ref = buf.seal(exclusive=True)
         return PooledBatch(bytes(ref), payload, self.address, self.consumer)
 
-    def _into_ring(self, client, plan, payload):
+    def _into_ring(self, client, plan, payload, stacked):
         """The batch filled into a free slot of this worker's ring, as a
         RingBatch; None when it has no ring, the batch does not fit a slot
-        or every slot is in use."""
+        or every slot is in use. `stacked`: the samples, when the plan is
+        Plan.stack's (else None)."""
         got = self._ring.get(client, plan.size, _workers())
         if got is None:
             return None
@@ -99,6 +111,14 @@ class PoolCollate:
         if slot < 0:
             return None
         typed = plan.typed_leaf()
+        if typed is not None and stacked is not None:
+            # One stack of samples, the payload its leaf's id: the next
+            # batch like it skips the plan (_RepeatStack).
+            self._repeat = _RepeatStack(ring, ref, typed[:2], payload,
+                                        plan.size, self.address,
+                                        self.consumer)
+            return self._repeat(stacked, slot)
+        self._repeat = None
         try:
             if typed is not None:  # Filled as the tensor the consumer gets.
                 dtype, shape, fill_leaf = typed
@@ -106,7 +126,7 @@ class PoolCollate:
                     ring.target(slot, plan.size, dtype, shape), dtype))
             else:
                 _batch.fill(plan,
-                            torch.from_dlpack(ring.target(slot, plan.size)))
+                            _batch.from_capsule(ring.target(slot, plan.size)))
         except BaseException:
             ring.unclaim(slot)
             raise
@@ -125,6 +145,64 @@ class PoolCollate:
         return pool_advice(error, nbytes, workers,
                            self.in_flight or 2 * workers,
                            self._ring.held_bytes(), size)
+
+
+class _RepeatStack:
+    """The batch a worker's default collate makes over and over (one stack
+    of samples of the same dtype and shape) filled into its ring with
+    nothing planned again: the plan's payload and size, and a tensor over
+    each slot, made once. Called with samples, it is the ring batch, or None
+    when they are not such a stack (the registry changed, another dtype or
+    shape, a tensor that Plan.stack would not stack) or no slot is free:
+    PoolCollate then takes the whole way. Belongs to the process that made
+    it (the ring's); not thread-safe, as WorkerRing."""
+
+    def __init__(self, ring, ref, typed, payload, size, address, consumer):
+        self._ring, self._pid = ring, os.getpid()
+        self._dtype, self._shape = typed
+        self._sample_shape = self._shape[1:]
+        self._payload, self._size = payload, size
+        self._handle = (ref, ring.slots, ring.slot_bytes, ring.align)
+        self._tail = (address, consumer)
+        self._form = ring_form(ref, ring.slots, ring.slot_bytes, ring.align,
+                               size, payload, address, consumer)
+        self._targets = [None] * ring.slots
+
+    def __call__(self, samples, slot=None):
+        """`slot`: one the caller claimed for these samples (they passed
+        Plan.stack's checks)."""
+        if slot is None:
+            elem = samples[0]
+            # Plan.stack's checks (batch._stackable, but a dtype of the
+            # table is never a quantized one), and that the stack is this
+            # one.
+            if (type(elem) is not torch.Tensor or elem.dtype != self._dtype
+                    or len(samples) != self._shape[0] or not elem.is_cpu
+                    or elem.layout != torch.strided or elem.requires_grad
+                    or getattr(elem, "is_nested", False)
+                    or elem.shape != self._sample_shape
+                    or not _batch.torch_registry_only()
+                    or os.getpid() != self._pid):
+                return None
+            slot = self._ring.claim()
+            if slot < 0:
+                return None
+        ring = self._ring
+        out = self._targets[slot]
+        try:
+            if out is None:
+                out = self._targets[slot] = _batch.typed_tensor(
+                    ring.target(slot, self._size, self._dtype, self._shape),
+                    self._dtype)
+            torch.stack(samples, 0, out=out)
+        except BaseException:
+            self._targets[slot] = None  # Whatever torch left of it.
+            ring.unclaim(slot)
+            raise
+        gen = ring.generation(slot)
+        ring.hand(slot)
+        return RingBatch(*self._handle, slot, gen, self._size, self._payload,
+                         *self._tail, form=self._form)
 
 
 def _workers():

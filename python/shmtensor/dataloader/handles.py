@@ -8,6 +8,8 @@ function produced). In the process that made it, `to_tensors` does that.
 Each handle turns into tensors once: the hand-off is exclusive.
 """
 
+import pickle
+
 import torch
 
 from .. import _torch_sharing
@@ -15,7 +17,7 @@ from .._local import local_client
 from . import batch as _batch
 from . import rings as _rings
 
-__all__ = ["PooledBatch", "RingBatch", "to_tensors"]
+__all__ = ["PooledBatch", "RingBatch", "ring_form", "to_tensors"]
 
 
 class PooledBatch:
@@ -66,15 +68,20 @@ class RingBatch:
     process's, whatever becomes of the worker. A slot is free for the worker
     again when the last tensor over it dies."""
 
-    __slots__ = ("_args", "_used")
+    __slots__ = ("_args", "_used", "_form")
 
     def __init__(self, ring, slots, slot_bytes, align, slot, gen, nbytes,
-                 payload, address, consumer):
+                 payload, address, consumer, form=None):
+        """`form`: ring_form() of the same arguments, or None."""
         self._args = (ring, slots, slot_bytes, align, slot, gen, nbytes,
                       payload, address, consumer)
         self._used = False
+        self._form = form
 
     def __reduce__(self):
+        if self._form is not None:
+            return (_receive_ring_form, (self._form, self._args[4],
+                                         self._args[5]))
         return (_receive_ring, self._args)
 
     def _materialize(self, client=None):
@@ -96,12 +103,58 @@ def _ring_batch(ring_ref, slots, slot_bytes, align, slot, gen, nbytes,
     if typed is not None:  # The batch is one tensor: the slot taken as it.
         return _batch.typed_tensor(ring.adopt(slot, gen, nbytes, *typed),
                                    typed[0])
-    flat = torch.from_dlpack(ring.adopt(slot, gen, max(nbytes, 1)))
+    flat = _batch.from_capsule(ring.adopt(slot, gen, max(nbytes, 1)))
     return _batch.unpack(payload, flat)
 
 
 def _receive_ring(*args):
     return _deliver(args[9], _ring_batch, args)
+
+
+def ring_form(ring, slots, slot_bytes, align, nbytes, payload, address,
+              consumer):
+    """What a RingBatch says besides its slot and generation, pickled: a
+    producer that hands over batch after batch alike makes it once and gives
+    it to each (form=). Such a batch pickles as the form, its slot and its
+    generation, and the receiving process unpickles each form once
+    (_forms): a batch then costs three small objects to pickle and to
+    unpickle, whatever its structure and dtype take."""
+    return pickle.dumps((ring, slots, slot_bytes, align, nbytes, payload,
+                         address, consumer), pickle.HIGHEST_PROTOCOL)
+
+
+# Forms this process received, unpickled: form -> its tuple. A form names a
+# worker's ring and its batches' structure, so a process sees a few per
+# iterator; past _MAX_FORMS (iterator after iterator) the cache starts
+# afresh. Read and written under the interpreter lock alone: two threads
+# that miss at once both unpickle, and either result serves.
+_forms = {}
+_MAX_FORMS = 256
+
+
+def _receive_ring_form(form, slot, gen):
+    known = _forms.get(form)
+    if known is None:
+        if len(_forms) >= _MAX_FORMS:
+            _forms.clear()
+        _torch_sharing.install()  # As _ring_batch, before any tensor.
+        args = pickle.loads(form)
+        known = _forms[form] = (args, _batch.typed_leaf(args[5], args[4]))
+    (ring_ref, slots, slot_bytes, align, nbytes, payload, address,
+     consumer), typed = known
+    cache = _rings.RingCache.find(consumer)
+    if typed is None or cache is None:
+        return _deliver(consumer, _ring_batch, (
+            ring_ref, slots, slot_bytes, align, slot, gen, nbytes, payload,
+            address, consumer))
+    # _ring_batch of a batch that is one tensor, for an iterator of this
+    # process (its ring cache found).
+    try:
+        ring = cache.ring(ring_ref, slots, slot_bytes, align, address)
+        return _batch.typed_tensor(ring.adopt(slot, gen, nbytes, *typed),
+                                   typed[0])
+    except Exception:  # noqa: BLE001 - as _deliver, with consumer set.
+        return _failure()
 
 
 def _deliver(consumer, make, args):
@@ -114,10 +167,14 @@ def _deliver(consumer, make, args):
     try:
         return make(*args)
     except Exception:  # noqa: BLE001 - re-raised by torch, with traceback.
-        from torch._utils import ExceptionWrapper
-        return ExceptionWrapper(
-            where="in the training process, taking a batch shmtensor handed "
-                  "over")
+        return _failure()
+
+
+def _failure():
+    """torch's ExceptionWrapper of the exception being handled."""
+    from torch._utils import ExceptionWrapper
+    return ExceptionWrapper(
+        where="in the training process, taking a batch shmtensor handed over")
 
 
 def to_tensors(batch, client=None):
