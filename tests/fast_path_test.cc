@@ -401,13 +401,11 @@ TEST_F(FastPathTest, AWaitingGetTriedAgainAfterAResumeGrantsNothing) {
   auto first = ConnectedStub();
   grpc::ClientContext open_ctx;
   auto stream = first->Session(&open_ctx);
-  v1::SessionRequest open;
-  open.mutable_open()->set_client_name("raw");
-  ASSERT_TRUE(stream->Write(open));
-  v1::SessionEvent opened;
-  ASSERT_TRUE(stream->Read(&opened) && opened.has_opened());
-  const uint64_t session = opened.opened().session_id();
-  const uint64_t client_id = opened.opened().client_id();
+  std::optional<v1::SessionOpened> opened =
+      testing::OpenRawSession(stream.get(), "raw");
+  ASSERT_TRUE(opened.has_value());
+  const uint64_t session = opened->session_id();
+  const uint64_t client_id = opened->client_id();
   grpc::Status got;
   std::thread waiter([&] {
     v1::GetRequest req;
@@ -427,14 +425,10 @@ TEST_F(FastPathTest, AWaitingGetTriedAgainAfterAResumeGrantsNothing) {
   auto second = ConnectedStub();
   grpc::ClientContext resume_ctx;
   auto resumed = second->Session(&resume_ctx);
-  v1::SessionRequest resume;
-  resume.mutable_open()->set_client_name("raw");
-  resume.mutable_open()->set_resume_session_id(session);
-  resume.mutable_open()->set_present_leases(true);  // Holding none.
-  ASSERT_TRUE(resumed->Write(resume));
-  v1::SessionEvent reopened;
-  ASSERT_TRUE(resumed->Read(&reopened) && reopened.has_opened());
-  EXPECT_TRUE(reopened.opened().leases_reconciled());
+  std::optional<v1::SessionOpened> reopened = testing::OpenRawSession(
+      resumed.get(), "raw", session, /*present_leases=*/true);  // Holds none.
+  ASSERT_TRUE(reopened.has_value());
+  EXPECT_TRUE(reopened->leases_reconciled());
   const std::vector<uint8_t> sixes(kObject, 6);
   ASSERT_TRUE(
       client_->Put(sixes.data(), {.size_bytes = kObject, .name = "late"}).ok());

@@ -403,12 +403,10 @@ TEST_F(HardeningTest, WaitingCallsAreBoundedAndFreedWhenCancelled) {
   auto stub = v1::ObjectStore::NewStub(channel);
   grpc::ClientContext session_ctx;
   auto session = stub->Session(&session_ctx);
-  v1::SessionRequest open;
-  open.mutable_open()->set_client_name("waiter");
-  ASSERT_TRUE(session->Write(open));
-  v1::SessionEvent ev;
-  ASSERT_TRUE(session->Read(&ev));
-  const uint64_t id = ev.opened().session_id();
+  std::optional<v1::SessionOpened> opened =
+      testing::OpenRawSession(session.get(), "waiter");
+  ASSERT_TRUE(opened.has_value());
+  const uint64_t id = opened->session_id();
 
   constexpr int kCalls = 10000;
   grpc::CompletionQueue cq;
@@ -682,11 +680,7 @@ TEST_F(HardeningTest, FloodsOfBadReleasesAreLoggedRateLimited) {
       daemon_->address(), grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   auto session = stub->Session(&ctx);
-  v1::SessionRequest open;
-  open.mutable_open()->set_client_name("flood");
-  ASSERT_TRUE(session->Write(open));
-  v1::SessionEvent ev;
-  ASSERT_TRUE(session->Read(&ev));
+  ASSERT_TRUE(testing::OpenRawSession(session.get(), "flood").has_value());
   for (int m = 1; m <= 300; ++m) {
     v1::SessionRequest r;
     r.mutable_release()->set_seq(m);

@@ -16,6 +16,22 @@ namespace shmtensor::testing {
 
 std::string ChildPath() { return SHMTENSOR_CHILD_PATH; }
 
+std::optional<v1::SessionOpened> OpenRawSession(
+    grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionEvent>* stream,
+    absl::string_view client_name, uint64_t resume_session_id,
+    bool present_leases) {
+  v1::SessionRequest open;
+  open.mutable_open()->set_client_name(std::string(client_name));
+  open.mutable_open()->set_resume_session_id(resume_session_id);
+  open.mutable_open()->set_present_leases(present_leases);
+  v1::SessionEvent event;
+  if (!stream->Write(open) || !stream->Read(&event) || !event.has_opened()) {
+    ADD_FAILURE() << "no SessionOpened for OpenSession of " << client_name;
+    return std::nullopt;
+  }
+  return event.opened();
+}
+
 namespace {
 // One Monitor call on a channel of its own, over a connection of its own
 // (gRPC would share one with earlier channels to the address, which may

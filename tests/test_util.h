@@ -7,15 +7,19 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "shmtensor/client.h"
 #include "shmtensor/v1/monitor.pb.h"
+#include "shmtensor/v1/shmtensor.grpc.pb.h"
 #include "testing/cpp/daemon_process.h"
 #include "testing/cpp/subprocess.h"
 
@@ -51,6 +55,15 @@ v1::ListClientsResponse MonitorClients(const std::string& address);
 uint64_t MonitorLeasesOf(const std::string& address, uint64_t client_id);
 // The first page of objects (up to 10,000).
 v1::ListObjectsResponse MonitorObjects(const std::string& address);
+
+// A session opened by hand, as a client of the proto alone: writes
+// OpenSession{client_name, resume_session_id, present_leases} on the
+// Session stream `stream` and returns the SessionOpened it answers; nullopt,
+// with a test failure recorded, when the stream ends or answers otherwise.
+std::optional<v1::SessionOpened> OpenRawSession(
+    grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionEvent>* stream,
+    absl::string_view client_name, uint64_t resume_session_id = 0,
+    bool present_leases = false);
 
 // Path of the test helper binary (st_child).
 std::string ChildPath();

@@ -10,6 +10,16 @@
 // entry whose number now names another file (or none) is dead, and a new
 // connection on a reused number replaces it.
 //
+// A call's number names its own connection from the call's start until its
+// reactor is done: in gRPC 1.51 (Debian 12 and 13) every stream holds a
+// reference on its transport, and a broken connection's descriptor is only
+// shut down, then closed when the transport is destroyed (tcp_free, from
+// ~grpc_chttp2_transport), after the last stream. gRPC 1.65 and later close
+// it as the connection breaks, calls still running: there a call that
+// starts late could find a newer connection on the reused number, and pass
+// the session's connection check (ObjectStore::Admit). CMakeLists.txt warns
+// at such a version.
+//
 // Thread safety: thread-safe.
 #ifndef SHMTENSOR_DAEMON_SERVER_CONNECTIONS_H_
 #define SHMTENSOR_DAEMON_SERVER_CONNECTIONS_H_
