@@ -545,78 +545,146 @@ def test_batches_that_outgrow_the_ring_go_through_the_pool(daemon):
     assert wait_until(lambda: used(c) == 0, 5.0), c.stats()
 
 
+# Changing's batches (batch_size 4; index // 4) that differ from the one
+# before them in one thing each, after batches alike: a worker stacks
+# batches alike into its ring without planning them again, and each change
+# must end that. From batch 19 on (index 76) the worker's registry holds a
+# function of the user's for tensors.
+_CHANGES = {3: "int32", 6: "shape", 9: "short", 12: "strided", 13: "tuple",
+            16: "float16"}
+_USERS_FROM = 76
+
+
 def _doubled(batch, *, collate_fn_map=None):
     return torch.stack(batch) * 2
 
 
 class Changing(Dataset):
-    """Samples of batches alike (float32, 3 x 5) but for one change at a
-    time, with batch_size 4 (index // 4: the batch): a worker stacks batches
-    alike into its ring without planning them again, and each change must
-    end that. At index 60 the worker's registry gets a function of the
-    user's for tensors."""
+    """Samples of batches alike (float32, 3 x 5) but for _CHANGES."""
 
     def __len__(self):
-        return 68
+        return 84
 
     def __getitem__(self, i):
-        batch = i // 4
+        change = _CHANGES.get(i // 4)
         t = torch.arange(15, dtype=torch.float32).reshape(3, 5) + i
-        if batch == 3:  # Same bytes, another dtype.
+        if change == "int32":  # Same bytes, another dtype.
             return t.to(torch.int32)
-        if batch == 6:  # Same bytes, another shape.
+        if change == "shape":  # Same bytes, another shape.
             return t.reshape(5, 3)
-        if batch == 10:  # Same dtype and shape, not contiguous.
-            return t.reshape(5, 3).t()
-        if batch == 11:  # Another structure: [stack].
+        if change == "strided":  # Same dtype and shape, not contiguous:
+            return t.reshape(5, 3).t()  # still a batch alike.
+        if change == "tuple":  # Another structure: [stack].
             return (t,)
-        if batch == 12:
-            return t.to(torch.float64)
-        if i == 60:  # From batch 15 on, torch's collate calls the user's.
+        if change == "float16":  # Fewer bytes: the same slots.
+            return t.to(torch.float16)
+        if i == _USERS_FROM:
             from torch.utils.data._utils.collate import default_collate_fn_map
             default_collate_fn_map[torch.Tensor] = _doubled
         return t
 
 
-def test_batches_alike_follow_every_change_of_their_samples(daemon):
-    """One worker, so that batches alike follow each other in it: every
-    batch is torch's, whatever changes after batches alike (dtype, shape,
-    strides, structure, the batch's length, the collate registry)."""
-    sampler = [list(range(k, k + 4)) for k in range(0, 68, 4)]
+def test_batches_alike_follow_every_change_of_their_samples(daemon,
+                                                            monkeypatch):
+    """One worker, so that batches alike follow each other in it, each batch
+    dropped before the next: every batch is torch's, whatever changed (dtype,
+    shape, strides, structure, the batch's length, the collate registry),
+    each comes through the worker's ring (the pool holds no object but it),
+    and the batches alike after the first took the short way (no Plan)."""
+    from shmtensor.dataloader import batch as batch_module
+    sampler = [list(range(k, k + 4)) for k in range(0, 84, 4)]
     sampler[9] = [36, 37, 38]  # One sample short.
     theirs = list(TorchLoader(Changing(), batch_sampler=sampler,
-                              num_workers=1))
-    assert len(theirs) == 17
-    # Each batch dropped before the next but one: the ring's slots carry
-    # them all.
+                              num_workers=1, multiprocessing_context="fork"))
+    assert len(theirs) == 21
+    plans = mp.get_context("fork").Value("i", 0)  # Counted in the worker.
+    plan_init = batch_module.Plan.__init__
+
+    def counted(self):
+        with plans.get_lock():
+            plans.value += 1
+        plan_init(self)
+    monkeypatch.setattr(batch_module.Plan, "__init__", counted)
     loader = st.DataLoader(Changing(), batch_sampler=sampler, num_workers=1,
+                           multiprocessing_context="fork",
                            shmtensor_address=daemon.address)
+    c = shmtensor.connect(daemon.address)
     got = 0
     for i, b in enumerate(loader):
         assert_same(theirs[i], b, f"batch {i}")
         assert all(in_pool(p) for p in pooled_ptrs(b)), i
+        assert c.stats()["objects"] == 1, (i, c.stats())  # The ring alone.
         got += 1
-    assert got == 17
-    assert torch.equal(b[0], 2 * Changing()[64])  # The user's function.
+    assert got == 21
+    assert torch.equal(b[0], 2 * Changing()[80])  # The user's function.
+    # The short way: batches 1, 2, 5, 8, 11, 12 (strided samples), 15 and
+    # 18. Every other batch was planned; from 19 on, torch's collate ran.
+    assert plans.value == 21 - 8
+    del b, loader
+    assert wait_until(lambda: used(c) == 0, 5.0), c.stats()
 
 
-def test_a_batch_handed_over_alike_is_taken_once(daemon):
-    """The second batch alike pickles as the form its worker made once (the
-    ring, the batch's dtype and shape), its slot and its generation; the
-    receiving side takes it once (the form cached): a second delivery is a
-    stale handle, which in a DataLoader becomes torch's ExceptionWrapper
-    for that batch, never a second tensor over the slot."""
+class ThenSparse(Dataset):
+    """Batches alike (float32, 3 x 5; batch_size 4), then one of sparse
+    samples of that dtype and shape: a stack that torch's collate refuses,
+    in a way of its own."""
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        t = torch.arange(15, dtype=torch.float32).reshape(3, 5) + i
+        return t.to_sparse() if i >= 12 else t
+
+
+def _first_error(loader):
+    """(batches before it, its type, the last line of its message)."""
+    n = 0
+    try:
+        for _ in loader:
+            n += 1
+    except Exception as e:  # noqa: BLE001 - compared, not handled.
+        return n, type(e), str(e).strip().splitlines()[-1]
+    return n, None, None
+
+
+def test_a_sparse_batch_after_batches_alike_fails_as_torchs(daemon):
+    theirs = _first_error(TorchLoader(ThenSparse(), batch_size=4,
+                                      num_workers=1))
+    ours = _first_error(st.DataLoader(ThenSparse(), batch_size=4,
+                                      num_workers=1,
+                                      shmtensor_address=daemon.address))
+    assert theirs[0] == 3 and theirs[1] is not None, theirs
+    assert ours == theirs
+
+
+def test_a_batch_handed_over_alike_is_taken_once(daemon, monkeypatch):
+    """The second batch alike takes the short way (no Plan, the first
+    batch's tensor over its slot) and pickles as the form its worker made
+    once (the ring, the batch's dtype and shape), its slot and its
+    generation; the receiving side takes it once (the form cached): a
+    second delivery is a stale handle, which in a DataLoader becomes torch's
+    ExceptionWrapper for that batch, never a second tensor over the slot;
+    so does a form that does not unpickle."""
     import pickle
     from multiprocessing.reduction import ForkingPickler
     from torch._utils import ExceptionWrapper
     from shmtensor.dataloader import PoolCollate
+    from shmtensor.dataloader import batch as batch_module
+    from shmtensor.dataloader import handles
     from shmtensor.dataloader.rings import RingCache
     rings = RingCache()
     collate = PoolCollate(daemon.address).with_consumer(rings.token, 2)
     samples = [torch.full((8,), float(k)) for k in range(4)]
-    first = pickle.loads(ForkingPickler.dumps(collate(samples)))
+    first_handle = collate(samples)
+    assert first_handle._form is None  # Planned: its batch has no form.
+    first = pickle.loads(ForkingPickler.dumps(first_handle))
+    plans = []
+    plan_init = batch_module.Plan.__init__
+    monkeypatch.setattr(batch_module.Plan, "__init__",
+                        lambda self: plans.append(1) or plan_init(self))
     handle = collate(samples)
-    assert handle._form is not None  # Batches alike: the short way.
+    assert handle._form is not None and not plans  # The short way.
     sent = bytes(ForkingPickler.dumps(handle))
     assert handle._form in sent
     batch = pickle.loads(sent)
@@ -625,13 +693,16 @@ def test_a_batch_handed_over_alike_is_taken_once(daemon):
     again = pickle.loads(sent)
     assert type(again) is ExceptionWrapper
     assert "stale batch handle" in again.exc_msg
+    broken = handles._receive_ring_form(b"not a pickle", 0, 1)
+    assert type(broken) is ExceptionWrapper
     batch[0, 0] = -1
     del batch, first
     # The slots are free again: two more batches alike come through the
-    # ring, and the old handle stays stale.
+    # ring, the short way, and the old handle stays stale.
     more = [pickle.loads(ForkingPickler.dumps(collate(samples)))
             for _ in range(2)]
     assert all(torch.equal(m, torch.stack(samples)) for m in more)
+    assert not plans
     assert "stale batch handle" in pickle.loads(sent).exc_msg
     c = shmtensor.connect(daemon.address)
     del more, rings, collate

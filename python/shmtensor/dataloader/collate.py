@@ -107,18 +107,19 @@ class PoolCollate:
         ring, ref = got
         if plan.size > ring.slot_bytes:
             return None
-        slot = ring.claim()
-        if slot < 0:
-            return None
         typed = plan.typed_leaf()
+        repeat = None
         if typed is not None and stacked is not None:
             # One stack of samples, the payload its leaf's id: the next
             # batch like it skips the plan (_RepeatStack).
-            self._repeat = _RepeatStack(ring, ref, typed[:2], payload,
-                                        plan.size, self.address,
-                                        self.consumer)
-            return self._repeat(stacked, slot)
-        self._repeat = None
+            repeat = _RepeatStack(ring, ref, typed[:2], payload, plan.size,
+                                  self.address, self.consumer)
+        slot = ring.claim()
+        if slot < 0:
+            return None
+        self._repeat = repeat
+        if repeat is not None:
+            return repeat(stacked, slot)
         try:
             if typed is not None:  # Filled as the tensor the consumer gets.
                 dtype, shape, fill_leaf = typed
@@ -154,8 +155,10 @@ class _RepeatStack:
     each slot, made once. Called with samples, it is the ring batch, or None
     when they are not such a stack (the registry changed, another dtype or
     shape, a tensor that Plan.stack would not stack) or no slot is free:
-    PoolCollate then takes the whole way. Belongs to the process that made
-    it (the ring's); not thread-safe, as WorkerRing."""
+    PoolCollate then takes the whole way. The batches it makes so carry a
+    form (handles.ring_form), made at the first of them: a worker whose
+    batches change shape every time makes none. Belongs to the process that
+    made it (the ring's); not thread-safe, as WorkerRing."""
 
     def __init__(self, ring, ref, typed, payload, size, address, consumer):
         self._ring, self._pid = ring, os.getpid()
@@ -164,13 +167,13 @@ class _RepeatStack:
         self._payload, self._size = payload, size
         self._handle = (ref, ring.slots, ring.slot_bytes, ring.align)
         self._tail = (address, consumer)
-        self._form = ring_form(ref, ring.slots, ring.slot_bytes, ring.align,
-                               size, payload, address, consumer)
+        self._form = None  # Made with the first batch alike.
         self._targets = [None] * ring.slots
 
     def __call__(self, samples, slot=None):
         """`slot`: one the caller claimed for these samples (they passed
-        Plan.stack's checks)."""
+        Plan.stack's checks); their batch goes without a form."""
+        form = None
         if slot is None:
             elem = samples[0]
             # Plan.stack's checks (batch._stackable, but a dtype of the
@@ -184,6 +187,10 @@ class _RepeatStack:
                     or not _batch.torch_registry_only()
                     or os.getpid() != self._pid):
                 return None
+            form = self._form
+            if form is None:
+                form = self._form = ring_form(
+                    *self._handle, self._size, self._payload, *self._tail)
             slot = self._ring.claim()
             if slot < 0:
                 return None
@@ -202,7 +209,7 @@ class _RepeatStack:
         gen = ring.generation(slot)
         ring.hand(slot)
         return RingBatch(*self._handle, slot, gen, self._size, self._payload,
-                         *self._tail, form=self._form)
+                         *self._tail, form=form)
 
 
 def _workers():

@@ -123,9 +123,10 @@ def ring_form(ring, slots, slot_bytes, align, nbytes, payload, address,
                          address, consumer), pickle.HIGHEST_PROTOCOL)
 
 
-# Forms this process received, unpickled: form -> its tuple. A form names a
-# worker's ring and its batches' structure, so a process sees a few per
-# iterator; past _MAX_FORMS (iterator after iterator) the cache starts
+# Forms this process received, unpickled (with the batch's typed_leaf):
+# form -> (its tuple, typed). A form names a worker's ring and a shape of
+# batch it makes batch after batch, so a process sees one per worker and
+# such shape; past _MAX_FORMS (iterator after iterator) the cache starts
 # afresh. Read and written under the interpreter lock alone: two threads
 # that miss at once both unpickle, and either result serves.
 _forms = {}
@@ -133,27 +134,29 @@ _MAX_FORMS = 256
 
 
 def _receive_ring_form(form, slot, gen):
-    known = _forms.get(form)
-    if known is None:
-        if len(_forms) >= _MAX_FORMS:
-            _forms.clear()
-        _torch_sharing.install()  # As _ring_batch, before any tensor.
-        args = pickle.loads(form)
-        known = _forms[form] = (args, _batch.typed_leaf(args[5], args[4]))
-    (ring_ref, slots, slot_bytes, align, nbytes, payload, address,
-     consumer), typed = known
-    cache = _rings.RingCache.find(consumer)
-    if typed is None or cache is None:
-        return _deliver(consumer, _ring_batch, (
-            ring_ref, slots, slot_bytes, align, slot, gen, nbytes, payload,
-            address, consumer))
-    # _ring_batch of a batch that is one tensor, for an iterator of this
-    # process (its ring cache found).
+    # Only a DataLoader's worker makes forms (a ring needs a consumer), so
+    # every failure here is torch's ExceptionWrapper, as in _deliver.
     try:
+        known = _forms.get(form)
+        if known is None:
+            _torch_sharing.install()  # As _ring_batch, before any tensor.
+            args = pickle.loads(form)
+            typed = _batch.typed_leaf(args[5], args[4])
+            if len(_forms) >= _MAX_FORMS:
+                _forms.clear()
+            known = _forms[form] = (args, typed)
+        (ring_ref, slots, slot_bytes, align, nbytes, payload, address,
+         consumer), typed = known
+        cache = _rings.RingCache.find(consumer)
+        if typed is None or cache is None:
+            return _ring_batch(ring_ref, slots, slot_bytes, align, slot, gen,
+                               nbytes, payload, address, consumer)
+        # _ring_batch of a batch that is one tensor, for an iterator of this
+        # process (its ring cache found).
         ring = cache.ring(ring_ref, slots, slot_bytes, align, address)
         return _batch.typed_tensor(ring.adopt(slot, gen, nbytes, *typed),
                                    typed[0])
-    except Exception:  # noqa: BLE001 - as _deliver, with consumer set.
+    except Exception:  # noqa: BLE001 - re-raised by torch, with traceback.
         return _failure()
 
 
