@@ -233,7 +233,9 @@ def fast_path(c, hooks, n):
             copy.append((t2 - t1) / 1e3)
     # The same put of a torch tensor (over the same bytes), when torch is
     # installed: put() reads a tensor's layout through torch's Python API.
-    tput = []
+    # Its own copies alongside, as above: this VM's speed drifts between
+    # loops.
+    tput, tcopy = [], []
     try:
         import torch
     except ImportError:
@@ -244,9 +246,12 @@ def fast_path(c, hooks, n):
             t0 = time.perf_counter_ns()
             ref = c.put(tsrc)
             t1 = time.perf_counter_ns()
+            np.copyto(dst, src)
+            t2 = time.perf_counter_ns()
             del ref
             if i >= 100:
                 tput.append((t1 - t0) / 1e3)
+                tcopy.append((t2 - t1) / 1e3)
     ref = c.put(src)
     first = c.get(ref)
     # Blocks of HELD_BLOCK gets, each view dropped at once (the C++ side is
@@ -268,8 +273,9 @@ def fast_path(c, hooks, n):
     del first, ref
     cpp_held = hooks.gets_of_held(NBYTES, blocks)
     med = statistics.median
-    of_tensor = (f"; of a torch tensor {med(tput):.1f} us, "
-                 f"{med(tput) / (med(copy) + 5):.2f}" if tput else
+    of_tensor = (f"; of a torch tensor {med(tput):.1f} us, copy alone "
+                 f"{med(tcopy):.1f} us, {med(tput) / (med(tcopy) + 5):.2f}"
+                 if tput else
                  " (no torch here for a tensor's)")
     return (f"fast path, 64 KiB, wall p50: put {med(put):.1f} us, copy alone "
             f"{med(copy):.1f} us, put/(copy + 5 us) "
