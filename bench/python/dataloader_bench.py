@@ -74,7 +74,7 @@ MAX_WARM = 200
 # batches can pass in too short a window to time on a shared machine.
 MIN_SECONDS = 1.0
 # Runs of the shmtensor loader and of ideal-DL, in pairs (see main).
-PAIRS = 3
+PAIRS = 5
 # Samples a dataset has: more than any run takes (runs stop on time).
 ENDLESS = 10 ** 9
 PAGE_FLOATS = 1024  # float32 elements per 4 KiB page
