@@ -665,7 +665,8 @@ def test_a_batch_handed_over_alike_is_taken_once(daemon, monkeypatch):
     generation; the receiving side takes it once (the form cached): a
     second delivery is a stale handle, which in a DataLoader becomes torch's
     ExceptionWrapper for that batch, never a second tensor over the slot;
-    so does a form that does not unpickle."""
+    so does a form that does not unpickle. A forked child of the worker
+    never takes the short way into the parent's ring."""
     import pickle
     from multiprocessing.reduction import ForkingPickler
     from torch._utils import ExceptionWrapper
@@ -704,6 +705,21 @@ def test_a_batch_handed_over_alike_is_taken_once(daemon, monkeypatch):
     assert all(torch.equal(m, torch.stack(samples)) for m in more)
     assert not plans
     assert "stale batch handle" in pickle.loads(sent).exc_msg
+    # A child forked from a worker with batches alike never writes the
+    # parent's ring (its mapping is the parent's memory): its batch goes
+    # the whole way, into a ring of its own.
+    ring_ref = handle._args[0]
+    pid = os.fork()
+    if pid == 0:
+        try:
+            child = collate([torch.full((8,), 9.0)] * 4)
+            ok = (not isinstance(child, handles.RingBatch)
+                  or child._args[0] != ring_ref) and plans
+        except BaseException:  # noqa: BLE001 - the exit status says it.
+            ok = False
+        os._exit(0 if ok else 1)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert all(torch.equal(m, torch.stack(samples)) for m in more)
     c = shmtensor.connect(daemon.address)
     del more, rings, collate
     gc.collect()
