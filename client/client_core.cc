@@ -1001,9 +1001,9 @@ std::shared_ptr<Lease> ClientCore::FindShare(const ObjectRef& ref,
                                              ObjectInfo* info) {
   std::lock_guard<std::mutex> lock(shares_mu_);
   auto it = shares_.find(ShareKey(ref));
-  if (it == shares_.end() || !(it->second.info.ref == ref)) return nullptr;
+  if (it == shares_.end()) return nullptr;
   std::shared_ptr<Lease> lease = it->second.lease.lock();
-  if (lease == nullptr || lease->lost()) return nullptr;
+  if (lease == nullptr || !lease->SharesRef(ref)) return nullptr;
   *info = it->second.info;
   return lease;
 }

@@ -38,6 +38,13 @@ void MarkEscaped(Lease& lease) { lease.MarkEscaped(); }
 bool LeaseEscaped(const Lease& lease) { return lease.escaped(); }
 void* LeaseAddress(const Lease& lease) { return lease.data(); }
 absl::Status LeaseHeld(const Lease& lease) { return lease.CheckHeld(); }
+bool LeaseSharesRef(const Lease& lease, const ObjectRef& ref) {
+  return lease.SharesRef(ref);
+}
+
+bool Lease::SharesRef(const ObjectRef& ref) const {
+  return shared() && shared_ref_ == ref && !core_->inherited() && !lost();
+}
 
 void Lease::Register() {
   if (access_ != Access::kRead || device_.is_cuda() ||

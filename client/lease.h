@@ -125,6 +125,13 @@ class Lease : public std::enable_shared_from_this<Lease> {
   }
   bool shared() const { return shared_.load(std::memory_order_acquire); }
   const ObjectRef& shared_ref() const { return shared_ref_; }
+  // Whether a get of `ref` in this process may take a share of this lease
+  // instead of asking the daemon, the one rule for every holder of shares
+  // (ClientCore::FindShare, the Python binding's views): the lease is its
+  // client's share of exactly `ref` (MarkShared; never an exclusive ref's),
+  // this process is the one that holds it (not a child it was inherited
+  // by) and the daemon still holds it (not lost).
+  bool SharesRef(const ObjectRef& ref) const;
   // A resume found that the daemon does not hold this lease
   // (ClientCore::HoldLease): its bytes may be reused, so nothing exports
   // them any more (CheckHeld) and it is never released. Returns whether

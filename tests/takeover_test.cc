@@ -405,6 +405,10 @@ TEST(TakeOverTest, AResumeReconcilesTheClientsLeasesWithTheLedger) {
   EXPECT_TRUE(IsStaleReference(offered.status())) << offered.status();
   EXPECT_TRUE(absl::StrContains(offered.status().message(), "was lost"))
       << offered.status();
+  // Nor is it shared: a get of its object asks the daemon, which released
+  // the object with the lease.
+  absl::StatusOr<View> again = c.Get(refused->ref());
+  EXPECT_TRUE(IsStaleReference(again.status())) << again.status();
   // Letting go of it sends no release (the daemon logs none unknown).
   refused.reset();
   refused_ref.reset();

@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <string>
 #include <thread>
@@ -22,6 +23,7 @@
 #include "python/src/py_objects.h"
 #include "python/src/py_ref.h"
 #include "python/src/py_support.h"
+#include "python/src/shared_view.h"
 #include "shmtensor/errors.h"
 
 namespace shmtensor::python {
@@ -30,12 +32,19 @@ namespace {
 struct ClientObject {
   PyObject ob_base;  // PyObject_HEAD
   Client* client;    // Owned; set by ClientNew right after allocation.
+  // The views got through this client, for its gets to share; constructed
+  // and destroyed with `client`.
+  std::shared_ptr<SharedViews> views;
 };
 
 PyTypeObject* g_client_type = nullptr;
 
 Client& Self(PyObject* self) {
   return *reinterpret_cast<ClientObject*>(self)->client;
+}
+
+const std::shared_ptr<SharedViews>& ViewsOf(PyObject* self) {
+  return reinterpret_cast<ClientObject*>(self)->views;
 }
 
 std::string Repr(PyObject* obj) {
@@ -255,13 +264,17 @@ PyObject* ClientGet(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
     BindArgs("get()", args, nargs, kwnames,
              {"ref_or_name", "timeout", "writable"}, 1, a);
     Client& c = Self(self);
+    const std::shared_ptr<SharedViews>& views = ViewsOf(self);
     if (const ObjectRef* parsed = ParsedRefOf(a[0]); parsed != nullptr) {
       const ObjectRef ref = *parsed;  // Parsed once, when the ref was made.
       // A share of a lease this process holds: no call, so the interpreter's
       // lock is kept (giving it up and taking it back costs more than the
-      // share).
+      // share). First that of a view got here, then any the client has.
+      if (SharedView* shared = views->Find(ref)) {
+        return NewView(shared).release().ptr();
+      }
       if (std::optional<View> held = c.GetHeld(ref)) {
-        return NewView(*std::move(held)).release().ptr();
+        return NewView(*std::move(held), views).release().ptr();
       }
       const bool writable = Truth(a[2], true);
       std::optional<absl::StatusOr<View>> v;
@@ -269,7 +282,7 @@ PyObject* ClientGet(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
         ReleaseGil release;
         v = c.Get(ref, writable);
       }
-      return NewView(Check(*std::move(v))).release().ptr();
+      return NewView(Check(*std::move(v)), views).release().ptr();
     }
     if (PyUnicode_Check(a[0])) {
       const std::string name = Text("name", a[0]);
@@ -277,7 +290,8 @@ PyObject* ClientGet(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
                  WaitInterruptibly<View>(
                      Timeout(a[1]), absl::StatusCode::kDeadlineExceeded,
                      /*try_first=*/false,
-                     [&](absl::Duration wait) { return c.Get(name, wait); }))
+                     [&](absl::Duration wait) { return c.Get(name, wait); }),
+                 views)
           .release()
           .ptr();
     }
@@ -320,17 +334,22 @@ PyObject* ClientNew(PyTypeObject* type, PyObject* args, PyObject* kwds) {
       c = Client::Connect(o);
     }
     auto client = std::make_unique<Client>(Check(*std::move(c)));
+    auto views = std::make_shared<SharedViews>();
     PyObject* obj = type->tp_alloc(type, 0);
     if (obj == nullptr) throw py::error_already_set();
-    reinterpret_cast<ClientObject*>(obj)->client = client.release();
+    auto* self = reinterpret_cast<ClientObject*>(obj);
+    self->client = client.release();
+    new (&self->views) std::shared_ptr<SharedViews>(std::move(views));
     return obj;
   });
 }
 
 void ClientDealloc(PyObject* self) {
-  Client* client = reinterpret_cast<ClientObject*>(self)->client;
+  auto* o = reinterpret_cast<ClientObject*>(self);
+  Client* client = o->client;
   if (client != nullptr) {
-    ReleaseGil release;  // Closing the session may wait for the daemon.
+    o->views.~shared_ptr();  // Its views keep it while they live.
+    ReleaseGil release;      // Closing the session may wait for the daemon.
     delete client;
   }
   PyTypeObject* type = Py_TYPE(self);
@@ -498,7 +517,7 @@ PyObject* ClientGetMany(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
     for (absl::StatusOr<View>& v : views) Check(v.status());
     py::list out(views.size());
     for (size_t i = 0; i < views.size(); ++i) {
-      out[i] = NewView(*std::move(views[i]));
+      out[i] = NewView(*std::move(views[i]), ViewsOf(self));
     }
     return out.release().ptr();
   });

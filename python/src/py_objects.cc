@@ -546,18 +546,15 @@ ExportSource PyBuffer::Source() {
 // -- PyView -------------------------------------------------------------
 
 PyView::~PyView() {
-  // Only the last share of the lease sends a release (see DropWithoutGil).
-  if (view_.lease() != nullptr && view_.lease().use_count() > 1) return;
-  ReleaseGil release;
-  view_ = View();
+  if (shared_ != nullptr) shared_->Drop();
 }
 
 const View& PyView::get() const {
-  if (!view_.valid()) {
+  if (shared_ == nullptr) {
     throw StatusError{absl::FailedPreconditionError(
         "view was closed; arrays and tensors made from it stay valid")};
   }
-  return view_;
+  return shared_->view();
 }
 
 ExportSource PyView::Source() const {
@@ -567,10 +564,8 @@ ExportSource PyView::Source() const {
 
 void PyView::Close() {
   // Taken out with the GIL held: another thread may be exporting it.
-  View v = std::move(view_);
-  view_ = View();
-  ReleaseGil release;
-  if (v.valid()) v.Release().IgnoreError();
+  SharedView* s = std::exchange(shared_, nullptr);
+  if (s != nullptr) s->Close();
 }
 
 // -- The types ------------------------------------------------------------
@@ -615,8 +610,17 @@ py::object NewBuffer(Buffer b) {
   return NewInstance<PyBuffer>(g_buffer_class, std::move(b));
 }
 
-py::object NewView(View v) {
-  return NewInstance<PyView>(g_view_class, std::move(v));
+py::object NewView(View v, std::shared_ptr<SharedViews> table) {
+  return NewView(SharedView::Make(std::move(v), std::move(table)));
+}
+
+py::object NewView(SharedView* shared) {
+  try {
+    return NewInstance<PyView>(g_view_class, shared);
+  } catch (...) {
+    shared->Drop();
+    throw;
+  }
 }
 
 PyBuffer& BufferOf(py::handle obj) {

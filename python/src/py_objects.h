@@ -15,7 +15,8 @@
 // (BindObjectClasses), which call these.
 //
 // Ownership: a Buffer owns its unsealed buffer (dropping it discards the
-// object); a View owns one share of its lease, a SealedRef the creator's.
+// object); a View owns one share of its lease (a hold of the SharedView
+// that owns one), a SealedRef the creator's.
 // Arrays and tensors made from either own shares of their own, so they
 // outlive the object they came from. Deallocation of the last share sends
 // the release with the GIL released.
@@ -32,6 +33,7 @@
 #include <vector>
 
 #include "python/src/exports.h"
+#include "python/src/shared_view.h"
 #include "shmtensor/object_ref.h"
 #include "shmtensor/view.h"
 
@@ -71,10 +73,13 @@ class PyBuffer {
   std::vector<py::weakref> arrays_;
 };
 
-// What a View holds.
+// What a View holds: one hold of the SharedView of its object, which other
+// Python Views of the object got through the same client may hold too
+// (shared_view.h).
 class PyView {
  public:
-  explicit PyView(View v) : view_(std::move(v)) {}
+  // Takes over one hold of `shared`.
+  explicit PyView(SharedView* shared) : shared_(shared) {}
   ~PyView();
   PyView(const PyView&) = delete;
   PyView& operator=(const PyView&) = delete;
@@ -85,10 +90,10 @@ class PyView {
   // Drops this view's share of the lease; the last share waits for the
   // daemon (see View::Release).
   void Close();
-  bool closed() const { return !view_.valid(); }
+  bool closed() const { return shared_ == nullptr; }
 
  private:
-  View view_;
+  SharedView* shared_;  // Null once closed.
 };
 
 // Creates Buffer, View and ObjectRef and adds them to `m`.
@@ -100,9 +105,12 @@ void AddObjectTypes(py::module_& m);
 // instance attributes (__slots__ = ()).
 void BindObjectClasses(py::handle buffer_class, py::handle view_class);
 
-// New Python objects owning `b` / `v`.
+// New Python objects owning `b` / `v`. A View got through a client is
+// entered in that client's `table` (SharedView::Make), for its next gets.
 py::object NewBuffer(Buffer b);
-py::object NewView(View v);
+py::object NewView(View v, std::shared_ptr<SharedViews> table = nullptr);
+// A new Python View taking over one hold of `shared` (SharedViews::Find's).
+py::object NewView(SharedView* shared);
 
 // The Buffer or View that `obj` is; TypeError naming the type otherwise.
 PyBuffer& BufferOf(py::handle obj);

@@ -355,6 +355,139 @@ def test_a_get_of_a_held_object_shares_its_lease(client, daemon):
     assert wait_until(lambda: used(client) == 0)
 
 
+
+def test_shares_of_a_view_live_apart_and_the_last_release_waits(client):
+    # Every Python get of a held object shares one view's lease (one C++
+    # View behind them all): each lives apart from the others, and the one
+    # that closes last releases the lease and waits for the daemon.
+    x = np.arange(1 << 14, dtype=np.float32)
+    ref = client.put(x)
+    leases = client.stats()["leases"]
+    views = [client.get(ref) for _ in range(5)]
+    assert client.stats()["leases"] == leases
+    del ref  # The creator's share; the views keep the object.
+    views[0].close()
+    views[0].close()  # A second close of one view lets go of nothing more.
+    with pytest.raises(shmtensor.PreconditionError, match="closed"):
+        np.asarray(views[0])
+    views[1] = None  # Deallocated, not closed.
+    gc.collect()
+    a = np.asarray(views[2])  # An export of a share outlives its view.
+    views[2].close()
+    views[3].close()
+    assert client.stats()["leases"] == leases
+    assert np.array_equal(a, x) and np.array_equal(np.asarray(views[4]), x)
+    del a
+    views[4].close()  # The last share: back in the pool on return.
+    assert used(client) == 0
+
+
+
+def test_shares_of_a_view_outlive_their_client(daemon):
+    c = shmtensor.connect(daemon.address)
+    ref = c.put(np.arange(64.0))
+    views = [c.get(ref), c.get(ref)]
+    del c, ref  # The client goes first; its views stay valid.
+    gc.collect()
+    views[0].close()
+    assert np.asarray(views[1]).tolist() == list(np.arange(64.0))
+    del views
+    gc.collect()
+    assert wait_until(lambda: used(shmtensor.connect(daemon.address)) == 0)
+
+def test_a_get_shares_only_its_own_clients_view_of_exactly_its_ref(daemon):
+    c = shmtensor.connect(daemon.address)
+    other = shmtensor.connect(daemon.address)
+    ref = c.put(np.arange(64.0))
+    first = c.get(ref)
+    # Another client's get is a lease of its own session, not a share of
+    # this client's view.
+    leases = other.stats()["leases"]
+    theirs = other.get(ref)
+    assert other.stats()["leases"] == leases + 1
+    # A ref that differs from the held one in its nonce is none the daemon
+    # issued: it refuses it.
+    b = bytearray(bytes(ref))
+    b[25] ^= 0x01
+    with pytest.raises(shmtensor.InvalidArgumentError, match="never issued"):
+        c.get(shmtensor.ObjectRef(bytes(b)))
+    # One that differs in its exclusive flag asks the daemon, which goes by
+    # the object (shared, read-only): a lease of its own.
+    b = bytearray(bytes(ref))
+    b[17] ^= 0x01
+    leases = c.stats()["leases"]
+    flagged = c.get(shmtensor.ObjectRef(bytes(b)))
+    assert not flagged.writable
+    assert c.stats()["leases"] == leases + 1
+    assert np.array_equal(np.asarray(c.get(ref)), np.arange(64.0))
+    del first, theirs, flagged, ref
+    gc.collect()
+    assert wait_until(lambda: used(c) == 0)
+
+
+def test_a_forked_child_takes_no_share_of_its_parents_views(daemon):
+    c = shmtensor.connect(daemon.address)
+    ref = c.put(np.arange(64.0))
+    first = c.get(ref)
+    second = c.get(ref)  # The parent's gets share first's view.
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        out = b"shared"
+        try:
+            c.get(ref)
+        except shmtensor.PreconditionError as e:
+            out = str(e).encode()
+        except BaseException as e:  # noqa: BLE001 (reported to the parent)
+            out = repr(e).encode()
+        os.write(w, out[:500])
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        said = f.read().decode()
+    os.waitpid(pid, 0)
+    assert "inherited across fork()" in said, said
+    del first, second, ref
+    gc.collect()
+    assert wait_until(lambda: used(c) == 0)
+
+
+def test_gets_and_closes_of_one_object_from_many_threads(client):
+    x = np.arange(1 << 12, dtype=np.float32)
+    ref = client.put(x)
+    leases = client.stats()["leases"]
+    failures = []
+
+    def work(seed):
+        try:
+            held = []
+            for i in range(3000):
+                v = client.get(ref)
+                if (i + seed) % 3 == 0:
+                    held.append(v)
+                elif (i + seed) % 3 == 1:
+                    v.close()
+                if len(held) > 8:
+                    held.pop(seed % len(held)).close()
+                if i % 500 == 0 and not np.array_equal(np.asarray(v if not
+                                                       v.closed else
+                                                       client.get(ref)), x):
+                    failures.append("bytes changed")
+        except BaseException as e:  # noqa: BLE001 (asserted below)
+            failures.append(repr(e))
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+    assert client.stats()["leases"] == leases
+    del ref
+    gc.collect()
+    assert wait_until(lambda: used(client) == 0)
+
 def _perms_at(address):
     """The permissions of this process's mapping that holds `address`."""
     with open("/proc/self/maps") as f:
