@@ -26,6 +26,7 @@
 #include "client/fork_guard.h"
 #include "client/lease.h"
 #include "client/lease_registry.h"
+#include "client/lease_share.h"
 #include "client/pool_descriptors.h"
 #include "client/stock.h"
 #include "shmtensor/defaults.h"
@@ -990,12 +991,6 @@ bool ClientCore::Holds(uint64_t lease_id) {
   std::lock_guard<std::mutex> lock(held_mu_);
   return held_.contains(lease_id);
 }
-
-namespace {
-uint64_t ShareKey(const ObjectRef& ref) {
-  return (uint64_t{ref.slot} << 32) | ref.generation;
-}
-}  // namespace
 
 std::shared_ptr<Lease> ClientCore::FindShare(const ObjectRef& ref,
                                              ObjectInfo* info) {

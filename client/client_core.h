@@ -254,10 +254,9 @@ class ClientCore {
   // Lease shares: a Get of an object this process holds a read lease on
   // (a view, a SealedRef) shares that lease instead of asking the daemon.
   // FindShare returns the live read lease of exactly `ref` (nonce
-  // included) with its object's info, or null when Lease::SharesRef says
-  // no. AddShare enters a read
-  // lease of a sealed shared host object; the Lease leaves on its
-  // destruction (DropShare). Thread-safe.
+  // included) with its object's info when Lease::SharesRef allows, else
+  // null. AddShare enters a read lease of a sealed shared host object; the
+  // Lease leaves on its destruction (DropShare). Thread-safe.
   std::shared_ptr<Lease> FindShare(const ObjectRef& ref, ObjectInfo* info);
   void AddShare(const std::shared_ptr<Lease>& lease, const ObjectInfo& info);
   void DropShare(const ObjectRef& ref, const Lease* lease);

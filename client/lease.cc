@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/lease_address.h"
 #include "client/lease_registry.h"
+#include "client/lease_share.h"
 #include "shmtensor/errors.h"
 
 namespace shmtensor::internal {
@@ -42,6 +43,7 @@ bool LeaseSharesRef(const Lease& lease, const ObjectRef& ref) {
   return lease.SharesRef(ref);
 }
 
+// The rule of client/lease_share.h.
 bool Lease::SharesRef(const ObjectRef& ref) const {
   return shared() && shared_ref_ == ref && !core_->inherited() && !lost();
 }

@@ -1,7 +1,6 @@
 // Exports of a lease's bytes, for the adapters that make them (the Python
 // binding's arrays, buffer-protocol exports and DLPack tensors, the C++
-// torch adapter's tensors), and the rule for sharing a lease, for those that
-// keep shares of their own, without including client/lease.h, which needs
+// torch adapter's tensors) without including client/lease.h, which needs
 // the generated protobuf headers: the binding is also built where only the
 // public headers and the client library are at hand
 // (testing/gpu/gpu_check.sh builds it on the GPU machine).
@@ -30,7 +29,6 @@
 #include <memory>
 
 #include "absl/status/status.h"
-#include "shmtensor/object_ref.h"
 
 namespace shmtensor::internal {
 
@@ -70,12 +68,6 @@ void* LeaseAddress(const Lease& lease);
 // Lease::CheckHeld(): FAILED_PRECONDITION (STALE_REFERENCE) once a resume
 // found the daemon no longer holds the lease. Every export checks it.
 absl::Status LeaseHeld(const Lease& lease);
-
-// Lease::SharesRef: whether a get of `ref` in this process may take a share
-// of `lease` instead of asking the daemon. For an adapter that keeps shares
-// of its own (the Python binding's views, python/src/shared_view.h), so
-// that it shares exactly what Client::GetHeld would.
-bool LeaseSharesRef(const Lease& lease, const ObjectRef& ref);
 
 }  // namespace shmtensor::internal
 

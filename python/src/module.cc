@@ -216,6 +216,16 @@ PYBIND11_MODULE(_core, m) {
       },
       "_exports_of(buffer_or_view): (counted exports alive, whether a raw "
       "address escaped) of its lease.");
+  // For tests: how many Python Views share the C++ View behind `view`
+  // (python/src/shared_view.h): (open, not deallocated).
+  m.def(
+      "_shares_of",
+      [](py::handle view) {
+        const SharedView& s = ViewOf(view).shared();
+        return py::make_tuple(s.open(), s.holders());
+      },
+      "_shares_of(view): (open, alive) Python Views of the C++ View behind "
+      "`view`, which a get through the same client shares.");
   m.def(
       "_bind_object_classes",
       [](py::handle buffer_class, py::handle view_class) {

@@ -238,8 +238,10 @@ PyTypeObject* MakeType(py::module_& m, const char* name, const char* doc,
   return reinterpret_cast<PyTypeObject*>(type);
 }
 
+// By value: `v` may be a view's, which Python code run by the tuple's
+// allocation (a collection's finalizers) could close.
 template <typename T>
-py::tuple Tuple(const std::vector<T>& v) {
+py::tuple Tuple(const std::vector<T> v) {
   py::tuple t(v.size());
   for (size_t i = 0; i < v.size(); ++i) t[i] = v[i];
   return t;
@@ -545,12 +547,10 @@ ExportSource PyBuffer::Source() {
 
 // -- PyView -------------------------------------------------------------
 
-PyView::~PyView() {
-  if (shared_ != nullptr) shared_->Drop();
-}
+PyView::~PyView() { shared_->Drop(open_); }
 
 const View& PyView::get() const {
-  if (shared_ == nullptr) {
+  if (!open_) {
     throw StatusError{absl::FailedPreconditionError(
         "view was closed; arrays and tensors made from it stay valid")};
   }
@@ -563,9 +563,11 @@ ExportSource PyView::Source() const {
 }
 
 void PyView::Close() {
-  // Taken out with the GIL held: another thread may be exporting it.
-  SharedView* s = std::exchange(shared_, nullptr);
-  if (s != nullptr) s->Close();
+  if (!open_) return;
+  // Closed first, with the GIL held: a method of this view that runs while
+  // the release waits (another thread's) finds it closed.
+  open_ = false;
+  shared_->Close();
 }
 
 // -- The types ------------------------------------------------------------
@@ -618,7 +620,7 @@ py::object NewView(SharedView* shared) {
   try {
     return NewInstance<PyView>(g_view_class, shared);
   } catch (...) {
-    shared->Drop();
+    shared->Drop(/*open=*/true);
     throw;
   }
 }

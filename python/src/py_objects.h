@@ -73,27 +73,30 @@ class PyBuffer {
   std::vector<py::weakref> arrays_;
 };
 
-// What a View holds: one hold of the SharedView of its object, which other
-// Python Views of the object got through the same client may hold too
-// (shared_view.h).
+// What a View holds: the SharedView of its object, which other Python
+// Views of the object got through the same client may hold too
+// (shared_view.h), held until deallocation and open until closed.
 class PyView {
  public:
-  // Takes over one hold of `shared`.
+  // Takes over one hold of `shared`, open.
   explicit PyView(SharedView* shared) : shared_(shared) {}
   ~PyView();
   PyView(const PyView&) = delete;
   PyView& operator=(const PyView&) = delete;
 
-  // The view; FAILED_PRECONDITION (as StatusError) once closed.
+  // The view; FAILED_PRECONDITION (as StatusError) once closed. The
+  // reference stays readable while this PyView lives (shared_view.h).
   const View& get() const;
   ExportSource Source() const;
   // Drops this view's share of the lease; the last share waits for the
   // daemon (see View::Release).
   void Close();
-  bool closed() const { return shared_ == nullptr; }
+  bool closed() const { return !open_; }
+  const SharedView& shared() const { return *shared_; }
 
  private:
-  SharedView* shared_;  // Null once closed.
+  SharedView* const shared_;
+  bool open_ = true;
 };
 
 // Creates Buffer, View and ObjectRef and adds them to `m`.
@@ -109,7 +112,8 @@ void BindObjectClasses(py::handle buffer_class, py::handle view_class);
 // entered in that client's `table` (SharedView::Make), for its next gets.
 py::object NewBuffer(Buffer b);
 py::object NewView(View v, std::shared_ptr<SharedViews> table = nullptr);
-// A new Python View taking over one hold of `shared` (SharedViews::Find's).
+// A new Python View taking over one open hold of `shared`
+// (SharedViews::Find's).
 py::object NewView(SharedView* shared);
 
 // The Buffer or View that `obj` is; TypeError naming the type otherwise.

@@ -357,21 +357,25 @@ def test_a_get_of_a_held_object_shares_its_lease(client, daemon):
 
 
 def test_shares_of_a_view_live_apart_and_the_last_release_waits(client):
-    # Every Python get of a held object shares one view's lease (one C++
-    # View behind them all): each lives apart from the others, and the one
-    # that closes last releases the lease and waits for the daemon.
+    # Every Python get of a held object is another Python view of one C++
+    # View (python/src/shared_view.h): each lives apart from the others, and
+    # the one that closes last releases the lease and waits for the daemon.
+    shares_of = shmtensor._core._shares_of
     x = np.arange(1 << 14, dtype=np.float32)
     ref = client.put(x)
     leases = client.stats()["leases"]
     views = [client.get(ref) for _ in range(5)]
     assert client.stats()["leases"] == leases
+    assert shares_of(views[4]) == (5, 5)  # (open, alive)
     del ref  # The creator's share; the views keep the object.
     views[0].close()
     views[0].close()  # A second close of one view lets go of nothing more.
+    assert shares_of(views[0]) == (4, 5)
     with pytest.raises(shmtensor.PreconditionError, match="closed"):
         np.asarray(views[0])
     views[1] = None  # Deallocated, not closed.
     gc.collect()
+    assert shares_of(views[0]) == (3, 4)
     a = np.asarray(views[2])  # An export of a share outlives its view.
     views[2].close()
     views[3].close()
@@ -380,13 +384,34 @@ def test_shares_of_a_view_live_apart_and_the_last_release_waits(client):
     del a
     views[4].close()  # The last share: back in the pool on return.
     assert used(client) == 0
+    assert shares_of(views[4]) == (0, 4)
+    with pytest.raises(shmtensor.PreconditionError, match="closed"):
+        views[4].shape
 
+
+def test_a_view_its_own_dlpack_argument_closes_fails_cleanly(client):
+    # Python code run by a method of a view (here the stream's __index__)
+    # may close every view of the object: the method then finds it closed,
+    # and reads nothing freed.
+    ref = client.put(np.arange(8.0))
+    v = client.get(ref)
+    del ref
+
+    class Closing:
+        def __index__(self):
+            v.close()
+            return -1
+
+    with pytest.raises(shmtensor.PreconditionError, match="closed"):
+        v.__dlpack__(stream=Closing())
+    assert used(client) == 0
 
 
 def test_shares_of_a_view_outlive_their_client(daemon):
     c = shmtensor.connect(daemon.address)
     ref = c.put(np.arange(64.0))
     views = [c.get(ref), c.get(ref)]
+    assert shmtensor._core._shares_of(views[0]) == (2, 2)
     del c, ref  # The client goes first; its views stay valid.
     gc.collect()
     views[0].close()
@@ -395,7 +420,9 @@ def test_shares_of_a_view_outlive_their_client(daemon):
     gc.collect()
     assert wait_until(lambda: used(shmtensor.connect(daemon.address)) == 0)
 
+
 def test_a_get_shares_only_its_own_clients_view_of_exactly_its_ref(daemon):
+    shares_of = shmtensor._core._shares_of
     c = shmtensor.connect(daemon.address)
     other = shmtensor.connect(daemon.address)
     ref = c.put(np.arange(64.0))
@@ -405,6 +432,7 @@ def test_a_get_shares_only_its_own_clients_view_of_exactly_its_ref(daemon):
     leases = other.stats()["leases"]
     theirs = other.get(ref)
     assert other.stats()["leases"] == leases + 1
+    assert shares_of(theirs) == (1, 1) and shares_of(first) == (1, 1)
     # A ref that differs from the held one in its nonce is none the daemon
     # issued: it refuses it.
     b = bytearray(bytes(ref))
@@ -419,8 +447,12 @@ def test_a_get_shares_only_its_own_clients_view_of_exactly_its_ref(daemon):
     flagged = c.get(shmtensor.ObjectRef(bytes(b)))
     assert not flagged.writable
     assert c.stats()["leases"] == leases + 1
-    assert np.array_equal(np.asarray(c.get(ref)), np.arange(64.0))
-    del first, theirs, flagged, ref
+    assert shares_of(flagged) == (1, 1) and shares_of(first) == (1, 1)
+    # The ref itself, parsed anew from its bytes, shares the view.
+    again = c.get(shmtensor.ObjectRef(bytes(ref)))
+    assert np.array_equal(np.asarray(again), np.arange(64.0))
+    assert shares_of(first) == (2, 2)
+    del first, again, theirs, flagged, ref
     gc.collect()
     assert wait_until(lambda: used(c) == 0)
 
@@ -430,6 +462,7 @@ def test_a_forked_child_takes_no_share_of_its_parents_views(daemon):
     ref = c.put(np.arange(64.0))
     first = c.get(ref)
     second = c.get(ref)  # The parent's gets share first's view.
+    assert shmtensor._core._shares_of(first) == (2, 2)
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -470,10 +503,10 @@ def test_gets_and_closes_of_one_object_from_many_threads(client):
                     v.close()
                 if len(held) > 8:
                     held.pop(seed % len(held)).close()
-                if i % 500 == 0 and not np.array_equal(np.asarray(v if not
-                                                       v.closed else
-                                                       client.get(ref)), x):
-                    failures.append("bytes changed")
+                if i % 500 == 0:
+                    w = v if not v.closed else client.get(ref)
+                    if not np.array_equal(np.asarray(w), x):
+                        failures.append("bytes changed")
         except BaseException as e:  # noqa: BLE001 (asserted below)
             failures.append(repr(e))
 
@@ -487,6 +520,7 @@ def test_gets_and_closes_of_one_object_from_many_threads(client):
     del ref
     gc.collect()
     assert wait_until(lambda: used(client) == 0)
+
 
 def _perms_at(address):
     """The permissions of this process's mapping that holds `address`."""
