@@ -47,6 +47,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <optional>
 #include <string>
 #include <thread>
@@ -94,6 +95,13 @@ long MinorFaults() {
   rusage ru;
   getrusage(RUSAGE_SELF, &ru);
   return ru.ru_minflt;
+}
+
+// CPU time this process used so far, all its threads, in microseconds.
+double ProcessCpuUs() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
 }
 
 [[noreturn]] void Die(const std::string& what, const absl::Status& s) {
@@ -940,8 +948,17 @@ void BenchFastPath(const DaemonProcess& daemon, int iters) {
     // put, unless calls for the same class overlap and bring surplus.
     const shmtensor::internal::Stock* stock = probe.lease()->core().stock();
     uint64_t made0 = 0;
+    // The CPU the puts cost the daemon and this process (all its threads:
+    // the producer's, its writer's and its stock's refills), over the timed
+    // puts: on this VM's 2 CPUs, their sum over 2 bounds the mean from
+    // below when the puts outrun the daemon.
+    double daemon_cpu0 = 0, own_cpu0 = 0;
     for (int i = 0; i < n + 500; ++i) {
-      if (i == 500 && stock != nullptr) made0 = stock->made();
+      if (i == 500) {
+        if (stock != nullptr) made0 = stock->made();
+        daemon_cpu0 = daemon.CpuUs();
+        own_cpu0 = ProcessCpuUs();
+      }
       auto t0 = Clock::now();
       Check(producer.Put(src.data(), {.size_bytes = bytes}), "put");
       auto t1 = Clock::now();
@@ -951,15 +968,19 @@ void BenchFastPath(const DaemonProcess& daemon, int iters) {
       put.push_back(Us(t1 - t0));
       copy.push_back(Us(t2 - t1));
     }
+    const double daemon_cpu = (daemon.CpuUs() - daemon_cpu0) / n;
+    const double own_cpu = (ProcessCpuUs() - own_cpu0) / n;
     const Summary p = Summarize(put);
     const double c = Summarize(copy).p50;
     std::printf(
         "%d puts of %s back to back: p50 %.1f us, p90 %.1f, p99 %.1f, mean "
         "%.1f; copy alone %.1f us; mean/(copy+5) %.2f; stock buffers made a "
-        "put %.2f\n",
+        "put %.2f; CPU a put: daemon %.1f us, this process (copy alone "
+        "included) %.1f us\n",
         n, SizeName(bytes).c_str(), p.p50, p.p90, p.p99, p.mean, c,
         p.mean / (c + 5),
-        stock == nullptr ? 0.0 : double(stock->made() - made0) / n);
+        stock == nullptr ? 0.0 : double(stock->made() - made0) / n, daemon_cpu,
+        own_cpu);
   }
   for (uint64_t bytes : {uint64_t{4} << 10, uint64_t{64} << 10}) {
     std::vector<std::vector<uint8_t>> data(64,

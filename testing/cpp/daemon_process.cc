@@ -160,4 +160,26 @@ int64_t DaemonProcess::PrivateRss() const {
   return (rss - shmem) * 1024;
 }
 
+double DaemonProcess::CpuUs() const {
+  // Each thread's time on a CPU, in ns (schedstat's first field): finer
+  // than the clock ticks /proc/<pid>/stat counts in. The daemon's threads
+  // live as long as it does, so none that ran is missing from the sum.
+  const std::string tasks = absl::StrCat("/proc/", process_->pid(), "/task");
+  DIR* dir = opendir(tasks.c_str());
+  if (dir == nullptr) return -1;
+  double ns = 0;
+  bool any = false;
+  while (const dirent* e = readdir(dir)) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream f(absl::StrCat(tasks, "/", e->d_name, "/schedstat"));
+    uint64_t on_cpu = 0;
+    if (f >> on_cpu) {
+      ns += static_cast<double>(on_cpu);
+      any = true;
+    }
+  }
+  closedir(dir);
+  return any ? ns / 1e3 : -1;
+}
+
 }  // namespace shmtensor::testing

@@ -52,6 +52,9 @@ class DaemonProcess {
   // Resident memory of the daemon outside shared memory (VmRSS less
   // RssShmem), in bytes.
   int64_t PrivateRss() const;
+  // CPU time the daemon used so far, all its threads (user and system), in
+  // microseconds; -1 when /proc does not say (no schedstat).
+  double CpuUs() const;
 
  private:
   std::string address_;
