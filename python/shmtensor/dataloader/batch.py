@@ -47,7 +47,7 @@ def _poolable(t):
             and not getattr(t, "is_nested", False))
 
 
-def _stackable(elem):
+def stackable(elem):
     """Whether a stack of tensors like `elem` is made in the pool (else
     torch's collate_tensor_fn makes it, with torch's errors: a stack with
     out= of tensors that require grad raises in a worker)."""
@@ -150,7 +150,7 @@ class Plan:
         if not torch_registry_only() or type(samples[0]) is not torch.Tensor:
             return None
         elem = samples[0]
-        if not _stackable(elem):
+        if not stackable(elem):
             return None
         return self._leaf(samples, elem.dtype,
                           (len(samples),) + tuple(elem.shape), False,
@@ -179,7 +179,7 @@ class Plan:
 
     def _stack(self, batch, *, collate_fn_map=None):
         elem = batch[0]
-        if not _stackable(elem):
+        if not stackable(elem):
             return _torch_collate.collate_tensor_fn(
                 batch, collate_fn_map=collate_fn_map)
         shape = (len(batch),) + tuple(elem.shape)

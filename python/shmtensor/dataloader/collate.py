@@ -176,14 +176,11 @@ class _RepeatStack:
         form = None
         if slot is None:
             elem = samples[0]
-            # Plan.stack's checks (batch._stackable, but a dtype of the
-            # table is never a quantized one), and that the stack is this
-            # one.
+            # That the stack is this one, then Plan.stack's own checks.
             if (type(elem) is not torch.Tensor or elem.dtype != self._dtype
-                    or len(samples) != self._shape[0] or not elem.is_cpu
-                    or elem.layout != torch.strided or elem.requires_grad
-                    or getattr(elem, "is_nested", False)
+                    or len(samples) != self._shape[0]
                     or elem.shape != self._sample_shape
+                    or not _batch.stackable(elem)
                     or not _batch.torch_registry_only()
                     or os.getpid() != self._pid):
                 return None

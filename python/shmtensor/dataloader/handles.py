@@ -92,14 +92,19 @@ class RingBatch:
         return _ring_batch(*self._args, client=client)
 
 
+_UNKNOWN = object()
+
+
 def _ring_batch(ring_ref, slots, slot_bytes, align, slot, gen, nbytes,
-                payload, address, consumer, client=None):
+                payload, address, consumer, client=None, typed=_UNKNOWN):
+    """`typed`: _batch.typed_leaf(payload, nbytes), when the caller has it."""
     cache = _rings.RingCache.find(consumer)
     if cache is None:
         cache = _rings.RingCache(register=False)  # Joined for this batch only.
     ring = cache.ring(ring_ref, slots, slot_bytes, align, address, client)
     _torch_sharing.install()
-    typed = _batch.typed_leaf(payload, nbytes)
+    if typed is _UNKNOWN:
+        typed = _batch.typed_leaf(payload, nbytes)
     if typed is not None:  # The batch is one tensor: the slot taken as it.
         return _batch.typed_tensor(ring.adopt(slot, gen, nbytes, *typed),
                                    typed[0])
@@ -141,21 +146,13 @@ def _receive_ring_form(form, slot, gen):
         if known is None:
             _torch_sharing.install()  # As _ring_batch, before any tensor.
             args = pickle.loads(form)
-            typed = _batch.typed_leaf(args[5], args[4])
             if len(_forms) >= _MAX_FORMS:
                 _forms.clear()
-            known = _forms[form] = (args, typed)
+            known = _forms[form] = (args, _batch.typed_leaf(args[5], args[4]))
         (ring_ref, slots, slot_bytes, align, nbytes, payload, address,
          consumer), typed = known
-        cache = _rings.RingCache.find(consumer)
-        if typed is None or cache is None:
-            return _ring_batch(ring_ref, slots, slot_bytes, align, slot, gen,
-                               nbytes, payload, address, consumer)
-        # _ring_batch of a batch that is one tensor, for an iterator of this
-        # process (its ring cache found).
-        ring = cache.ring(ring_ref, slots, slot_bytes, align, address)
-        return _batch.typed_tensor(ring.adopt(slot, gen, nbytes, *typed),
-                                   typed[0])
+        return _ring_batch(ring_ref, slots, slot_bytes, align, slot, gen,
+                           nbytes, payload, address, consumer, typed=typed)
     except Exception:  # noqa: BLE001 - re-raised by torch, with traceback.
         return _failure()
 
