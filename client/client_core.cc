@@ -57,8 +57,10 @@ int fork_hold_count = 0;
 // whose last reference went in the prepare handler would be destroyed
 // there, making calls).
 std::vector<std::shared_ptr<ClientCore>>* forking_cores = nullptr;
-// One warning per process when a hold could not be taken.
-std::atomic<bool> warned_hold{false};
+// The cores whose fork hold the daemon refused in this fork: the child
+// revokes their views (ClientCore::views_revoked). Made in PrepareFork,
+// read in AfterForkInChild, dropped by both.
+std::vector<ClientCore*>* refused_cores = nullptr;
 
 void Register(const std::shared_ptr<ClientCore>& core) {
   std::lock_guard<std::mutex> lock(RegistryMu());
@@ -96,35 +98,61 @@ void ClientCore::PrepareFork() {
     }
     if (!core->inherited()) core->writer_->PauseForFork();
     if (core->inherited() || !core->has_host_pools_ ||
-        core->live_leases_.load(std::memory_order_relaxed) <= 0 ||
-        fork_hold_count == kMaxForkHolds) {
+        core->live_leases_.load(std::memory_order_relaxed) <= 0) {
       continue;
     }
-    absl::StatusOr<int> hold = TakeForkHold(
-        core->socket_path_, core->session_id_, core->descriptor_secret_,
-        absl::Now() + absl::Seconds(5), core->daemon_uid_);
+    absl::StatusOr<int> hold =
+        fork_hold_count == kMaxForkHolds
+            ? absl::ResourceExhaustedError(absl::StrCat(
+                  "this process forks with ", kMaxForkHolds,
+                  " clients that hold views; a fork holds the views of at "
+                  "most that many"))
+            : TakeForkHold(core->socket_path_, core->session_id_,
+                           core->descriptor_secret_,
+                           absl::Now() + absl::Seconds(5), core->daemon_uid_);
     if (hold.ok()) {
       fork_hold_fds[fork_hold_count++] = *hold;
-    } else if (!absl::IsUnavailable(hold.status()) &&
-               !warned_hold.exchange(true)) {
-      // (UNAVAILABLE: no daemon answers, so none can reuse the memory.)
-      // The fork goes on (a handler cannot stop it); say what it costs.
-      std::fprintf(stderr,
-                   "shmtensor: pid %d forks while client %llu holds views, "
-                   "and the daemon could not pin them for the child (%s): "
-                   "views the child inherited may change once this process "
-                   "lets go of them\n",
-                   static_cast<int>(getpid()),
-                   static_cast<unsigned long long>(core->client_id_),
-                   hold.status().ToString().c_str());
+      continue;
     }
+    // [P5] Refused (or no daemon answered: a successor could reuse the
+    // memory all the same): the fork goes on, as a handler cannot stop it,
+    // and fails closed. Every view of this client the child inherits is
+    // made inaccessible there, and its new exports raise.
+    size_t revoked = core->RevokeViewsInChild();
+    if (refused_cores == nullptr) refused_cores = new std::vector<ClientCore*>;
+    refused_cores->push_back(core.get());
+    std::fprintf(stderr,
+                 "shmtensor: pid %d forks while client %llu holds views, and "
+                 "the daemon could not pin them for the child (%s): the %zu "
+                 "views the child inherited are made inaccessible there (a "
+                 "read faults, a new array or tensor of them raises "
+                 "StaleReferenceError); the parent's are unchanged\n",
+                 static_cast<int>(getpid()),
+                 static_cast<unsigned long long>(core->client_id_),
+                 hold.status().ToString().c_str(), revoked);
   }
   // Last: no other thread may hold it across the fork (a child's first
   // lease would wait for it for ever), and the holds above took time.
   LeaseRegistry::LockForFork();
 }
 
+size_t ClientCore::RevokeViewsInChild() {
+  size_t n = 0;
+  std::lock_guard<std::mutex> lock(held_mu_);
+  for (const auto& [id, lease] : held_) {
+    if (lease == nullptr || lease->device().is_cuda()) continue;
+    const v1::Placement& p = lease->placement();
+    absl::StatusOr<PoolMapping*> m = Mapping(p.pool_id());
+    if (!m.ok()) continue;
+    (*m)->RevokeInChild(p.offset(), p.capacity_bytes());
+    ++n;
+  }
+  return n;
+}
+
 void ClientCore::AfterForkInParent() {
+  delete refused_cores;
+  refused_cores = nullptr;
   LeaseRegistry::UnlockAfterFork();
   for (int i = 0; i < fork_hold_count; ++i) close(fork_hold_fds[i]);
   fork_hold_count = 0;
@@ -145,6 +173,13 @@ void ClientCore::AfterForkInChild() {
   // each hold when the last process holding it (this child, and children
   // it forks in turn) exits or execs.
   fork_hold_count = 0;
+  if (refused_cores != nullptr) {
+    for (ClientCore* core : *refused_cores) {
+      core->views_revoked_.store(true, std::memory_order_release);
+    }
+    delete refused_cores;
+    refused_cores = nullptr;
+  }
   LeaseRegistry::UnlockAfterFork();
   // The parent's cores: left alive here (their destruction in the child
   // is harmless, but need not happen inside a fork handler).

@@ -128,6 +128,12 @@ class ClientCore {
   uint64_t client_id() const { return client_id_; }
   // True in a child process that inherited this core across fork().
   bool inherited() const;
+  // In a child forked while this client held views and the daemon refused
+  // to pin them (a fork hold): every view the child inherited of it is
+  // revoked (its range inaccessible, Lease::CheckHeld fails).
+  bool views_revoked() const {
+    return views_revoked_.load(std::memory_order_acquire);
+  }
   // The leases this process holds, as it presents them when it resumes the
   // session (OpenSession.present_leases; docs/shm_layout.md, "Resuming a
   // session"). A lease id a call returned is entered by HoldLease before
@@ -408,6 +414,12 @@ class ClientCore {
   std::string descriptor_secret_;
   bool has_host_pools_ = false;
   std::atomic<int64_t> live_leases_{0};
+  // See views_revoked(); set in a forked child's handler only.
+  std::atomic<bool> views_revoked_{false};
+  // In the prepare handler of a fork whose hold was refused: names the
+  // range of every host view this client holds to PoolMapping::RevokeInChild.
+  // Returns how many.
+  size_t RevokeViewsInChild();
   // ForkGeneration() there: inherited() compares it, without a system call.
   uint64_t fork_generation_ = 0;
   std::string address_;

@@ -164,6 +164,16 @@ bool Lease::MarkLost() {
 }
 
 absl::Status Lease::CheckHeld() const {
+  if (core_->views_revoked() && core_->inherited()) {
+    return WithReason(
+        absl::FailedPreconditionError(absl::StrCat(
+            "lease ", id_, " in pool ", placement_.pool_id(), " at offset ",
+            placement_.offset(),
+            " was inherited across a fork whose hold the daemon refused: its "
+            "bytes may be reused, so this process's view of it was made "
+            "inaccessible")),
+        kReasonStaleReference);
+  }
   if (!lost()) return absl::OkStatus();
   return WithReason(
       absl::FailedPreconditionError(absl::StrCat(

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <mutex>
@@ -88,6 +89,14 @@ absl::flat_hash_map<MemoryKey, std::weak_ptr<PoolMapping>>& Registry() {
 }
 // The mappings PrepareFork locked, kept alive until AfterFork unlocks them.
 std::vector<std::shared_ptr<PoolMapping>>* forking = nullptr;
+// The ranges RevokeInChild named for this fork: made in the prepare
+// handlers (which may allocate), applied in the child's, dropped by both.
+struct Revoked {
+  PoolMapping* mapping;  // Alive: `forking` holds it.
+  uint64_t offset;
+  uint64_t capacity;
+};
+std::vector<Revoked>* revoking = nullptr;
 
 }  // namespace
 
@@ -116,10 +125,34 @@ void PoolMapping::AfterForkInChild() {
       m->open_.Remove(0, m->info_.size_bytes());
     }
   }
+  // A refused fork hold fails closed: what the child inherited of the
+  // sessions the daemon pins nothing for faults instead of showing bytes a
+  // later put wrote. After the mprotect above, which would undo it.
+  if (revoking != nullptr) {
+    for (const Revoked& r : *revoking) {
+      PoolMapping& m = *r.mapping;
+      mprotect(m.ro_ + r.offset, r.capacity, PROT_NONE);
+      if (m.rw_ != nullptr) mprotect(m.rw_ + r.offset, r.capacity, PROT_NONE);
+      // The child's own clients get a mapping of their own (erasing from
+      // the map allocates nothing).
+      absl::erase_if(Registry(), [&m](const auto& entry) {
+        return entry.second.lock().get() == &m;
+      });
+    }
+  }
   AfterFork();
 }
 
+void PoolMapping::RevokeInChild(uint64_t offset, uint64_t capacity) {
+  if (capacity == 0 || offset >= info_.size_bytes()) return;
+  capacity = std::min(capacity, info_.size_bytes() - offset);
+  if (revoking == nullptr) revoking = new std::vector<Revoked>();
+  revoking->push_back({this, offset, capacity});
+}
+
 void PoolMapping::AfterFork() {
+  delete revoking;
+  revoking = nullptr;
   std::vector<std::shared_ptr<PoolMapping>>* held = forking;
   forking = nullptr;
   for (const std::shared_ptr<PoolMapping>& m : *held) m->mu_.unlock();

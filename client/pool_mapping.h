@@ -72,6 +72,14 @@ class PoolMapping {
   // this process maps now: memory a lease of some client of the process
   // may cover. A lock and a few comparisons per live pool.
   static bool Contains(const void* p);
+  // For a fork whose hold the daemon refused (ClientCore::PrepareFork): the
+  // range [offset, offset + capacity) of this pool, as the child inherits
+  // it, is made inaccessible there (PROT_NONE in both mappings, so an
+  // access faults), last of the child's fork work; and the mapping is no
+  // longer handed to the child's new clients (they map the pool afresh).
+  // The parent is unchanged. Called only from a prepare handler that runs
+  // after PrepareFork (which locked every mapping), on the forking thread.
+  void RevokeInChild(uint64_t offset, uint64_t capacity);
 
   const v1::PoolInfo& info() const { return info_; }
   const uint8_t* read_base() const { return ro_; }

@@ -122,9 +122,39 @@ std::string RenderStatus(const v1::DaemonStatus& s) {
                   limit(l.max_bytes_per_uid(), true), ", sessions per uid ",
                   limit(l.max_sessions_per_uid(), false), ", waiters ",
                   limit(l.max_waiters(), false), "\n");
+  if (s.uids_size() > 0) {
+    // Each uid's use against its share (limits.uid_share_percent).
+    absl::StrAppendFormat(&out, "per uid (share %d%%):\n",
+                          l.uid_share_percent());
+    std::vector<std::vector<std::string>> uid_rows;
+    auto of = [&](uint64_t used, uint64_t cap, bool bytes) {
+      return absl::StrCat(bytes ? HumanBytes(used) : absl::StrCat(used), "/",
+                          limit(cap, bytes));
+    };
+    for (const v1::UidUsage& u : s.uids()) {
+      uid_rows.push_back(
+          {absl::StrCat(u.uid()),
+           of(u.sessions(), l.max_sessions_per_uid(), false),
+           of(u.objects(), l.max_objects_per_uid(), false),
+           of(u.leases(), l.max_leases_per_uid(), false),
+           of(u.pins(), l.max_pins_per_uid(), false),
+           of(u.stock_bytes(), l.max_stock_bytes_per_uid(), true),
+           of(u.waiters(), l.max_waiters_per_uid(), false),
+           of(u.bytes(), l.max_bytes_per_uid(), true)});
+    }
+    absl::StrAppend(&out, Table({"UID", "SESSIONS", "OBJECTS", "LEASES", "PINS",
+                                 "STOCK", "WAITERS", "BYTES"},
+                                uid_rows, {1, 2, 3, 4, 5, 6, 7}));
+  }
   absl::StrAppend(&out, "waiting calls ", s.waiters(), "  detached sessions ",
                   s.detached_sessions(), "  fork holds ", s.fork_holds(),
                   "  offers ", s.offers(), "\n");
+  if (s.refused_records() > 0) {
+    absl::StrAppend(&out,
+                    "ledger records refused at adoption: ", s.refused_records(),
+                    " (named in the daemon's log; what they stood for is "
+                    "kept from reuse)\n");
+  }
   if (s.awaited_sessions() > 0 || s.quarantined_bytes() > 0) {
     absl::StrAppend(&out, "after a restart: ", s.awaited_sessions(),
                     " sessions not yet resumed; ",
@@ -309,6 +339,45 @@ std::string RenderMetrics(const v1::DaemonStatus& s,
   for (const Global& g : globals) {
     e.Family(g.name, "gauge", g.help);
     e.Sample(g.name, {}, static_cast<double>(g.value));
+  }
+  e.Family("shmtensor_refused_ledger_records", "gauge",
+           "Ledger records refused when the daemon adopted its "
+           "predecessor's.");
+  e.Sample("shmtensor_refused_ledger_records", {},
+           static_cast<double>(s.refused_records()));
+  // Each uid's use of the tables shared between uids, and its share.
+  struct UidGauge {
+    const char* name;
+    const char* help;
+    uint64_t (v1::UidUsage::*used)() const;
+    uint64_t (v1::Limits::*share)() const;
+  };
+  const UidGauge uid_gauges[] = {
+      {"shmtensor_uid_sessions", "Sessions of the uid.",
+       &v1::UidUsage::sessions, &v1::Limits::max_sessions_per_uid},
+      {"shmtensor_uid_objects", "Live objects the uid created.",
+       &v1::UidUsage::objects, &v1::Limits::max_objects_per_uid},
+      {"shmtensor_uid_leases", "Leases of the uid's sessions.",
+       &v1::UidUsage::leases, &v1::Limits::max_leases_per_uid},
+      {"shmtensor_uid_pins", "Objects the uid's offers and fork holds pin.",
+       &v1::UidUsage::pins, &v1::Limits::max_pins_per_uid},
+      {"shmtensor_uid_stock_bytes", "Bytes of the uid's stock.",
+       &v1::UidUsage::stock_bytes, &v1::Limits::max_stock_bytes_per_uid},
+      {"shmtensor_uid_waiters", "Calls of the uid waiting.",
+       &v1::UidUsage::waiters, &v1::Limits::max_waiters_per_uid},
+      {"shmtensor_uid_bytes", "Bytes the uid holds.", &v1::UidUsage::bytes,
+       &v1::Limits::max_bytes_per_uid},
+  };
+  for (const UidGauge& g : uid_gauges) {
+    e.Family(g.name, "gauge", g.help);
+    for (const v1::UidUsage& u : s.uids()) {
+      e.Sample(g.name, {{"uid", absl::StrCat(u.uid())}},
+               static_cast<double>((u.*g.used)()));
+    }
+    const std::string limit_name = absl::StrCat(g.name, "_limit");
+    e.Family(limit_name, "gauge",
+             "The per-uid limit (0: none) of the gauge above.");
+    e.Sample(limit_name, {}, static_cast<double>((s.limits().*g.share)()));
   }
   struct PoolGauge {
     const char* name;

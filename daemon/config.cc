@@ -150,6 +150,12 @@ absl::Status ParseLimits(const std::string& path, const toml::node& node,
         {"offer_grace_ms", &StoreLimits::offer_grace_ms, false},
         {"max_stock_bytes_per_client", &StoreLimits::max_stock_bytes_per_client,
          true},
+        {"uid_share_percent", &StoreLimits::uid_share_percent, false},
+        {"max_objects_per_uid", &StoreLimits::max_objects_per_uid, false},
+        {"max_leases_per_uid", &StoreLimits::max_leases_per_uid, false},
+        {"max_pins_per_uid", &StoreLimits::max_pins_per_uid, false},
+        {"max_stock_bytes_per_uid", &StoreLimits::max_stock_bytes_per_uid,
+         true},
     };
     const Key* known = nullptr;
     for (const Key& key : kKeys) {
@@ -169,6 +175,13 @@ absl::Status ParseLimits(const std::string& path, const toml::node& node,
       return SourceError(path, n, absl::StrCat("unknown key 'limits.", k, "'"));
     }
     if (!v.ok()) return v.status();
+  }
+  if (limits->uid_share_percent < 1 || limits->uid_share_percent > 100) {
+    return SourceError(
+        path, node,
+        absl::StrFormat("limits.uid_share_percent is %d: a uid's share of each "
+                        "table the daemon shares is 1 to 100 percent",
+                        limits->uid_share_percent));
   }
   return absl::OkStatus();
 }

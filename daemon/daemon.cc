@@ -145,6 +145,11 @@ absl::StatusOr<UniqueFd> Dup(int fd) {
 
 }  // namespace
 
+namespace {
+// Below, with RequestTakeOver.
+absl::Status FinishTakeOver(int connection);
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
     const DaemonConfig& config, StartOptions options) {
   absl::flat_hash_map<std::string, UniqueFd> passed;
@@ -177,43 +182,51 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   // dies). A daemon that stops cleanly unlinks the file while it still holds
   // the lock, so the owner is whoever locks the file that is at the path:
   // one that locked a file unlinked meanwhile (opened just before a
-  // predecessor removed it) tries again with the path's new file.
-  for (int attempt = 0;; ++attempt) {
-    if (d->lock_fd_ >= 0) close(d->lock_fd_);
-    d->lock_fd_ = -1;
-    absl::StatusOr<int> fd = OpenLockFile(d->lock_path_);
-    if (!fd.ok()) return fd.status();
-    d->lock_fd_ = *fd;
-    // A predecessor handing over releases the lock as it exits.
-    const absl::Time lock_deadline = absl::Now() + options.lock_wait;
-    while (flock(d->lock_fd_, LOCK_EX | LOCK_NB) != 0 &&
-           absl::Now() < lock_deadline) {
-      absl::SleepFor(absl::Milliseconds(5));
+  // predecessor removed it) tries again with the path's new file. A
+  // take-over's successor takes it last, once its predecessor handed over.
+  auto lock_address = [&]() -> absl::Status {
+    for (int attempt = 0;; ++attempt) {
+      if (d->lock_fd_ >= 0) close(d->lock_fd_);
+      d->lock_fd_ = -1;
+      absl::StatusOr<int> fd = OpenLockFile(d->lock_path_);
+      if (!fd.ok()) return fd.status();
+      d->lock_fd_ = *fd;
+      // A predecessor handing over releases the lock as it exits.
+      const absl::Time lock_deadline = absl::Now() + options.lock_wait;
+      while (flock(d->lock_fd_, LOCK_EX | LOCK_NB) != 0 &&
+             absl::Now() < lock_deadline) {
+        absl::SleepFor(absl::Milliseconds(5));
+      }
+      if (flock(d->lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+        char pid[32] = {0};
+        pread(d->lock_fd_, pid, sizeof(pid) - 1, 0);
+        return absl::FailedPreconditionError(absl::StrFormat(
+            "another shmtensord (pid %s) already serves %s (lock %s is held)",
+            absl::StripAsciiWhitespace(pid), config.listen, d->lock_path_));
+      }
+      struct stat locked, at_path;
+      if (fstat(d->lock_fd_, &locked) == 0 &&
+          lstat(d->lock_path_.c_str(), &at_path) == 0 &&
+          locked.st_dev == at_path.st_dev && locked.st_ino == at_path.st_ino) {
+        break;
+      }
+      if (attempt == 100) {
+        return absl::FailedPreconditionError(absl::StrFormat(
+            "lock file %s keeps being replaced; is another shmtensord "
+            "starting and stopping on %s?",
+            d->lock_path_, config.listen));
+      }
     }
-    if (flock(d->lock_fd_, LOCK_EX | LOCK_NB) != 0) {
-      char pid[32] = {0};
-      pread(d->lock_fd_, pid, sizeof(pid) - 1, 0);
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "another shmtensord (pid %s) already serves %s (lock %s is held)",
-          absl::StripAsciiWhitespace(pid), config.listen, d->lock_path_));
-    }
-    struct stat locked, at_path;
-    if (fstat(d->lock_fd_, &locked) == 0 &&
-        lstat(d->lock_path_.c_str(), &at_path) == 0 &&
-        locked.st_dev == at_path.st_dev && locked.st_ino == at_path.st_ino) {
-      break;
-    }
-    if (attempt == 100) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "lock file %s keeps being replaced; is another shmtensord "
-          "starting and stopping on %s?",
-          d->lock_path_, config.listen));
-    }
+    d->owns_address_ = true;
+    const std::string pid = absl::StrCat(getpid(), "\n");
+    ftruncate(d->lock_fd_, 0);
+    pwrite(d->lock_fd_, pid.data(), pid.size(), 0);
+    return absl::OkStatus();
+  };
+  const bool taking_over = options.take_over.valid();
+  if (!taking_over) {
+    if (absl::Status s = lock_address(); !s.ok()) return s;
   }
-  d->owns_address_ = true;
-  const std::string pid = absl::StrCat(getpid(), "\n");
-  ftruncate(d->lock_fd_, 0);
-  pwrite(d->lock_fd_, pid.data(), pid.size(), 0);
 
   int gid = -1;
   if (!config.socket_group.empty()) {
@@ -248,8 +261,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   LedgerState state;
   std::vector<std::unique_ptr<Pool>> pools;
   if (auto it = passed.find(kLedgerFdName); it != passed.end()) {
+    // A take-over writes into a copy of its own until its predecessor has
+    // handed over (StartOptions::take_over).
+    absl::StatusOr<UniqueFd> ledger_fd =
+        taking_over ? Ledger::CopyForAdoption(it->second.get())
+                    : absl::StatusOr<UniqueFd>(std::move(it->second));
     absl::StatusOr<std::unique_ptr<Ledger>> adopted =
-        Ledger::Adopt(std::move(it->second), &state);
+        ledger_fd.ok()
+            ? Ledger::Adopt(*std::move(ledger_fd), &state)
+            : absl::StatusOr<std::unique_ptr<Ledger>>(ledger_fd.status());
     passed.erase(it);
     absl::StatusOr<std::vector<std::unique_ptr<Pool>>> kept =
         adopted.ok() ? AdoptPools(config, access, passed, state)
@@ -257,6 +277,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
     if (kept.ok()) {
       ledger = *std::move(adopted);
       pools = *std::move(kept);
+    } else if (taking_over) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("not taking over (the predecessor serves on): ",
+                       kept.status().message()));
     } else {
       spdlog::warn(
           "not adopting the previous daemon's objects and sessions ({}); "
@@ -332,6 +356,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
         std::move(pools), config.limits, std::move(ledger), std::move(state));
     if (adopted.ok()) {
       d->store_ = *std::move(adopted);
+    } else if (taking_over) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("not taking over (the predecessor serves on): ",
+                       adopted.status().message()));
     } else {
       spdlog::warn(
           "not adopting the previous daemon's objects and sessions ({}); "
@@ -441,12 +469,21 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
                      monitor_port);
     d->monitor_->SetAddresses(addresses);
   }
+  if (taking_over) {
+    // Everything that can fail did not: the predecessor may go.
+    if (absl::Status s = FinishTakeOver(options.take_over.get()); !s.ok()) {
+      return s;
+    }
+    options.take_over = UniqueFd();
+    if (absl::Status s = lock_address(); !s.ok()) return s;
+  }
   d->listener_->Start(d->server_.get(), d->connections_.get());
   d->descriptors_->Start();
   d->reaper_ = std::thread([daemon = d.get()] { daemon->ReapLoop(); });
   std::vector<std::string> stale_names;
   for (const auto& [name, fd] : passed) stale_names.push_back(name);
-  d->StoreFds(adopting, stale_names);
+  // A take-over's ledger is a new memfd (its copy): stored anew.
+  d->StoreFds(adopting, stale_names, /*new_ledger=*/taking_over);
   spdlog::info("shmtensord {} serving on {} ({} pools, epoch {:016x}{})",
                SHMTENSOR_VERSION, config.listen, d->store_->pool_infos().size(),
                epoch, adopting ? ", adopted" : "");
@@ -480,7 +517,8 @@ absl::StatusOr<std::vector<NamedFd>> Daemon::HandOverFds() const {
   return out;
 }
 
-void Daemon::StoreFds(bool adopted, const std::vector<std::string>& stale) {
+void Daemon::StoreFds(bool adopted, const std::vector<std::string>& stale,
+                      bool new_ledger) {
   absl::StatusOr<std::vector<NamedFd>> fds = HandOverFds();
   if (!fds.ok()) {
     spdlog::warn("cannot give systemd's descriptor store the pools: {}",
@@ -505,7 +543,7 @@ void Daemon::StoreFds(bool adopted, const std::vector<std::string>& stale) {
     // keeps what it passes; a reload's and a take-over's are the same
     // memory): storing reopens of them would only add copies. A fresh
     // start replaces whatever an earlier instance stored under the name.
-    if (adopted) {
+    if (adopted && !(new_ledger && f.name == kLedgerFdName)) {
       told = getenv("NOTIFY_SOCKET") != nullptr;
       continue;
     }
@@ -574,11 +612,13 @@ absl::StatusOr<HandOver> Daemon::HandOverTo(const v1::TakeOver& successor) {
         h.fds.size() - kMaxTakeOverFds);
     h.fds.resize(kMaxTakeOverFds);
   }
-  h.finish = [this](bool sent) {
-    if (!sent) {
+  h.finish = [this](bool taken_over) {
+    if (!taken_over) {
+      // The successor wrote nothing this daemon reads (it adopted a copy of
+      // the ledger): every session, lease and object is as it was.
       spdlog::error(
-          "take-over: the successor did not take the descriptors; "
-          "serving on");
+          "take-over: the successor did not say it serves (it hung up, "
+          "died or timed out); serving on with every session");
       store_->Thaw();
       listener_->Start(server_.get(), connections_.get());
       return;
@@ -616,8 +656,7 @@ absl::Status Daemon::ReExec(const std::string& exe, char* const* argv) {
   _exit(1);
 }
 
-absl::StatusOr<std::vector<NamedFd>> RequestTakeOver(
-    const DaemonConfig& config) {
+absl::StatusOr<TakeOverGrant> RequestTakeOver(const DaemonConfig& config) {
   if (!absl::StartsWith(config.listen, "unix:")) {
     return absl::InvalidArgumentError("take-over needs a unix: address");
   }
@@ -714,8 +753,40 @@ absl::StatusOr<std::vector<NamedFd>> RequestTakeOver(
       out.push_back({reply.fd_names(static_cast<int>(i)), std::move(fds[i])});
     }
   }
-  return out;
+  return TakeOverGrant{std::move(out), std::move(sock)};
 }
+
+namespace {
+
+// Says "ready" on a take-over's connection and waits for the predecessor's
+// last word (DescriptorReply.taken_over). UNAVAILABLE when it never comes.
+absl::Status FinishTakeOver(int connection) {
+  v1::DescriptorRequest ready;
+  ready.set_take_over_ready(true);
+  const std::string bytes = ready.SerializeAsString();
+  if (send(connection, bytes.data(), bytes.size(), MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(bytes.size())) {
+    return absl::UnavailableError(absl::StrFormat(
+        "take-over: the predecessor hung up before this daemon was ready: %s",
+        std::strerror(errno)));
+  }
+  pollfd pfd{connection, POLLIN, 0};
+  if (poll(&pfd, 1, 10000) <= 0) {
+    return absl::UnavailableError(
+        "take-over: the predecessor did not answer 'ready' within 10 s");
+  }
+  char buf[512];
+  const ssize_t n = recv(connection, buf, sizeof(buf), 0);
+  v1::DescriptorReply reply;
+  if (n <= 0 || !reply.ParseFromArray(buf, static_cast<int>(n)) ||
+      !reply.taken_over()) {
+    return absl::UnavailableError(
+        "take-over: the predecessor did not hand over (it serves on)");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 void Daemon::ReapLoop() {
   absl::MutexLock lock(&reaper_mu_);

@@ -65,15 +65,34 @@ struct StartOptions {
   // How long to wait for the address lock: a predecessor that was taken
   // over releases it when it exits.
   absl::Duration lock_wait = absl::ZeroDuration();
+  // A take-over's connection to its predecessor (RequestTakeOver), which
+  // serves on until this daemon says it is ready. Start then adopts a
+  // private copy of the ledger (nothing the predecessor would read again
+  // is written), does everything that can fail, says so
+  // (DescriptorRequest.take_over_ready), waits for the predecessor's last
+  // word (it exits), and only then takes the address lock and serves. Any
+  // failure before that (a ledger or a pool that does not check out
+  // included) fails Start, and the predecessor serves on with every
+  // session. Without it (systemd's store, a reload) the ledger is adopted
+  // in place, and one that does not check out means a fresh start.
+  UniqueFd take_over;
+};
+
+// What a take-over is handed: the predecessor's descriptors, and the
+// connection to say "ready" on (StartOptions::take_over).
+struct TakeOverGrant {
+  std::vector<NamedFd> fds;
+  UniqueFd connection;
 };
 
 // Asks the daemon serving `config.listen` to hand itself over to this
 // process (only root or that daemon's uid may; the daemon checks the
 // pools of `config` against its own). Returns its descriptors, to start
-// with; the predecessor exits. FAILED_PRECONDITION naming the pool that
-// differs, PERMISSION_DENIED, or UNAVAILABLE when no daemon answers.
-absl::StatusOr<std::vector<NamedFd>> RequestTakeOver(
-    const DaemonConfig& config);
+// with, and the connection; the predecessor exits once Start says ready on
+// it, and serves on if the connection closes first. FAILED_PRECONDITION
+// naming the pool that differs, PERMISSION_DENIED, or UNAVAILABLE when no
+// daemon answers.
+absl::StatusOr<TakeOverGrant> RequestTakeOver(const DaemonConfig& config);
 
 class Daemon {
  public:
@@ -113,7 +132,8 @@ class Daemon {
   // Copies of the descriptors a successor needs, named.
   absl::StatusOr<std::vector<NamedFd>> HandOverFds() const;
   // Tells systemd's store (when $NOTIFY_SOCKET is set) what to keep.
-  void StoreFds(bool adopted, const std::vector<std::string>& stale_names);
+  void StoreFds(bool adopted, const std::vector<std::string>& stale_names,
+                bool new_ledger = false);
   // Every 200 ms until Shutdown: ends the detached sessions of processes
   // that exited, forgets connections gRPC closed.
   void ReapLoop();

@@ -165,7 +165,7 @@ int main(int argc, char** argv) {
     options.inherited = *std::move(inherited);
   }
   if (take_over && options.inherited.empty()) {
-    absl::StatusOr<std::vector<shmtensor::daemon::NamedFd>> handed =
+    absl::StatusOr<shmtensor::daemon::TakeOverGrant> handed =
         shmtensor::daemon::RequestTakeOver(config);
     if (absl::IsUnavailable(handed.status())) {
       // Nothing to take over (a first start): start as usual.
@@ -175,7 +175,8 @@ int main(int argc, char** argv) {
       spdlog::error("cannot take over: {}", handed.status().ToString());
       return 1;
     } else {
-      options.inherited = *std::move(handed);
+      options.inherited = std::move(handed->fds);
+      options.take_over = std::move(handed->connection);
       options.lock_wait = absl::Seconds(10);
     }
   }

@@ -36,6 +36,13 @@
 //                             words another uid's producer wrote
 //   consumer ADDRESS LOG ID   chaos: reads LOG, gets what it names, checks
 //                             every byte; prints "checked N bad M" each second
+//   flood ADDRESS             [P24] keeps zero-byte objects until one is
+//                             refused, then offers a view until an offer is
+//                             refused; prints "objects N: WHY" and "offers
+//                             M: WHY", then waits to be killed
+//   forked ADDRESS            puts an object, holds a view of it and forks a
+//                             child that keeps it (until killed); prints
+//                             "forked PID"
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <poll.h>
@@ -68,7 +75,9 @@
 namespace {
 
 using shmtensor::Client;
+using shmtensor::DType;
 using shmtensor::ObjectRef;
+using shmtensor::SealedRef;
 using shmtensor::testing::RefFromHex;
 using shmtensor::testing::RefToHex;
 
@@ -236,6 +245,61 @@ int Fresh(const std::string& address, uint64_t size) {
   }
   Say("zero");
   return 0;
+}
+
+int Flood(const std::string& address) {
+  absl::StatusOr<Client> c = Client::Connect({.address = address});
+  if (!c.ok()) return Fail(c.status());
+  std::vector<SealedRef> kept;
+  absl::Status why;
+  // A typed object with an empty dimension: no pool memory, one record.
+  for (int i = 0; i < 1000000 && why.ok(); ++i) {
+    absl::StatusOr<shmtensor::Buffer> buf =
+        c->Create({.dtype = DType::kFloat32, .shape = {0}});
+    absl::StatusOr<SealedRef> ref =
+        buf.ok() ? buf->Seal() : absl::StatusOr<SealedRef>(buf.status());
+    if (ref.ok()) {
+      kept.push_back(*std::move(ref));
+    } else {
+      why = ref.status();
+    }
+  }
+  Say(absl::StrCat("objects ", kept.size(), ": ", why.message()));
+  kept.pop_back();  // Room for one object to offer.
+  uint8_t byte = 1;
+  absl::StatusOr<SealedRef> ref = c->Put(&byte, {.size_bytes = 1});
+  if (!ref.ok()) return Fail(ref.status());
+  absl::StatusOr<shmtensor::View> view = c->Get(ref->ref());
+  if (!view.ok()) return Fail(view.status());
+  int offers = 0;
+  for (why = absl::OkStatus(); offers < 1000000;) {
+    absl::StatusOr<uint64_t> token = view->Offer();
+    if (!token.ok()) {
+      why = token.status();
+      break;
+    }
+    ++offers;
+  }
+  Say(absl::StrCat("offers ", offers, ": ", why.message()));
+  while (true) pause();
+}
+
+int Forked(const std::string& address) {
+  absl::StatusOr<Client> c = Client::Connect({.address = address});
+  if (!c.ok()) return Fail(c.status());
+  uint8_t byte = 0x42;
+  absl::StatusOr<SealedRef> ref = c->Put(&byte, {.size_bytes = 1});
+  if (!ref.ok()) return Fail(ref.status());
+  absl::StatusOr<shmtensor::View> view = c->Get(ref->ref());
+  if (!view.ok()) return Fail(view.status());
+  const pid_t child = fork();
+  if (child == 0) {
+    // Reads what it inherited, then keeps it until killed.
+    if (static_cast<const uint8_t*>(view->data())[0] != 0x42) _exit(1);
+    while (true) pause();
+  }
+  Say(absl::StrCat("forked ", child));
+  while (true) pause();
 }
 
 int Squat(const std::string& path, int seconds) {
@@ -566,6 +630,8 @@ int Run(int argc, char** argv) {
   if (cmd == "producer" && a.size() == 3) {
     return Producer(a[0], a[1], std::atoi(a[2].c_str()));
   }
+  if (cmd == "flood" && a.size() == 1) return Flood(a[0]);
+  if (cmd == "forked" && a.size() == 1) return Forked(a[0]);
   if (cmd == "consumer" && a.size() == 3) {
     return Consumer(a[0], a[1], std::atoi(a[2].c_str()));
   }

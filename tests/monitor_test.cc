@@ -383,10 +383,11 @@ class LimitsTest : public MonitorTest {
  protected:
   std::vector<std::string> DaemonArgs() override {
     const std::string path = ::testing::TempDir() + "/shmtensord_limits.toml";
-    std::ofstream(path) << "[limits]\nmax_objects = 4\n"
-                           "max_leases_per_client = 3\n"
-                           "max_bytes_per_client = \"64KiB\"\n"
-                           "[[pool]]\nname = \"default\"\nsize = \"8MiB\"\n";
+    std::ofstream(path)
+        << "[limits]\nmax_objects = 4\nuid_share_percent = 100\n"
+           "max_leases_per_client = 3\n"
+           "max_bytes_per_client = \"64KiB\"\n"
+           "[[pool]]\nname = \"default\"\nsize = \"8MiB\"\n";
     return {"--config", path};
   }
 };

@@ -32,11 +32,13 @@
 #include "absl/strings/str_split.h"
 #include "client/client_core.h"
 #include "client/lease.h"
+#include "daemon/daemon.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "shmtensor/client.h"
 #include "shmtensor/errors.h"
 #include "shmtensor/v1/monitor.pb.h"
+#include "shmtensor/v1/shmtensor.grpc.pb.h"
 #include "testing/cpp/daemon_process.h"
 #include "testing/cpp/fd_store.h"
 #include "testing/cpp/subprocess.h"
@@ -713,6 +715,133 @@ TEST(TakeOverTest, ReloadReExecutesInPlaceKeepingEverything) {
   EXPECT_EQ(static_cast<const uint8_t*>(v->data())[0], 0x77);
   EXPECT_EQ(UsedBytes((*d)->address()), used);
   EXPECT_EQ(kill((*d)->process().pid(), 0), 0);
+}
+
+// A CreateRequest whose layout carries a field the daemon does not know,
+// of `junk` bytes (protobuf keeps it in the parsed message).
+v1::CreateRequest CreateWithJunkLayout(uint64_t session_id, size_t junk) {
+  v1::CreateRequest req;
+  req.set_session_id(session_id);
+  req.mutable_layout()->set_dtype(v1::DTYPE_FLOAT32);
+  req.mutable_layout()->add_shape(4);
+  req.mutable_layout()
+      ->GetReflection()
+      ->MutableUnknownFields(req.mutable_layout())
+      ->AddLengthDelimited(99, std::string(junk, 'x'));
+  return req;
+}
+
+// [P23] What a client sends never spills out of its ledger record. On the
+// old code a raw Create with a 1,800-byte layout was stored, and the next
+// take-over refused the whole ledger ("object record 1 is out of bounds"):
+// every session ended, the named object below was gone; one of a few MB
+// crashed the daemon.
+TEST(TakeOverTest, NoClientsLayoutSpoilsTheLedgerItsSuccessorAdopts) {
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> d =
+      DaemonProcess::Start({"--pool-size", "64MiB"});
+  ASSERT_TRUE(d.ok()) << d.status();
+  const std::string address = (*d)->address();
+  Client victim = *Client::Connect({.address = address});
+  CreateOptions named;
+  named.dtype = DType::kFloat32;
+  named.shape = {4, 4};
+  named.name = "victim";
+  std::vector<float> values(16, 7.0f);
+  ASSERT_TRUE(victim.Put(values.data(), named).ok());
+  auto channel =
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  std::unique_ptr<v1::ObjectStore::Stub> stub =
+      v1::ObjectStore::NewStub(channel);
+  grpc::ClientContext stream_ctx;
+  auto stream = stub->Session(&stream_ctx);
+  std::optional<v1::SessionOpened> opened =
+      testing::OpenRawSession(stream.get(), "attacker");
+  ASSERT_TRUE(opened.has_value());
+  for (size_t junk : {size_t{1800}, size_t{3} << 20}) {
+    grpc::ClientContext ctx;
+    v1::CreateResponse resp;
+    const grpc::Status st = stub->Create(
+        &ctx, CreateWithJunkLayout(opened->session_id(), junk), &resp);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << junk << ": " << st.error_message();
+    EXPECT_TRUE(absl::StrContains(st.error_message(), "layout"))
+        << st.error_message();
+  }
+  EXPECT_EQ(kill((*d)->process().pid(), 0), 0);
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> next =
+      DaemonProcess::Start({"--pool-size", "64MiB", "--take-over"}, address);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ((*d)->process().Wait(), 0);
+  // The successor adopted the ledger: the same session and object.
+  absl::StatusOr<View> v = victim.Get("victim");
+  if (!v.ok() && absl::IsUnavailable(v.status())) v = victim.Get("victim");
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->shape(), (std::vector<int64_t>{4, 4}));
+  EXPECT_EQ(static_cast<const float*>(v->data())[15], 7.0f);
+  EXPECT_EQ(victim.daemon_epoch(),
+            Client::Connect({.address = address})->daemon_epoch());
+  stream->WritesDone();
+  stream_ctx.TryCancel();
+}
+
+// A take-over hands over only once the successor says it serves (as
+// Envoy's hot restart keeps the old process until the new one is ready): a
+// successor that takes the descriptors and dies before that leaves the
+// predecessor serving every session, view and name, and accepting new
+// clients. On the old code the predecessor exited as soon as the
+// descriptors were sent, and every session ended with it.
+TEST(TakeOverTest,
+     ASuccessorThatDiesBeforeItServesLeavesThePredecessorServing) {
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> d =
+      DaemonProcess::Start({"--pool-size", "64MiB"});
+  ASSERT_TRUE(d.ok()) << d.status();
+  const std::string address = (*d)->address();
+  Client holder = *Client::Connect({.address = address});
+  CreateOptions named;
+  named.size_bytes = kObject;
+  named.name = "survivor";
+  std::vector<uint8_t> bytes(kObject, 0x5a);
+  ASSERT_TRUE(holder.Put(bytes.data(), named).ok());
+  View view = *holder.Get("survivor");
+  const uint64_t used = UsedBytes(address);
+  daemon::DaemonConfig config;
+  config.listen = address;
+  config.pools.push_back({"default", uint64_t{64} << 20});
+  for (int round = 0; round < 3; ++round) {
+    // As `shmtensord --take-over` does up to its adoption; then it dies:
+    // its connection and every descriptor it was handed close.
+    absl::StatusOr<daemon::TakeOverGrant> grant =
+        daemon::RequestTakeOver(config);
+    ASSERT_TRUE(grant.ok()) << grant.status();
+    EXPECT_GT(grant->fds.size(), 3u);
+    grant = absl::UnknownError("died");
+    // The predecessor serves on: the same session, view and name.
+    absl::StatusOr<View> again = holder.Get("survivor");
+    if (!again.ok() && absl::IsUnavailable(again.status())) {
+      again = holder.Get("survivor");
+    }
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(again->data(), view.data());
+    EXPECT_EQ(static_cast<const uint8_t*>(view.data())[kObject - 1], 0x5a);
+    // New clients are accepted, and served.
+    absl::StatusOr<Client> fresh = Client::Connect({.address = address});
+    ASSERT_TRUE(fresh.ok()) << fresh.status();
+    EXPECT_EQ(fresh->daemon_epoch(), holder.daemon_epoch());
+    ASSERT_TRUE(fresh->Get("survivor").ok());
+    EXPECT_EQ(kill((*d)->process().pid(), 0), 0);
+  }
+  EXPECT_EQ(UsedBytes(address), used);
+  // A successor that does say it serves takes over as ever.
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> next =
+      DaemonProcess::Start({"--pool-size", "64MiB", "--take-over"}, address);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ((*d)->process().Wait(), 0);
+  absl::StatusOr<View> after = holder.Get("survivor");
+  if (!after.ok() && absl::IsUnavailable(after.status())) {
+    after = holder.Get("survivor");
+  }
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->data(), view.data());
 }
 
 TEST(TakeOverTest, RefusedFromAnotherUidAndForAnotherPoolSize) {

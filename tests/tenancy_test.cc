@@ -136,5 +136,62 @@ TEST_F(TenancyTest, BytesOneUserWroteNeverReachAnother) {
             8 * kMiB - 4096);
 }
 
+// [P24] One uid fills what it may of every table the daemon shares (object
+// records with zero-byte objects, pins with offers of one view), then waits;
+// the other uid's puts and fork holds go on. On the old code the flood took
+// every object record and the victim's put failed LimitExceeded (and
+// max_pins_per_uid was an unknown key).
+TEST(TenancySharesTest, OneUidsTablesLeaveTheOtherUidsShare) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to become other users";
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> d = DaemonProcess::StartShared(
+      absl::StrCat("[[pool]]\nname = \"default\"\nsize = \"16MiB\"\nusers = [",
+                   kUserA, ", ", kUserB,
+                   "]\n[limits]\nmax_objects = 64\nmax_pins_per_uid = 32\n"));
+  ASSERT_TRUE(d.ok()) << d.status();
+  const std::string address = (*d)->address();
+  auto spawn = [](std::vector<std::string> args) {
+    args.insert(args.begin(), SHMTENSOR_HARDENING_CHILD_PATH);
+    return *Subprocess::Spawn(args);
+  };
+  std::unique_ptr<Subprocess> flood =
+      spawn({"--uid", absl::StrCat(kUserA), "flood", address});
+  absl::StatusOr<std::string> objects = flood->ReadLine();
+  ASSERT_TRUE(objects.ok()) << objects.status();
+  EXPECT_TRUE(absl::StartsWith(*objects, "objects 32: ")) << *objects;
+  EXPECT_TRUE(absl::StrContains(*objects, "limits.max_objects_per_uid = 32"))
+      << *objects;
+  absl::StatusOr<std::string> offers = flood->ReadLine();
+  ASSERT_TRUE(offers.ok()) << offers.status();
+  EXPECT_TRUE(absl::StartsWith(*offers, "offers 32: ")) << *offers;
+  EXPECT_TRUE(absl::StrContains(*offers, "limits.max_pins_per_uid = 32"))
+      << *offers;
+  // The other uid: puts, and a fork whose hold is granted.
+  std::unique_ptr<Subprocess> victim =
+      spawn({"--uid", absl::StrCat(kUserB), "forked", address});
+  absl::StatusOr<std::string> forked = victim->ReadLine();
+  ASSERT_TRUE(forked.ok() && absl::StartsWith(*forked, "forked "))
+      << forked.status() << *forked;
+  const v1::DaemonStatus st = testing::MonitorStatus(address);
+  EXPECT_EQ(st.fork_holds(), 1u);
+  EXPECT_EQ(st.offers(), 32u);
+  // Each uid's use, against its share, for operators.
+  bool saw_flood = false;
+  for (const v1::UidUsage& u : st.uids()) {
+    if (u.uid() == static_cast<uint32_t>(kUserA)) {
+      saw_flood = true;
+      EXPECT_EQ(u.objects(), 32u);
+      EXPECT_EQ(u.pins(), 32u);
+    }
+  }
+  EXPECT_TRUE(saw_flood);
+  EXPECT_EQ(st.limits().max_objects_per_uid(), 32u);
+  const pid_t child = std::stoi(forked->substr(7));
+  kill(child, SIGKILL);
+  victim->Signal(SIGKILL);
+  victim->Wait();
+  flood->Signal(SIGKILL);
+  flood->Wait();
+}
+
 }  // namespace
 }  // namespace shmtensor

@@ -83,7 +83,8 @@ struct Ledger::Layout {
     std::atomic<uint64_t> high[4];
   };
 
-  // Object word: kLive | state << 1 | kNamed.
+  // Object word: kLive | state << 1 | kNamed | creator's uid << 32 (a
+  // ledger written before the uid was recorded has 0 there).
   static constexpr uint64_t kLive = 1;
   static constexpr uint64_t kNamed = 1u << 4;
   static constexpr uint32_t kMaxState = 4;
@@ -158,6 +159,11 @@ uint64_t Fnv1a(const char* p, size_t n) {
     h *= 0x100000001b3;
   }
   return h;
+}
+
+uint64_t ObjectWord(uint32_t state, bool named, uint32_t uid) {
+  return L::kLive | (uint64_t{state} << 1) | (named ? L::kNamed : 0) |
+         (uint64_t{uid} << 32);
 }
 
 uint64_t PageUp(uint64_t n) { return (n + L::kPage - 1) & ~(L::kPage - 1); }
@@ -354,10 +360,12 @@ Record* At(char* base, uint64_t table, uint32_t index) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Ledger>> Ledger::Adopt(UniqueFd fd,
-                                                      LedgerState* state) {
+namespace {
+
+// The checks of a handed ledger's file before anything in it is read.
+absl::StatusOr<off_t> CheckLedgerFile(int fd) {
   struct stat st;
-  if (fstat(fd.get(), &st) != 0) {
+  if (fstat(fd, &st) != 0) {
     return Refused(absl::StrFormat("fstat: %s", std::strerror(errno)));
   }
   if (!S_ISREG(st.st_mode)) return Refused("not a regular file or memfd");
@@ -370,6 +378,57 @@ absl::StatusOr<std::unique_ptr<Ledger>> Ledger::Adopt(UniqueFd fd,
       st.st_size > (off_t{1} << 40)) {
     return Refused(absl::StrFormat("%d bytes", st.st_size));
   }
+  return st.st_size;
+}
+
+}  // namespace
+
+absl::StatusOr<UniqueFd> Ledger::CopyForAdoption(int fd) {
+  absl::StatusOr<off_t> size = CheckLedgerFile(fd);
+  if (!size.ok()) return size.status();
+  UniqueFd copy(
+      memfd_create("shmtensor-ledger", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!copy.valid() || fchmod(copy.get(), 0600) != 0 ||
+      ftruncate(copy.get(), *size) != 0) {
+    return absl::InternalError(absl::StrFormat("ledger: a copy of %d bytes: %s",
+                                               *size, std::strerror(errno)));
+  }
+  // Only the pages written (SEEK_DATA, SEEK_HOLE): a ledger is sparse, its
+  // tables sized for the limits and mostly never touched.
+  std::vector<char> buf(1 << 20);
+  off_t at = 0;
+  while (at < *size) {
+    const off_t data = lseek(fd, at, SEEK_DATA);
+    if (data < 0) break;  // ENXIO: no data past `at`.
+    off_t hole = lseek(fd, data, SEEK_HOLE);
+    if (hole < 0) hole = *size;
+    for (off_t o = data; o < hole;) {
+      const size_t n = static_cast<size_t>(
+          std::min<off_t>(hole - o, static_cast<off_t>(buf.size())));
+      const ssize_t got = pread(fd, buf.data(), n, o);
+      if (got <= 0 ||
+          pwrite(copy.get(), buf.data(), static_cast<size_t>(got), o) != got) {
+        return absl::InternalError(absl::StrFormat("ledger: copying at %d: %s",
+                                                   o, std::strerror(errno)));
+      }
+      o += got;
+    }
+    at = hole;
+  }
+  if (fcntl(copy.get(), F_ADD_SEALS,
+            F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) != 0) {
+    return absl::InternalError(
+        absl::StrFormat("ledger: sealing its copy: %s", std::strerror(errno)));
+  }
+  return copy;
+}
+
+absl::StatusOr<std::unique_ptr<Ledger>> Ledger::Adopt(UniqueFd fd,
+                                                      LedgerState* state) {
+  absl::StatusOr<off_t> size = CheckLedgerFile(fd.get());
+  if (!size.ok()) return size.status();
+  struct stat st;
+  st.st_size = *size;
   absl::StatusOr<MappedFd> map =
       MappedFd::Map(fd.get(), 0, static_cast<size_t>(st.st_size));
   if (!map.ok()) return map.status();
@@ -401,6 +460,13 @@ absl::StatusOr<std::unique_ptr<Ledger>> Ledger::Adopt(UniqueFd fd,
     high[i] =
         std::min<uint64_t>(c->high[i].load(std::memory_order_acquire), caps[i]);
   }
+  auto refuse = [&out](LedgerRefusal::Table table, uint32_t index,
+                       std::string why) {
+    ++out.refused_records;
+    if (out.refusals.size() < kMaxRefusalsKept) {
+      out.refusals.push_back({table, index, std::move(why)});
+    }
+  };
   // Objects.
   for (uint32_t slot = 0; slot < high[L::kObjects]; ++slot) {
     const auto* r =
@@ -427,17 +493,26 @@ absl::StatusOr<std::unique_ptr<Ledger>> Ledger::Adopt(UniqueFd fd,
     o.created_ns = r->created_ns;
     o.state = static_cast<uint32_t>((word >> 1) & 7);
     o.named = (word & L::kNamed) != 0;
+    o.uid = static_cast<uint32_t>(word >> 32);
     const bool ext = (r->flags & L::kInExt) != 0;
     const size_t room = ext ? sizeof(L::ExtRecord::bytes) : sizeof(r->bytes);
-    if (o.generation == 0 || o.pool >= h->pool_count ||
-        o.state > L::kMaxState || o.capacity < o.size ||
-        o.offset > h->pools[o.pool].size_bytes ||
-        o.capacity > h->pools[o.pool].size_bytes - o.offset ||
-        r->name_len > 255 || r->layout_len > kMaxLedgerLayoutBytes ||
+    const bool range_known =
+        o.pool < h->pool_count && o.capacity >= o.size &&
+        o.offset <= h->pools[o.pool].size_bytes &&
+        o.capacity <= h->pools[o.pool].size_bytes - o.offset;
+    if (o.generation == 0 || !range_known || o.state > L::kMaxState ||
+        r->name_len > kMaxLedgerNameBytes ||
+        r->layout_len > kMaxLedgerLayoutBytes ||
         size_t{r->name_len} + r->layout_len > room) {
-      return Refused(absl::StrFormat(
-          "object record %d is out of bounds (pool %d, range %d+%d, state %d)",
-          slot, o.pool, o.offset, o.capacity, o.state));
+      refuse(LedgerRefusal::kObject, slot,
+             absl::StrFormat("object record %d is out of bounds (pool %d, "
+                             "range %d+%d, state %d, name %d and layout %d "
+                             "bytes)",
+                             slot, o.pool, o.offset, o.capacity, o.state,
+                             r->name_len, r->layout_len));
+      out.retired_slots.push_back(
+          {slot, range_known, o.pool, o.offset, o.capacity});
+      continue;
     }
     const char* bytes =
         ext ? At<L::ExtRecord>(base, ledger->ext_offset_, slot)->bytes
@@ -455,7 +530,15 @@ absl::StatusOr<std::unique_ptr<Ledger>> Ledger::Adopt(UniqueFd fd,
       continue;
     }
     if (r->slot >= ledger->capacity_.objects || id >= ledger->reserved_[0]) {
-      return Refused(absl::StrFormat("lease record %d is out of bounds", i));
+      refuse(LedgerRefusal::kLease, i,
+             absl::StrFormat("lease record %d is out of bounds (id %d, slot "
+                             "%d)",
+                             i, id, r->slot));
+      if (r->slot < ledger->capacity_.objects) {
+        out.quarantined_slots.push_back(r->slot);
+      }
+      // Kept as it is in the ledger: its index is never reused.
+      continue;
     }
     out.leases.push_back({id, r->client_id, r->slot, r->write != 0});
     ledger->lease_at_[id] = i;
@@ -469,8 +552,13 @@ absl::StatusOr<std::unique_ptr<Ledger>> Ledger::Adopt(UniqueFd fd,
       ledger->free_sessions_.push_back(i);
       continue;
     }
-    if (r->name_len > 255 || r->access_count > kMaxPools) {
-      return Refused(absl::StrFormat("session record %d is out of bounds", i));
+    if (r->name_len > sizeof(r->name) - 1 || r->access_count > kMaxPools) {
+      refuse(LedgerRefusal::kSession, i,
+             absl::StrFormat("session record %d (client %d) is out of bounds "
+                             "(name %d bytes, %d pools)",
+                             i, client_id, r->name_len, r->access_count));
+      out.refused_clients.push_back(client_id);
+      continue;
     }
     LedgerSession s;
     s.client_id = client_id;
@@ -499,7 +587,14 @@ absl::StatusOr<std::unique_ptr<Ledger>> Ledger::Adopt(UniqueFd fd,
     }
     if ((r->kind != LedgerPin::kOffer && r->kind != LedgerPin::kForkHold) ||
         r->slot >= ledger->capacity_.objects) {
-      return Refused(absl::StrFormat("pin record %d is out of bounds", i));
+      refuse(LedgerRefusal::kPin, i,
+             absl::StrFormat("pin record %d is out of bounds (kind %d, slot "
+                             "%d)",
+                             i, r->kind, r->slot));
+      if (r->slot < ledger->capacity_.objects) {
+        out.quarantined_slots.push_back(r->slot);
+      }
+      continue;
     }
     LedgerPin p;
     p.kind = static_cast<LedgerPin::Kind>(r->kind);
@@ -532,15 +627,24 @@ absl::StatusOr<std::unique_ptr<Ledger>> Ledger::Adopt(UniqueFd fd,
 
 namespace {
 
-// The index a new record of a table goes to: a free one, or the next past
-// the high-water mark, raised first (release) so a successor reads it.
-uint32_t TakeIndex(std::vector<uint32_t>& free, std::atomic<uint64_t>& high) {
+// The index a new record of a table of `capacity` records goes to: a free
+// one, or the next past the high-water mark, raised first (release) so a
+// successor reads it. RESOURCE_EXHAUSTED, writing nothing, when the table
+// is full (the store checks for room first; this is the check where the
+// record is written).
+absl::StatusOr<uint32_t> TakeIndex(std::vector<uint32_t>& free,
+                                   std::atomic<uint64_t>& high,
+                                   uint32_t capacity, absl::string_view what) {
   if (!free.empty()) {
     const uint32_t i = free.back();
     free.pop_back();
     return i;
   }
   const uint64_t i = high.load(std::memory_order_relaxed);
+  if (i >= capacity) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "the daemon's ledger holds at most %d %s", capacity, what));
+  }
   high.store(i + 1, std::memory_order_release);
   return static_cast<uint32_t>(i);
 }
@@ -550,7 +654,28 @@ uint32_t TakeIndex(std::vector<uint32_t>& free, std::atomic<uint64_t>& high) {
 #define SHMTENSOR_COUNTERS \
   (reinterpret_cast<L::Counters*>(base_ + counters_offset_))
 
-void Ledger::PutObject(const LedgerObject& o) {
+absl::Status Ledger::CheckObjectFits(size_t name_bytes, size_t layout_bytes) {
+  if (name_bytes > kMaxLedgerNameBytes ||
+      layout_bytes > kMaxLedgerLayoutBytes ||
+      name_bytes + layout_bytes > sizeof(L::ExtRecord::bytes)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "an object's record holds a name of at most %d bytes and a layout of "
+        "at most %d; got %d and %d",
+        kMaxLedgerNameBytes, kMaxLedgerLayoutBytes, name_bytes, layout_bytes));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Ledger::PutObject(const LedgerObject& o) {
+  // Checked where the record is written: nothing a client sent may pass it.
+  if (o.slot >= capacity_.objects) {
+    return absl::OutOfRangeError(absl::StrFormat(
+        "object slot %d: the ledger holds %d", o.slot, capacity_.objects));
+  }
+  if (absl::Status s = CheckObjectFits(o.name.size(), o.layout.size());
+      !s.ok()) {
+    return s;
+  }
   auto* r = At<L::ObjectRecord>(base_, tables_[L::kObjects], o.slot);
   std::atomic<uint64_t>& high = SHMTENSOR_COUNTERS->high[L::kObjects];
   if (o.slot >= high.load(std::memory_order_relaxed)) {
@@ -577,20 +702,29 @@ void Ledger::PutObject(const LedgerObject& o) {
   }
   std::memcpy(bytes, o.name.data(), o.name.size());
   std::memcpy(bytes + o.name.size(), o.layout.data(), o.layout.size());
-  r->word.store(L::kLive | (uint64_t{o.state} << 1) | (o.named ? L::kNamed : 0),
-                std::memory_order_release);
+  r->word.store(ObjectWord(o.state, o.named, o.uid), std::memory_order_release);
+  return absl::OkStatus();
 }
 
 void Ledger::SetObjectState(uint32_t slot, uint32_t state, bool named) {
-  At<L::ObjectRecord>(base_, tables_[L::kObjects], slot)
-      ->word.store(L::kLive | (uint64_t{state} << 1) | (named ? L::kNamed : 0),
-                   std::memory_order_release);
+  if (slot >= capacity_.objects) return;
+  auto* r = At<L::ObjectRecord>(base_, tables_[L::kObjects], slot);
+  const uint64_t word = r->word.load(std::memory_order_relaxed);
+  r->word.store(ObjectWord(state, named, static_cast<uint32_t>(word >> 32)),
+                std::memory_order_release);
 }
 
-void Ledger::SetObjectLayout(uint32_t slot, uint64_t size,
-                             const std::string& layout) {
+absl::Status Ledger::SetObjectLayout(uint32_t slot, uint64_t size,
+                                     const std::string& layout) {
+  if (slot >= capacity_.objects) {
+    return absl::OutOfRangeError(absl::StrFormat(
+        "object slot %d: the ledger holds %d", slot, capacity_.objects));
+  }
   auto* r = At<L::ObjectRecord>(base_, tables_[L::kObjects], slot);
   const size_t name_len = r->name_len;
+  if (absl::Status s = CheckObjectFits(name_len, layout.size()); !s.ok()) {
+    return s;
+  }
   char* bytes = (r->flags & L::kInExt) != 0
                     ? At<L::ExtRecord>(base_, ext_offset_, slot)->bytes
                     : r->bytes;
@@ -608,9 +742,11 @@ void Ledger::SetObjectLayout(uint32_t slot, uint64_t size,
     r->layout_len = static_cast<uint16_t>(layout.size());
   }
   r->size = size;
+  return absl::OkStatus();
 }
 
 void Ledger::FreeObject(uint32_t slot, uint32_t next_generation) {
+  if (slot >= capacity_.objects) return;
   auto* r = At<L::ObjectRecord>(base_, tables_[L::kObjects], slot);
   r->word.store(0, std::memory_order_release);
   // A successor takes a free slot's generation + 1: whether or not this
@@ -618,25 +754,41 @@ void Ledger::FreeObject(uint32_t slot, uint32_t next_generation) {
   r->generation = next_generation;
 }
 
-bool Ledger::has_lease_room(size_t n) const {
-  return lease_at_.size() + n <= capacity_.leases;
-}
-bool Ledger::has_session_room() const {
-  return session_at_.size() < capacity_.sessions;
-}
-bool Ledger::has_pin_room(size_t n) const {
-  return pins_used_ + n <= capacity_.pins;
+uint64_t Ledger::unused_records(int t, uint32_t capacity) const {
+  const uint64_t high =
+      SHMTENSOR_COUNTERS->high[t].load(std::memory_order_relaxed);
+  return high >= capacity ? 0 : capacity - high;
 }
 
-void Ledger::AddLease(const LedgerLease& lease) {
-  const uint32_t i =
-      TakeIndex(free_leases_, SHMTENSOR_COUNTERS->high[L::kLeases]);
-  auto* r = At<L::LeaseRecord>(base_, tables_[L::kLeases], i);
+uint64_t Ledger::lease_records() const {
+  return capacity_.leases - unused_records(L::kLeases, capacity_.leases) -
+         free_leases_.size();
+}
+
+bool Ledger::has_lease_room(size_t n) const {
+  return free_leases_.size() + unused_records(L::kLeases, capacity_.leases) >=
+         n;
+}
+bool Ledger::has_session_room() const {
+  return !free_sessions_.empty() ||
+         unused_records(L::kSessions, capacity_.sessions) > 0;
+}
+bool Ledger::has_pin_room(size_t n) const {
+  return free_pins_.size() + unused_records(L::kPins, capacity_.pins) >= n;
+}
+
+absl::Status Ledger::AddLease(const LedgerLease& lease) {
+  absl::StatusOr<uint32_t> i =
+      TakeIndex(free_leases_, SHMTENSOR_COUNTERS->high[L::kLeases],
+                capacity_.leases, "leases");
+  if (!i.ok()) return i.status();
+  auto* r = At<L::LeaseRecord>(base_, tables_[L::kLeases], *i);
   r->client_id = lease.client_id;
   r->slot = lease.slot;
   r->write = lease.write ? 1 : 0;
   r->word.store(lease.id, std::memory_order_release);
-  lease_at_[lease.id] = i;
+  lease_at_[lease.id] = *i;
+  return absl::OkStatus();
 }
 
 void Ledger::DropLease(uint64_t lease_id) {
@@ -648,10 +800,21 @@ void Ledger::DropLease(uint64_t lease_id) {
   lease_at_.erase(it);
 }
 
-void Ledger::AddSession(const LedgerSession& s) {
-  const uint32_t i =
-      TakeIndex(free_sessions_, SHMTENSOR_COUNTERS->high[L::kSessions]);
-  auto* r = At<L::SessionRecord>(base_, tables_[L::kSessions], i);
+absl::Status Ledger::AddSession(const LedgerSession& s) {
+  auto* probe = static_cast<L::SessionRecord*>(nullptr);
+  if (s.client_name.size() > sizeof(probe->name) - 1 ||
+      s.access.size() > sizeof(probe->access)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "a session's record holds a client name of at most %d bytes and "
+        "access to at most %d pools; got %d and %d",
+        sizeof(probe->name) - 1, sizeof(probe->access), s.client_name.size(),
+        s.access.size()));
+  }
+  absl::StatusOr<uint32_t> i =
+      TakeIndex(free_sessions_, SHMTENSOR_COUNTERS->high[L::kSessions],
+                capacity_.sessions, "sessions");
+  if (!i.ok()) return i.status();
+  auto* r = At<L::SessionRecord>(base_, tables_[L::kSessions], *i);
   r->releases_applied.store(s.releases_applied, std::memory_order_relaxed);
   r->instance.store(s.instance, std::memory_order_relaxed);
   std::memcpy(r->id_hash, s.id_hash.data(), kSessionHashBytes);
@@ -662,15 +825,16 @@ void Ledger::AddSession(const LedgerSession& s) {
   r->read_only = s.read_only ? 1 : 0;
   r->serial = s.serial;
   r->opened_ns = s.opened_ns;
-  const size_t name = std::min<size_t>(s.client_name.size(), 255);
-  r->name_len = static_cast<uint16_t>(name);
-  std::memcpy(r->name, s.client_name.data(), name);
-  const size_t access = std::min<size_t>(s.access.size(), kMaxPools);
-  r->access_count = static_cast<uint16_t>(access);
+  r->name_len = static_cast<uint16_t>(s.client_name.size());
+  std::memcpy(r->name, s.client_name.data(), s.client_name.size());
+  r->access_count = static_cast<uint16_t>(s.access.size());
   // An empty vector's data() may be null, which memcpy may not be given.
-  if (access > 0) std::memcpy(r->access, s.access.data(), access);
+  if (!s.access.empty()) {
+    std::memcpy(r->access, s.access.data(), s.access.size());
+  }
   r->word.store(s.client_id, std::memory_order_release);
-  session_at_[s.client_id] = i;
+  session_at_[s.client_id] = *i;
+  return absl::OkStatus();
 }
 
 void Ledger::DropSession(uint64_t client_id) {
@@ -696,9 +860,12 @@ void Ledger::SetSessionInstance(uint64_t client_id, uint64_t instance) {
       ->instance.store(instance, std::memory_order_release);
 }
 
-void Ledger::AddPin(const LedgerPin& pin) {
-  const uint32_t i = TakeIndex(free_pins_, SHMTENSOR_COUNTERS->high[L::kPins]);
-  auto* r = At<L::PinRecord>(base_, tables_[L::kPins], i);
+absl::Status Ledger::AddPin(const LedgerPin& pin) {
+  absl::StatusOr<uint32_t> i =
+      TakeIndex(free_pins_, SHMTENSOR_COUNTERS->high[L::kPins], capacity_.pins,
+                "offers and fork-held objects");
+  if (!i.ok()) return i.status();
+  auto* r = At<L::PinRecord>(base_, tables_[L::kPins], *i);
   r->kind = pin.kind;
   r->slot = pin.slot;
   r->generation = pin.generation;
@@ -709,10 +876,11 @@ void Ledger::AddPin(const LedgerPin& pin) {
   r->word.store(pin.key, std::memory_order_release);
   ++pins_used_;
   if (pin.kind == LedgerPin::kOffer) {
-    offer_at_[pin.key] = i;
+    offer_at_[pin.key] = *i;
   } else {
-    hold_at_[pin.key].push_back(i);
+    hold_at_[pin.key].push_back(*i);
   }
+  return absl::OkStatus();
 }
 
 void Ledger::DropOffer(uint64_t token) {

@@ -74,9 +74,11 @@ struct LedgerObject {
   int64_t created_ns = 0;  // Unix time.
   uint32_t state = 0;
   bool named = false;
-  std::string name;    // At most 255 bytes.
-  std::string layout;  // A serialised v1::Layout, at most kMaxLayoutBytes.
+  uint32_t uid = 0;    // The creator's (0 in a ledger of an older daemon).
+  std::string name;    // At most kMaxLedgerNameBytes.
+  std::string layout;  // A serialised v1::Layout, kMaxLedgerLayoutBytes.
 };
+inline constexpr size_t kMaxLedgerNameBytes = 255;
 inline constexpr size_t kMaxLedgerLayoutBytes = 1792;
 
 struct LedgerLease {
@@ -119,12 +121,34 @@ struct LedgerPin {
   int64_t expires_ns = INT64_MAX;
 };
 inline constexpr int64_t kForkHoldPending = INT64_MIN;
+inline constexpr size_t kMaxRefusalsKept = 64;
 
 struct LedgerCapacity {
   uint32_t objects = 0;  // Slots: 0 .. objects - 1.
   uint32_t leases = 0;
   uint32_t sessions = 0;
   uint32_t pins = 0;
+};
+
+// A record a successor refused: it could not trust what it says (a field
+// out of bounds, a length past its record). The rest of the ledger is read
+// as usual; what the record belonged to is refused with it.
+struct LedgerRefusal {
+  enum Table : uint32_t { kObject, kLease, kSession, kPin };
+  Table table = kObject;
+  uint32_t index = 0;  // The record's (an object's: its slot).
+  std::string why;     // For the log, at most a line.
+};
+
+// An object record refused: its slot is never used again by this daemon
+// (a ref to whatever it held stays stale), and its range, when the record
+// places it inside its pool, is kept from reuse (a view of it may live).
+struct LedgerRetiredSlot {
+  uint32_t slot = 0;
+  bool range_known = false;
+  uint32_t pool = 0;
+  uint64_t offset = 0;
+  uint64_t capacity = 0;
 };
 
 // Everything a ledger holds, as read by a successor.
@@ -140,6 +164,17 @@ struct LedgerState {
   std::vector<LedgerLease> leases;
   std::vector<LedgerSession> sessions;
   std::vector<LedgerPin> pins;
+  // Records refused, each once (at most kMaxRefusalsKept of them described;
+  // refused_records counts them all), the object slots retired with them,
+  // and the live objects a refused lease or pin may have pinned (kept alive
+  // for this daemon's life: the view it stood for may be alive).
+  std::vector<LedgerRefusal> refusals;
+  uint64_t refused_records = 0;
+  std::vector<LedgerRetiredSlot> retired_slots;
+  std::vector<uint32_t> quarantined_slots;
+  // Sessions whose record was refused: their leases pin their objects for
+  // this daemon's life (quarantined), and no process resumes them.
+  std::vector<uint64_t> refused_clients;
   // Above every id and serial the predecessor issued.
   uint64_t next_lease_id = 1;
   uint64_t next_serial = 1;
@@ -153,14 +188,22 @@ class Ledger {
   // naming the system's error.
   static absl::StatusOr<std::unique_ptr<Ledger>> Create(
       uint64_t epoch, std::vector<LedgerPool> pools, LedgerCapacity capacity);
-  // A predecessor's ledger, handed over as `fd`: checked whole before
-  // anything in it is believed (FAILED_PRECONDITION naming the first fault:
-  // not a file of this daemon's uid, a size, the magic, the version, the
-  // directory's checksum, a structure missing or of another version, a
-  // record out of bounds), then kept: this daemon goes on writing it.
-  // `state` gets what it holds.
+  // A predecessor's ledger, handed over as `fd`: its frame checked whole
+  // before anything in it is believed (FAILED_PRECONDITION naming the first
+  // fault: not a file of this daemon's uid, a size, the magic, the version,
+  // the directory's checksum, a structure missing or of another version),
+  // then each record on its own: one out of bounds is refused alone
+  // (state->refusals), never the whole ledger. Then kept: this daemon goes
+  // on writing it. `state` gets what it holds.
   static absl::StatusOr<std::unique_ptr<Ledger>> Adopt(UniqueFd fd,
                                                        LedgerState* state);
+  // A private copy of the ledger `fd` (a new sealed memfd with the same
+  // bytes, its holes kept), for a successor that must write nothing its
+  // predecessor reads until the predecessor hands over (a take-over: the
+  // predecessor serves on if the successor dies first). Refused
+  // (FAILED_PRECONDITION) as Adopt refuses a file that is not a regular
+  // file or memfd of this daemon's uid, or of an absurd size.
+  static absl::StatusOr<UniqueFd> CopyForAdoption(int fd);
 
   Ledger(const Ledger&) = delete;
   Ledger& operator=(const Ledger&) = delete;
@@ -171,35 +214,47 @@ class Ledger {
   uint64_t epoch() const { return epoch_; }
   uint64_t bytes() const;
 
+  // Every writer of a record checks, where it writes, that what it is given
+  // fits the record (a client's bytes reach some of them): one that does
+  // not fit writes nothing and returns INVALID_ARGUMENT (a name or layout
+  // too long), OUT_OF_RANGE (a slot past the table) or RESOURCE_EXHAUSTED (a
+  // full table), and the ledger is as it was.
+  //
+  // Whether a name and a layout of these sizes fit an object's record.
+  static absl::Status CheckObjectFits(size_t name_bytes, size_t layout_bytes);
   // Objects: PutObject publishes a new object in its slot (< capacity
   // objects); SetObjectState changes what changes of it (its state and
   // whether its name is bound); FreeObject withdraws it, its slot's next
   // generation being `next_generation`.
-  void PutObject(const LedgerObject& object);
+  absl::Status PutObject(const LedgerObject& object);
   void SetObjectState(uint32_t slot, uint32_t state, bool named);
   // An unsealed object's size and layout (a one-way seal gives a stock
   // buffer its put's), before SetObjectState seals it. The record stays
   // live: a successor reads the old or the new ones, or (a crash inside
   // this call) a layout that may not parse, which it ignores for an
   // unsealed object (docs/shm_layout.md, "The ledger").
-  void SetObjectLayout(uint32_t slot, uint64_t size, const std::string& layout);
+  absl::Status SetObjectLayout(uint32_t slot, uint64_t size,
+                               const std::string& layout);
   void FreeObject(uint32_t slot, uint32_t next_generation);
 
   // Leases and sessions. Add* fail RESOURCE_EXHAUSTED when the table is
-  // full (the store checks has_room first, so they never fail mid-change).
+  // full (the store checks has_room first, so they never fail mid-change),
+  // AddSession INVALID_ARGUMENT for a client name or access list longer
+  // than its record holds.
+  // Exact: a free record, or one never used, for each of `n` more.
   bool has_lease_room(size_t n = 1) const;
   bool has_session_room() const;
   bool has_pin_room(size_t n = 1) const;
-  void AddLease(const LedgerLease& lease);
+  absl::Status AddLease(const LedgerLease& lease);
   void DropLease(uint64_t lease_id);
-  void AddSession(const LedgerSession& session);
+  absl::Status AddSession(const LedgerSession& session);
   void DropSession(uint64_t client_id);
   void SetReleasesApplied(uint64_t client_id, uint64_t seq);
   // The session's owner key changed (a resume from a process the daemon
   // could not see: its connection is its instance).
   void SetSessionInstance(uint64_t client_id, uint64_t instance);
 
-  void AddPin(const LedgerPin& pin);
+  absl::Status AddPin(const LedgerPin& pin);
   void DropOffer(uint64_t token);
   void DropForkHold(uint64_t hold_id);
   // Every record of the hold: granted (see LedgerPin::expires_ns).
@@ -211,6 +266,10 @@ class Ledger {
   void NoteLeaseId(uint64_t id);
   void NoteSerial(uint64_t serial);
   void NoteForkHold(uint64_t id);
+
+  // Lease records in use: live ones, and those Adopt refused (they stay as
+  // they are, their indexes never used again).
+  uint64_t lease_records() const;
 
   // The records' layout in memory (ledger.cc; docs/shm_layout.md).
   struct Layout;
@@ -238,6 +297,8 @@ class Ledger {
   std::vector<uint32_t> free_pins_;
   size_t pins_used_ = 0;  // Live pin records (offers and held objects).
   uint64_t reserved_[3] = {0, 0, 0};  // Lease ids, serials, fork holds.
+  // Records never used yet of table `t` (past its high-water mark).
+  uint64_t unused_records(int t, uint32_t capacity) const;
 };
 
 }  // namespace shmtensor::daemon

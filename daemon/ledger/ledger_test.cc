@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "gtest/gtest.h"
+#include "shmtensor/defaults.h"
 
 namespace shmtensor::daemon {
 namespace {
@@ -195,25 +196,99 @@ TEST(LedgerTest, ABadLedgerIsRefusedNeverBelieved) {
   }
 }
 
-TEST(LedgerTest, ARecordOutOfBoundsRefusesTheLedger) {
-  {
-    std::unique_ptr<Ledger> l = NewLedger();
-    LedgerObject o = Obj(0, 0);
-    o.offset = kPoolBytes - 4096 + 1;  // Past the pool's end.
-    l->PutObject(o);
-    LedgerState st;
-    absl::StatusOr<std::unique_ptr<Ledger>> got = AdoptCopy(*l, &st);
-    ASSERT_FALSE(got.ok());
-    EXPECT_NE(got.status().message().find("object record 0"),
-              std::string::npos);
+// [P23] A record is never written past: what does not fit is refused where
+// it would be written, and the ledger is as it was (on the old code a
+// 4,000-byte layout ran into the next slot's record).
+TEST(LedgerTest, AWriteThatDoesNotFitItsRecordWritesNothing) {
+  std::unique_ptr<Ledger> l = NewLedger();
+  ASSERT_TRUE(l->PutObject(Obj(1, 8192, "victim")).ok());
+  for (size_t layout :
+       {kMaxLedgerLayoutBytes + 1, size_t{4000}, size_t{4} << 20}) {
+    absl::Status s = l->PutObject(Obj(0, 0, "", layout));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find(std::to_string(kMaxLedgerLayoutBytes)),
+              std::string::npos)
+        << s;
   }
-  {
-    // A lease id that was never reserved: not written by a daemon.
-    std::unique_ptr<Ledger> l = NewLedger();
-    l->AddLease({5, 7, 0, false});
-    LedgerState st;
-    EXPECT_FALSE(AdoptCopy(*l, &st).ok());
+  EXPECT_EQ(l->PutObject(Obj(0, 0, std::string(256, 'n'))).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(l->PutObject(Obj(64, 0)).code(), absl::StatusCode::kOutOfRange);
+  // The widest name with the widest layout fits.
+  ASSERT_TRUE(l->PutObject(Obj(2, 16384, std::string(kMaxLedgerNameBytes, 'w'),
+                               kMaxLedgerLayoutBytes))
+                  .ok());
+  EXPECT_EQ(l->SetObjectLayout(1, 10, std::string(4000, 'L')).code(),
+            absl::StatusCode::kInvalidArgument);
+  LedgerSession session;
+  session.client_id = 9;
+  session.client_name = std::string(256, 'c');
+  EXPECT_EQ(l->AddSession(session).code(), absl::StatusCode::kInvalidArgument);
+  session.client_name = "ok";
+  session.access.assign(kMaxPools + 1, 1);
+  EXPECT_EQ(l->AddSession(session).code(), absl::StatusCode::kInvalidArgument);
+  // Full tables: the next record is refused, none written past the table.
+  for (uint64_t id = 1; id <= 32; ++id) {
+    ASSERT_TRUE(
+        l->AddPin({LedgerPin::kOffer, id, 1, 3, 7, 1000, 4096, INT64_MAX})
+            .ok());
   }
+  EXPECT_FALSE(l->has_pin_room());
+  EXPECT_EQ(
+      l->AddPin({LedgerPin::kOffer, 99, 1, 3, 7, 1000, 4096, INT64_MAX}).code(),
+      absl::StatusCode::kResourceExhausted);
+
+  LedgerState st;
+  absl::StatusOr<std::unique_ptr<Ledger>> got = AdoptCopy(*l, &st);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(st.refused_records, 0u);
+  ASSERT_EQ(st.objects.size(), 2u);
+  EXPECT_EQ(st.objects[0].slot, 1u);
+  EXPECT_EQ(st.objects[0].name, "victim");
+  EXPECT_EQ(st.objects[0].layout, std::string(8, 'L'));
+  EXPECT_EQ(st.objects[1].layout, std::string(kMaxLedgerLayoutBytes, 'L'));
+  EXPECT_TRUE(st.sessions.empty());
+  EXPECT_EQ(st.pins.size(), 32u);
+}
+
+// A successor that meets a record it cannot trust refuses that record, and
+// says which; every other record is read.
+TEST(LedgerTest, ARecordOutOfBoundsIsRefusedAloneAndTheRestRead) {
+  std::unique_ptr<Ledger> l = NewLedger();
+  LedgerObject bad = Obj(0, 0);
+  bad.offset = kPoolBytes - 4096 + 1;  // Past the pool's end.
+  ASSERT_TRUE(l->PutObject(bad).ok());
+  ASSERT_TRUE(l->PutObject(Obj(1, 8192, "kept")).ok());
+  // A lease id that was never reserved (not written by a daemon), on a
+  // live object, and a good one.
+  l->NoteLeaseId(9);
+  ASSERT_TRUE(l->AddLease({9, 7, 1, false}).ok());
+  ASSERT_TRUE(l->AddLease({uint64_t{1} << 40, 7, 1, false}).ok());
+  LedgerSession session;
+  session.client_id = 7;
+  session.client_name = "loader";
+  ASSERT_TRUE(l->AddSession(session).ok());
+
+  LedgerState st;
+  absl::StatusOr<std::unique_ptr<Ledger>> got = AdoptCopy(*l, &st);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(st.refused_records, 2u);
+  ASSERT_EQ(st.refusals.size(), 2u);
+  EXPECT_EQ(st.refusals[0].table, LedgerRefusal::kObject);
+  EXPECT_NE(st.refusals[0].why.find("object record 0"), std::string::npos);
+  EXPECT_EQ(st.refusals[1].table, LedgerRefusal::kLease);
+  EXPECT_NE(st.refusals[1].why.find("lease record 1"), std::string::npos);
+  ASSERT_EQ(st.retired_slots.size(), 1u);
+  EXPECT_EQ(st.retired_slots[0].slot, 0u);
+  EXPECT_FALSE(st.retired_slots[0].range_known);
+  // The refused lease's object stays for the successor's life.
+  EXPECT_EQ(st.quarantined_slots, std::vector<uint32_t>{1});
+  ASSERT_EQ(st.objects.size(), 1u);
+  EXPECT_EQ(st.objects[0].name, "kept");
+  ASSERT_EQ(st.leases.size(), 1u);
+  EXPECT_EQ(st.leases[0].id, 9u);
+  ASSERT_EQ(st.sessions.size(), 1u);
+  // The refused lease's record is never reused by the successor.
+  EXPECT_EQ((*got)->lease_records(), 2u);
 }
 
 }  // namespace

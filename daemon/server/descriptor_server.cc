@@ -67,6 +67,33 @@ bool SendReply(int fd, const v1::DescriptorReply& reply,
          static_cast<ssize_t>(bytes.size());
 }
 
+// How long a predecessor waits for its successor's take_over_ready: the
+// successor adopts a copy of the ledger, checks every record and binds what
+// it serves on meanwhile (every client's call waits as long).
+constexpr absl::Duration kTakeOverReadyWait = absl::Seconds(60);
+
+// Whether the successor on `fd` says, within `wait`, that it is ready to
+// serve (DescriptorRequest.take_over_ready): false when it hangs up, times
+// out or sends anything else.
+bool AwaitTakeOverReady(int fd, absl::Duration wait) {
+  const absl::Time deadline = absl::Now() + wait;
+  while (true) {
+    const int64_t left = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (left <= 0) return false;
+    pollfd p{fd, POLLIN, 0};
+    const int n = poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1000)));
+    if (n < 0 && errno != EINTR) return false;
+    if (n <= 0) continue;
+    char buf[256];
+    const ssize_t got = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+    if (got < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+    if (got <= 0) return false;  // Hung up (or died).
+    v1::DescriptorRequest said;
+    return said.ParseFromArray(buf, static_cast<int>(got)) &&
+           said.take_over_ready();
+  }
+}
+
 v1::DescriptorReply Refusal(absl::StatusCode code, const std::string& why) {
   v1::DescriptorReply reply;
   reply.set_code(static_cast<int>(code));
@@ -199,7 +226,16 @@ DescriptorServer::Served DescriptorServer::Serve(const Pending& p,
       sent = SendReply(p.fd, reply, raw,
                        m == 0 ? absl::ZeroDuration() : absl::Seconds(5));
     }
-    handover->finish(sent);
+    // Hands over only once the successor says it serves: one that dies
+    // before that (its connection closes) leaves this daemon serving.
+    const bool ready = sent && AwaitTakeOverReady(p.fd, kTakeOverReadyWait);
+    if (ready) {
+      v1::DescriptorReply done;
+      done.set_granted(true);
+      done.set_taken_over(true);
+      (void)SendReply(p.fd, done, {}, absl::Seconds(1));
+    }
+    handover->finish(ready);
     return Served::kDone;
   }
   // The process behind the connection, by the kernel's word (peer.h): a

@@ -248,12 +248,7 @@ grpc::ServerUnaryReactor* ObjectStoreService::ServeAdmitted(
 grpc::ServerUnaryReactor* ObjectStoreService::HandleCreate(
     grpc::CallbackServerContext* ctx, const v1::CreateRequest* req,
     v1::CreateResponse* resp, const Reply& reply) {
-  auto args = std::make_shared<CreateArgs>();
-  args->pool = req->pool();
-  args->size_bytes = req->size_bytes();
-  args->layout = req->layout();
-  args->name = req->name();
-  args->shared_writable = req->shared_writable();
+  auto args = std::make_shared<CreateArgs>(CreateArgsOf(*req));
   const absl::Time deadline =
       BoundedDeadline(ctx, absl::Milliseconds(req->timeout_ms()));
   return ServeAdmitted(

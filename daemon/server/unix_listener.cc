@@ -116,6 +116,10 @@ void UnixListener::Stop() {
   const uint64_t one = 1;
   (void)!write(wake_fd_.get(), &one, sizeof(one));
   thread_.join();
+  // Drained, so that a Start after this Stop (a take-over that fell
+  // through) accepts again instead of stopping at once.
+  uint64_t count;
+  (void)!read(wake_fd_.get(), &count, sizeof(count));
 }
 
 void UnixListener::AcceptLoop(grpc::Server* server, ConnectionTable* table) {

@@ -3,11 +3,26 @@
 #include "absl/numeric/int128.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
+#include "google/protobuf/unknown_field_set.h"
 #include "shmtensor/dtype.h"
 
 namespace shmtensor::daemon {
 
 absl::StatusOr<uint64_t> LayoutExtent(const v1::Layout& layout) {
+  // What the daemon keeps of a layout (its ledger record) is bounded before
+  // anything else is read of it.
+  if (const size_t bytes = layout.ByteSizeLong(); bytes > kMaxLayoutBytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "a layout of %d bytes serialised: at most %d", bytes, kMaxLayoutBytes));
+  }
+  if (const google::protobuf::UnknownFieldSet& unknown =
+          layout.GetReflection()->GetUnknownFields(layout);
+      !unknown.empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the layout carries %d fields this daemon does not know (the first "
+        "is field %d): it keeps dtype, shape and strides_bytes only",
+        unknown.field_count(), unknown.field(0).number()));
+  }
   const int dtype_value = static_cast<int>(layout.dtype());
   if (dtype_value < 0 || dtype_value > kMaxDTypeValue) {
     return absl::InvalidArgumentError(

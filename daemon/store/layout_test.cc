@@ -1,5 +1,6 @@
 #include "daemon/store/layout.h"
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace shmtensor::daemon {
@@ -49,6 +50,41 @@ TEST(LayoutTest, RejectsBadLayoutsNamingTheValue) {
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(r.status().message().find(c.needle), std::string::npos)
         << r.status();
+  }
+}
+
+// [P23] What a client sends goes into a fixed ledger record: a layout is
+// bounded where it arrives, whatever protobuf parsed into it.
+TEST(LayoutTest, RefusesUnknownFieldsAndOversizeLayouts) {
+  // The widest layout there is (rank 64, every value 10 bytes as a varint)
+  // fits the ledger's record.
+  v1::Layout widest = L(v1::DTYPE_UINT8, std::vector<int64_t>(kMaxRank, 1),
+                        std::vector<int64_t>(kMaxRank, INT64_MAX));
+  EXPECT_LE(widest.ByteSizeLong(), kMaxLayoutBytes);
+  // A layout with a field this daemon does not know, of a few bytes and of
+  // megabytes (protobuf keeps both in the parsed message).
+  for (size_t junk : {size_t{4}, size_t{1800}, size_t{4} << 20}) {
+    v1::Layout l = L(v1::DTYPE_FLOAT32, {4});
+    std::string wire = l.SerializeAsString();
+    // Field 99, length-delimited.
+    wire += static_cast<char>((99 << 3 | 2) & 0x7f | 0x80);
+    wire += static_cast<char>((99 << 3 | 2) >> 7);
+    std::string len;
+    for (size_t n = junk;; n >>= 7) {
+      len += static_cast<char>((n & 0x7f) | (n >= 0x80 ? 0x80 : 0));
+      if (n < 0x80) break;
+    }
+    wire += len + std::string(junk, 'x');
+    v1::Layout parsed;
+    ASSERT_TRUE(parsed.ParseFromString(wire));
+    absl::StatusOr<uint64_t> r = RequestedBytes(0, parsed);
+    ASSERT_FALSE(r.ok()) << junk;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    const std::string needle =
+        junk < kMaxLayoutBytes ? "field 99" : absl::StrCat(kMaxLayoutBytes);
+    EXPECT_NE(r.status().message().find(needle), std::string::npos)
+        << r.status();
+    EXPECT_LT(r.status().message().size(), 256u);
   }
 }
 

@@ -50,7 +50,36 @@ struct StoreLimits {
   // for puts it may never make. Stock past it is not made (the client's
   // puts then wait for a Create's round trip); 0: no limit.
   uint64_t max_stock_bytes_per_client = uint64_t{128} << 20;
+
+  // [P24] Every table the daemon shares between uids has a per-uid share,
+  // so that no uid takes what another needs (docs/hardening.md, "Tenants").
+  // A per-uid limit of 0 below is uid_share_percent of its table: of
+  // max_objects, of max_leases, of the ledger's pin records (offers and
+  // fork-held objects), and of the host pools' bytes for stock. The share
+  // also caps max_sessions_per_uid (of the ledger's session records) and
+  // max_waiters_per_uid (of max_waiters). 1 to 100; 100: a uid may take a
+  // whole table. A zero-byte object costs its uid its record, as any other.
+  uint64_t uid_share_percent = 50;
+  uint64_t max_objects_per_uid = 0;
+  uint64_t max_leases_per_uid = 0;
+  uint64_t max_pins_per_uid = 0;
+  uint64_t max_stock_bytes_per_uid = 0;
 };
+
+// The records of each shared table: what ResolveUidShares takes its shares
+// of. A table without a bound has the ledger's default size.
+struct SharedTables {
+  uint64_t objects = 0;
+  uint64_t leases = 0;
+  uint64_t sessions = 0;
+  uint64_t pins = 0;
+  uint64_t host_pool_bytes = 0;
+};
+
+// `limits` with every per-uid limit resolved against `tables` (the policy,
+// decided once: limits.h above): a per-uid limit left at 0 becomes the
+// share, and one set above the share (or a table's size) comes down to it.
+StoreLimits ResolveUidShares(StoreLimits limits, const SharedTables& tables);
 
 // RESOURCE_EXHAUSTED with reason LIMIT_EXCEEDED: a request would pass one of
 // the limits above (or a fixed bound of the daemon's); `message` names it.

@@ -21,17 +21,31 @@
 namespace shmtensor::daemon {
 namespace {
 
-// With a ledger, the limits of 0 ("none") are its tables' sizes.
-StoreLimits Bounded(StoreLimits limits, const Ledger* ledger) {
-  if (ledger == nullptr) return limits;
-  const LedgerCapacity& cap = ledger->capacity();
-  if (limits.max_objects == 0 || limits.max_objects > cap.objects) {
-    limits.max_objects = cap.objects;
+// With a ledger, the limits of 0 ("none") are its tables' sizes; then each
+// uid's share of every shared table (limits.h).
+StoreLimits Bounded(StoreLimits limits, const Ledger* ledger,
+                    const std::vector<std::unique_ptr<Pool>>& pools) {
+  SharedTables tables;
+  const LedgerCapacity cap =
+      ledger != nullptr ? ledger->capacity() : LedgerCapacityFor(limits);
+  if (ledger != nullptr) {
+    if (limits.max_objects == 0 || limits.max_objects > cap.objects) {
+      limits.max_objects = cap.objects;
+    }
+    if (limits.max_leases == 0 || limits.max_leases > cap.leases) {
+      limits.max_leases = cap.leases;
+    }
   }
-  if (limits.max_leases == 0 || limits.max_leases > cap.leases) {
-    limits.max_leases = cap.leases;
+  tables.objects = cap.objects;
+  tables.leases = cap.leases;
+  tables.sessions = cap.sessions;
+  tables.pins = cap.pins;
+  for (const auto& pool : pools) {
+    if (pool->segment().kind() == v1::MEMORY_KIND_HOST) {
+      tables.host_pool_bytes += pool->size_bytes();
+    }
   }
-  return limits;
+  return ResolveUidShares(limits, tables);
 }
 
 }  // namespace
@@ -56,11 +70,11 @@ ObjectStore::ObjectStore(std::vector<std::unique_ptr<Pool>> pools,
                          std::unique_ptr<Ledger> ledger)
     : epoch_(epoch),
       start_time_(absl::Now()),
-      limits_(Bounded(limits, ledger.get())),
+      limits_(Bounded(limits, ledger.get(), pools)),
       pools_(std::move(pools)),
       // The tables draw randomness only from calls the store makes under
       // mu_.
-      sessions_(limits,
+      sessions_(limits_,
                 [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return Random64(); }),
       objects_(epoch,
                [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return Random64(); }),
@@ -266,7 +280,16 @@ uint64_t ObjectStore::AddLease(uint64_t session_id, Session& session,
   const uint64_t id = leases_.Add(session_id, slot, write);
   if (ledger_ != nullptr) {
     ledger_->NoteLeaseId(id);
-    ledger_->AddLease({id, session.client_id, slot, write});
+    // Room is certain: max_leases is at most the ledger's records, and
+    // LeasesCounted() counts the records a refused predecessor's lease
+    // keeps. Should it fail all the same, the lease lives unrecorded: a
+    // successor would not know of it, so this daemon says so.
+    if (absl::Status added =
+            ledger_->AddLease({id, session.client_id, slot, write});
+        !added.ok()) {
+      spdlog::error("lease {} is not in the ledger: {}", id,
+                    std::string(added.message()));
+    }
   }
   Object& obj = objects_.object(slot);
   ++obj.leases;
@@ -306,6 +329,7 @@ bool ObjectStore::MaybeFree(uint32_t slot) {
   }
   Unstock(slot);
   pools_[obj.pool]->FreeObject(obj.offset, obj.capacity);
+  sessions_.CountObjects(obj.uid, -1);
   objects_.Free(slot);
   if (ledger_ != nullptr) ledger_->FreeObject(slot, objects_.generation(slot));
   Changed();
@@ -319,8 +343,8 @@ void ObjectStore::JournalObject(uint32_t slot) {
                           !obj.name.empty());
 }
 
-void ObjectStore::JournalNewObject(uint32_t slot) {
-  if (ledger_ == nullptr) return;
+absl::Status ObjectStore::JournalNewObject(uint32_t slot) {
+  if (ledger_ == nullptr) return absl::OkStatus();
   const Object& obj = objects_.object(slot);
   ledger_->NoteSerial(obj.serial);
   LedgerObject rec;
@@ -336,9 +360,10 @@ void ObjectStore::JournalNewObject(uint32_t slot) {
   rec.created_ns = absl::ToUnixNanos(obj.created);
   rec.state = static_cast<uint32_t>(obj.state);
   rec.named = !obj.name.empty();
+  rec.uid = obj.uid;
   rec.name = obj.name;
   obj.layout.SerializeToString(&rec.layout);
-  ledger_->PutObject(rec);
+  return ledger_->PutObject(rec);
 }
 
 uint64_t ObjectStore::ClientIdOf(uint64_t session_id) const {
@@ -370,7 +395,8 @@ AdoptedState ObjectStore::adopted() const {
 AdoptedState ObjectStore::AdoptedLocked() const {
   AdoptedState out;
   out.sessions = adopted_.size();
-  out.quarantined_bytes = stranded_hold_bytes_;
+  out.quarantined_bytes = stranded_hold_bytes_ + quarantined_bytes_;
+  out.refused_records = refused_records_;
   for (const auto& [hash, id] : adopted_) {
     if (const Session* s = sessions_.FindOrNull(id); s != nullptr) {
       out.quarantined_bytes += s->bytes_held;

@@ -164,6 +164,13 @@ struct CreateArgs {
   CancelledFn cancelled;  // May be empty.
 };
 
+// A Create's arguments as a CreateRequest gives them, but its caller and
+// its deadline (the adapter's): one home for the conversion, used by the
+// gRPC adapter (server/service.cc) and by the fuzzer that drives requests
+// into the ledger (tests/fuzz/ledger_fuzzer.cc). Nothing is checked here:
+// the store checks what it is given where it arrives.
+CreateArgs CreateArgsOf(const v1::CreateRequest& request);
+
 // What a seal gives an unsealed object besides its state: with `relayout`,
 // the size and layout it is sealed with (OneWaySeal.size_bytes, layout),
 // which must fit its capacity.
@@ -200,8 +207,9 @@ LedgerCapacity LedgerCapacityFor(const StoreLimits& limits);
 // What an adopted ledger left for the operator to see (Stats, status).
 struct AdoptedState {
   uint64_t sessions = 0;           // Adopted sessions not yet resumed or ended.
-  uint64_t quarantined_bytes = 0;  // Capacity of what they and stranded
-                                   // fork holds keep.
+  uint64_t quarantined_bytes = 0;  // Capacity of what they, stranded fork
+                                   // holds and refused records keep.
+  uint64_t refused_records = 0;    // Ledger records this daemon refused.
 };
 
 class ObjectStore {
@@ -254,6 +262,9 @@ class ObjectStore {
   uint64_t epoch() const { return epoch_; }
   // Descriptions of every pool, indexed by pool id. Immutable.
   const std::vector<v1::PoolInfo>& pool_infos() const { return pool_infos_; }
+  // The limits in force: the config's, each per-uid share resolved
+  // (limits.h, ResolveUidShares).
+  const StoreLimits& limits() const { return limits_; }
 
   // Opens a session for the process `peer` and returns its unguessable id,
   // its descriptor secret and the pools it may use: per pool, what the
@@ -528,7 +539,16 @@ class ObjectStore {
   // Records the object in `slot` as it is now in the ledger (state, name
   // bound); PutObject for a new one.
   void JournalObject(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void JournalNewObject(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status JournalNewObject(uint32_t slot)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Leases held, or with a ledger the lease records in use (those of a
+  // refused predecessor's record too, never reused): what
+  // limits.max_leases, at most the ledger's records, is checked against.
+  size_t LeasesCounted() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return ledger_ != nullptr
+               ? std::max<size_t>(leases_.size(), ledger_->lease_records())
+               : leases_.size();
+  }
   // The client id of session `session_id` (0: not open).
   uint64_t ClientIdOf(uint64_t session_id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -727,6 +747,10 @@ class ObjectStore {
   // Fork holds adopted from a predecessor: nothing tells when their
   // children exit, so they keep their objects for this daemon's life.
   uint64_t stranded_hold_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Capacity of the objects a refused ledger record keeps from reuse (its
+  // range, or a live object a refused lease or pin may have stood for).
+  uint64_t quarantined_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t refused_records_ ABSL_GUARDED_BY(mu_) = 0;
   std::array<uint64_t, 64> random_ ABSL_GUARDED_BY(mu_);
   size_t random_next_ ABSL_GUARDED_BY(mu_) = 64;
 };

@@ -102,21 +102,41 @@ absl::Status ObjectStore::Restore(LedgerState state) {
       auto it = by_client.find(client_id);
       return it == by_client.end() ? 0 : it->second;
     };
+    // [P23] A record the successor cannot trust is refused alone, with what
+    // it belonged to; every other session and object is served as before.
+    uint64_t refused = state.refused_records;
+    for (const LedgerRefusal& r : state.refusals) {
+      spdlog::error("ledger: refused {}", r.why);
+    }
+    // A refused object's slot is never used again; its range, when the
+    // record placed it inside its pool and no other object has it, is kept
+    // from reuse (a view of it may be alive).
+    auto retire = [&](const LedgerRetiredSlot& r) {
+      objects_.RestoreRetired(r.slot);
+      if (r.range_known && r.pool < pools_.size() &&
+          pools_[r.pool]->RestoreObject(r.offset, r.capacity)) {
+        quarantined_bytes_ += r.capacity;
+      }
+    };
+    for (const LedgerRetiredSlot& r : state.retired_slots) retire(r);
     for (const LedgerObject& lo : state.objects) {
       Pool& pool = *pools_[lo.pool];
-      if (!pool.RestoreObject(lo.offset, lo.capacity)) {
-        return absl::FailedPreconditionError(absl::StrFormat(
-            "ledger refused: the object in slot %d at %d+%d of pool '%s' "
-            "overlaps another",
-            lo.slot, lo.offset, lo.capacity, pool.name()));
-      }
+      auto refuse = [&](const std::string& why, bool range_known) {
+        ++refused;
+        spdlog::error(
+            "ledger: refused the object record in slot {} ({}): its slot is "
+            "retired{}",
+            lo.slot, why, range_known ? ", its range kept from reuse" : "");
+        retire({lo.slot, range_known, lo.pool, lo.offset, lo.capacity});
+      };
       Object obj;
       obj.pool = lo.pool;
       obj.offset = lo.offset;
       obj.size = lo.size;
       obj.capacity = lo.capacity;
       obj.state = static_cast<State>(lo.state);
-      if (!obj.layout.ParseFromString(lo.layout)) {
+      if (!obj.layout.ParseFromString(lo.layout) ||
+          !LayoutExtent(obj.layout).ok()) {
         // A one-way seal cut short by a crash (Ledger::SetObjectLayout):
         // the object is unsealed, and its creator's resume seals it again
         // with the layout (OpenSession.pending_seals) or it goes.
@@ -124,26 +144,36 @@ absl::Status ObjectStore::Restore(LedgerState state) {
           obj.layout.Clear();
           obj.size = obj.capacity;
         } else {
-          return absl::FailedPreconditionError(absl::StrFormat(
-              "ledger refused: the layout of the object in slot %d does not "
-              "parse",
-              lo.slot));
+          refuse("a sealed object's layout does not parse", true);
+          continue;
         }
       }
       if (lo.named) {
-        if (ValidateName(lo.name).ok() && !objects_.Named(lo.name)) {
-          obj.name = lo.name;
-        } else {
-          return absl::FailedPreconditionError(absl::StrFormat(
-              "ledger refused: the name of the object in slot %d is bad or "
-              "bound twice",
-              lo.slot));
+        if (!ValidateName(lo.name).ok() || objects_.Named(lo.name)) {
+          refuse("its name is bad or bound twice", true);
+          continue;
         }
+        obj.name = lo.name;
+      }
+      if (!pool.RestoreObject(lo.offset, lo.capacity)) {
+        refuse(absl::StrFormat("its range %d+%d of pool '%s' overlaps another "
+                               "object's",
+                               lo.offset, lo.capacity, pool.name()),
+               false);
+        continue;
       }
       obj.creator = session_of(lo.creator);
+      // The record's uid (0 from a daemon that did not record it: then the
+      // creator's session's, when it is still there).
+      obj.uid = lo.uid;
+      if (const Session* creator = sessions_.FindOrNull(obj.creator);
+          creator != nullptr && lo.uid == 0) {
+        obj.uid = creator->peer.process.uid;
+      }
       obj.created = absl::FromUnixNanos(lo.created_ns);
       obj.serial = lo.serial;
       obj.nonce = lo.nonce;
+      sessions_.CountObjects(obj.uid, +1);
       objects_.Restore(lo.slot, lo.generation, std::move(obj));
       if (const uint64_t c = session_of(lo.creator); c != 0) {
         adopted_created_[c].slots.push_back(lo.slot);
@@ -153,7 +183,34 @@ absl::Status ObjectStore::Restore(LedgerState state) {
       objects_.RestoreFree(slot, generation);
     }
     objects_.FinishRestore();
+    // What a refused lease or pin, or a lease of a refused session, may
+    // have stood for is a view that may be alive: its object stays for this
+    // daemon's life.
+    const absl::flat_hash_set<uint64_t> refused_clients(
+        state.refused_clients.begin(), state.refused_clients.end());
+    absl::flat_hash_set<uint32_t> quarantine(state.quarantined_slots.begin(),
+                                             state.quarantined_slots.end());
     for (const LedgerLease& ll : state.leases) {
+      if (refused_clients.contains(ll.client_id)) {
+        quarantine.insert(ll.slot);
+        continue;  // Its record stays, as its session's does.
+      }
+    }
+    for (const LedgerPin& p : state.pins) {
+      if (refused_clients.contains(p.client_id)) quarantine.insert(p.slot);
+    }
+    for (uint32_t slot : quarantine) {
+      if (!objects_.live(slot)) continue;
+      Object& obj = objects_.object(slot);
+      ++obj.holds;
+      quarantined_bytes_ += obj.capacity;
+      spdlog::warn(
+          "ledger: the object in slot {} ({} bytes) is kept for this "
+          "daemon's life: a refused record may have stood for a view of it",
+          slot, obj.capacity);
+    }
+    for (const LedgerLease& ll : state.leases) {
+      if (refused_clients.contains(ll.client_id)) continue;
       const uint64_t session_id = session_of(ll.client_id);
       if (session_id == 0 || !objects_.live(ll.slot)) {
         ledger_->DropLease(ll.id);  // Of no session: none can use it.
@@ -207,6 +264,7 @@ absl::Status ObjectStore::Restore(LedgerState state) {
       }
       ++objects_.object(p.slot).holds;
       sessions_.ChargeUid(p.uid, static_cast<int64_t>(p.bytes));
+      sessions_.CountPins(p.uid, +1);
       if (p.kind == LedgerPin::kOffer) {
         OfferTable::Offer o;
         o.slot = p.slot;
@@ -255,9 +313,11 @@ absl::Status ObjectStore::Restore(LedgerState state) {
     spdlog::info(
         "adopted the previous daemon's ledger (epoch {:016x}): {} objects, "
         "{} leases ({} of no session dropped), {} sessions ({} of processes "
-        "gone), {} offers, {} fork holds",
+        "gone), {} offers, {} fork holds; {} records refused",
         epoch_, objects_.live(), leases_.size(), dropped_leases,
-        sessions_.size(), gone.size(), offers_.size(), fork_holds_.size());
+        sessions_.size(), gone.size(), offers_.size(), fork_holds_.size(),
+        refused);
+    refused_records_ = refused;
   }
   for (uint64_t id : gone) EndSession(id);
   return absl::OkStatus();

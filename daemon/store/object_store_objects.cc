@@ -18,6 +18,16 @@
 
 namespace shmtensor::daemon {
 
+CreateArgs CreateArgsOf(const v1::CreateRequest& request) {
+  CreateArgs args;
+  args.pool = request.pool();
+  args.size_bytes = request.size_bytes();
+  args.layout = request.layout();
+  args.name = request.name();
+  args.shared_writable = request.shared_writable();
+  return args;
+}
+
 absl::StatusOr<std::optional<Handout>> ObjectStore::TryCreate(
     const CreateArgs& args, bool last_try) {
   absl::StatusOr<uint64_t> bytes = RequestedBytes(args.size_bytes, args.layout);
@@ -106,10 +116,28 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::CreateLocked(
         absl::StrFormat("%d objects alive, the limit (limits.max_objects = %d)",
                         objects_.live(), limits_.max_objects));
   }
+  const uid_t uid = (*session)->peer.process.uid;
+  if (absl::Status s = sessions_.CheckUidObjects(uid); !s.ok()) return s;
   if (absl::Status s =
-          sessions_.CheckHold(**session, kNoSlot, capacity, leases_.size());
+          sessions_.CheckHold(**session, kNoSlot, capacity, LeasesCounted());
       !s.ok()) {
     return s;
+  }
+  if (args.stock) {
+    if (absl::Status s = sessions_.CheckUidStock(uid, capacity); !s.ok()) {
+      return s;
+    }
+  }
+  // [P23] What goes into the object's ledger record fits it (the layout was
+  // bounded where it arrived: RequestedBytes).
+  std::string layout_bytes;
+  if (ledger_ != nullptr) {
+    args.layout.SerializeToString(&layout_bytes);
+    if (absl::Status s =
+            Ledger::CheckObjectFits(args.name.size(), layout_bytes.size());
+        !s.ok()) {
+      return s;
+    }
   }
   if (args.stock && limits_.max_stock_bytes_per_client > 0 &&
       (*session)->stock_bytes + capacity > limits_.max_stock_bytes_per_client) {
@@ -135,16 +163,26 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::CreateLocked(
   obj.layout = args.layout;
   obj.name = args.name;
   obj.creator = session_id;
+  obj.uid = uid;
   obj.created = absl::Now();
   if (args.shared_writable) obj.state = State::kSharedWritable;
   obj.stock = args.stock;
   if (args.stock) {
     ++(*session)->stock_objects;
     (*session)->stock_bytes += capacity;
+    sessions_.CountStock(uid, static_cast<int64_t>(capacity));
   }
   obj.serial = next_serial_++;
   const uint32_t slot = objects_.Add(std::move(obj));
-  JournalNewObject(slot);
+  sessions_.CountObjects(uid, +1);
+  if (absl::Status s = JournalNewObject(slot); !s.ok()) {
+    // The ledger refused the record (it wrote nothing): the object goes as
+    // it came, before anyone heard of it (MaybeFree undoes its stock and
+    // its count too).
+    objects_.Unbind(slot);
+    MaybeFree(slot);
+    return s;
+  }
   // [P21] Bytes another uid wrote are cleared before this one gets them.
   std::vector<WriterMap::Range> stale =
       pool.ClaimForWriter(offset, capacity, (*session)->peer.process.uid);
@@ -230,18 +268,18 @@ absl::StatusOr<SealResult> ObjectStore::SealLocked(uint64_t session_id,
           "seal of %s with %d bytes: its buffer holds %d",
           RefString(objects_.MakeRef(slot)), *bytes, obj.capacity));
     }
+    if (ledger_ != nullptr) {
+      // Written, and checked, before the object changes: a refusal leaves
+      // it as it was.
+      std::string layout;
+      args.layout.SerializeToString(&layout);
+      if (absl::Status s = ledger_->SetObjectLayout(slot, *bytes, layout);
+          !s.ok()) {
+        return s;
+      }
+    }
     obj.size = *bytes;
     obj.layout = args.layout;
-    if (ledger_ != nullptr) {
-      std::string layout;
-      obj.layout.SerializeToString(&layout);
-      if (layout.size() > kMaxLedgerLayoutBytes) {
-        return absl::InvalidArgumentError(
-            absl::StrFormat("layout of %d bytes, at most %d", layout.size(),
-                            kMaxLedgerLayoutBytes));
-      }
-      ledger_->SetObjectLayout(slot, obj.size, layout);
-    }
   }
   Unstock(slot);
   SealResult result;
@@ -273,6 +311,7 @@ void ObjectStore::Unstock(uint32_t slot) {
     --s->stock_objects;
     s->stock_bytes -= obj.capacity;
   }
+  sessions_.CountStock(obj.uid, -static_cast<int64_t>(obj.capacity));
 }
 
 absl::Status ObjectStore::ApplyOneWaySeal(uint64_t session_id, Session& s,
@@ -288,14 +327,22 @@ absl::Status ObjectStore::ApplyOneWaySeal(uint64_t session_id, Session& s,
   // Refused: a write lease of an unsealed object goes with its object, so
   // that a Get waiting for the seal fails instead of waiting on.
   absl::StatusOr<Lease*> lease = LookupLease(session_id, seal.lease_id());
+  bool discarded = false;
   if (lease.ok() && (*lease)->write &&
       objects_.object((*lease)->slot).state == State::kWriting) {
     DropLease(seal.lease_id(), &s);
     Changed();
+    discarded = true;
   }
+  // Says what happened: a seal refused for a lease that is no unsealed
+  // object's write lease of the session changes nothing.
   return absl::NotFoundError(absl::StrFormat(
-      "one-way seal of lease %d refused (the object is discarded): %s",
-      seal.lease_id(), r.status().message()));
+      "one-way seal of lease %d refused: %s; %s", seal.lease_id(),
+      r.status().message(),
+      discarded ? "its unsealed object is discarded (a Get waiting for its "
+                  "seal fails)"
+                : "nothing changed (the lease is no unsealed object's write "
+                  "lease of this session)"));
 }
 
 absl::StatusOr<Handout> ObjectStore::Get(const Caller& caller,
@@ -433,8 +480,8 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::GetLocked(
               " was sealed for exclusive transfer and was already taken")),
           kReasonAlreadyTaken);
     case State::kPendingTransfer: {
-      if (absl::Status s =
-              sessions_.CheckHold(session, *slot, obj.capacity, leases_.size());
+      if (absl::Status s = sessions_.CheckHold(session, *slot, obj.capacity,
+                                               LeasesCounted());
           !s.ok()) {
         return s;
       }
@@ -460,8 +507,8 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::GetLocked(
         sessions_.ChargeUid(offered->uid,
                             -static_cast<int64_t>(offered->bytes));
       }
-      if (absl::Status s =
-              sessions_.CheckHold(session, *slot, obj.capacity, leases_.size());
+      if (absl::Status s = sessions_.CheckHold(session, *slot, obj.capacity,
+                                               LeasesCounted());
           !s.ok()) {
         if (offered != nullptr) {
           sessions_.ChargeUid(offered->uid,
@@ -472,6 +519,7 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::GetLocked(
       const bool write = obj.state == State::kSharedWritable;
       const uint64_t lease = AddLease(session_id, session, *slot, write);
       if (offered != nullptr) {
+        sessions_.CountPins(offered->uid, -1);
         offers_.Take(offer_token, *slot, ref.generation());
         if (ledger_ != nullptr) ledger_->DropOffer(offer_token);
         --objects_.object(*slot).holds;  // The new lease holds it now.
@@ -509,6 +557,10 @@ absl::StatusOr<OfferGrant> ObjectStore::Offer(const Caller& caller,
   }
   if (absl::Status room = CheckPinRoom(1); !room.ok()) return room;
   Session& s = **session;
+  if (absl::Status share = sessions_.CheckUidPins(s.peer.process.uid, 1);
+      !share.ok()) {
+    return share;
+  }
   uint64_t token = Random64();
   while (token == 0 || offers_.Contains(token)) token = Random64();
   OfferTable::Offer offer;
@@ -517,11 +569,6 @@ absl::StatusOr<OfferGrant> ObjectStore::Offer(const Caller& caller,
   offer.session_id = session_id;
   offer.uid = s.peer.process.uid;
   offer.bytes = obj.capacity;
-  ++obj.holds;
-  // What an offer pins counts against the sender's uid
-  // (max_bytes_per_uid) until it is taken: no way around the limit.
-  sessions_.ChargeUid(offer.uid, static_cast<int64_t>(offer.bytes));
-  offers_.Add(token, offer);
   if (ledger_ != nullptr) {
     LedgerPin pin;
     pin.kind = LedgerPin::kOffer;
@@ -531,8 +578,17 @@ absl::StatusOr<OfferGrant> ObjectStore::Offer(const Caller& caller,
     pin.client_id = s.client_id;
     pin.uid = offer.uid;
     pin.bytes = offer.bytes;
-    ledger_->AddPin(pin);
+    if (absl::Status room = ledger_->AddPin(pin); !room.ok()) {
+      return WithReason(room, kReasonLimitExceeded);
+    }
   }
+  ++obj.holds;
+  // What an offer pins counts against the sender's uid
+  // (max_bytes_per_uid, max_pins_per_uid) until it is taken or ends: no way
+  // around the limits.
+  sessions_.ChargeUid(offer.uid, static_cast<int64_t>(offer.bytes));
+  sessions_.CountPins(offer.uid, +1);
+  offers_.Add(token, offer);
   return OfferGrant{objects_.MakeRef(slot), token};
 }
 
@@ -546,6 +602,7 @@ int ObjectStore::ExpireOffers(absl::Time now) {
 void ObjectStore::EndOffer(const OfferTable::Offer& offer) {
   if (ledger_ != nullptr) ledger_->DropOffer(offer.token);
   sessions_.ChargeUid(offer.uid, -static_cast<int64_t>(offer.bytes));
+  sessions_.CountPins(offer.uid, -1);
   Object& obj = objects_.object(offer.slot);
   assert(obj.holds > 0);
   --obj.holds;
@@ -568,12 +625,12 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::TryGetByName(
                          absl::StrCat("get of ", Quoted(name)));
     }
     absl::Status held = sessions_.CheckHold(
-        **session, *slot, objects_.object(*slot).capacity, leases_.size());
+        **session, *slot, objects_.object(*slot).capacity, LeasesCounted());
     // As TryGet's: a named object stays bound, so the lookup stands.
     if (!held.ok() && LacksWhatReleasesFree(held) &&
         PullReleases(/*nudge=*/false)) {
       held = sessions_.CheckHold(
-          **session, *slot, objects_.object(*slot).capacity, leases_.size());
+          **session, *slot, objects_.object(*slot).capacity, LeasesCounted());
     }
     if (!held.ok()) return held;
     const uint64_t lease = AddLease(session_id, **session, *slot, false);

@@ -67,7 +67,11 @@ absl::StatusOr<OpenedSession> ObjectStore::OpenSession(
     rec.read_only = s.read_only;
     rec.access.assign(s.access.begin(), s.access.end());
     rec.client_name = s.client_name;
-    ledger_->AddSession(rec);
+    if (absl::Status recorded = ledger_->AddSession(rec); !recorded.ok()) {
+      // Nothing was written: the session goes as it came.
+      sessions_.Close(*id);
+      return recorded;
+    }
   }
   spdlog::info("client {} opened a session: '{}' pid {} uid {}{} ({} open)",
                s.client_id, client_name, s.pid, s.peer.process.uid,
@@ -256,6 +260,11 @@ absl::StatusOr<ForkHoldGrant> ObjectStore::HoldForFork(uint64_t session_id,
   if (absl::Status room = CheckPinRoom(s->held_slots.size()); !room.ok()) {
     return room;
   }
+  // [P24] Each object a hold pins is a pin record of its uid's share.
+  if (absl::Status share = sessions_.CheckUidPins(uid, s->held_slots.size());
+      !share.ok()) {
+    return share;
+  }
   ++of_uid;
   ForkHold hold{uid, session_id, {}, 0};
   hold.slots.reserve(s->held_slots.size());
@@ -268,6 +277,7 @@ absl::StatusOr<ForkHoldGrant> ObjectStore::HoldForFork(uint64_t session_id,
   // What the children keep counts against the uid (max_bytes_per_uid),
   // as long as they keep it: a hold is no way around the limit.
   sessions_.ChargeUid(uid, static_cast<int64_t>(hold.bytes));
+  sessions_.CountPins(uid, static_cast<int64_t>(hold.slots.size()));
   const uint64_t id = next_fork_hold_++;
   if (ledger_ != nullptr) {
     ledger_->NoteForkHold(id);
@@ -281,7 +291,11 @@ absl::StatusOr<ForkHoldGrant> ObjectStore::HoldForFork(uint64_t session_id,
       pin.uid = uid;
       pin.bytes = objects_.object(slot).capacity;
       pin.expires_ns = kForkHoldPending;  // Until ForkHoldGranted.
-      ledger_->AddPin(pin);
+      // Room was checked (CheckPinRoom, exact); a refusal here would leave
+      // a pending hold a successor drops, which pins nothing there.
+      if (absl::Status added = ledger_->AddPin(pin); !added.ok()) {
+        spdlog::error("fork hold {}: {}", id, std::string(added.message()));
+      }
     }
   }
   const auto objects = static_cast<uint32_t>(hold.slots.size());
@@ -318,6 +332,7 @@ void ObjectStore::EndForkHold(uint64_t hold_id) {
     fork_holds_per_uid_.erase(u);
   }
   sessions_.ChargeUid(hold.uid, -static_cast<int64_t>(hold.bytes));
+  sessions_.CountPins(hold.uid, -static_cast<int64_t>(hold.slots.size()));
   for (uint32_t slot : hold.slots) {
     Object& obj = objects_.object(slot);
     assert(obj.holds > 0);

@@ -72,6 +72,31 @@ TEST_F(ObjectStoreTest, LifecycleFreesMemoryWhenLastLeaseGoes) {
   EXPECT_EQ(Used(), 0u);
 }
 
+// A refused one-way seal says what became of the object: discarded when
+// the lease was its unsealed object's write lease, untouched otherwise.
+TEST_F(ObjectStoreTest, ARefusedOneWaySealSaysWhatHappened) {
+  Handout h = *Create(a_, kPage);
+  v1::OneWaySeal too_big;
+  too_big.set_lease_id(h.lease_id);
+  too_big.set_size_bytes(2 * kPage);  // Past its capacity.
+  absl::Status s = store_->ReleaseBatch(a_, 1, {}, {too_big});
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(s.message().find("its unsealed object is discarded"),
+            std::string::npos)
+      << s;
+  EXPECT_EQ(Used(), 0u);
+  // A sealed object's read lease: refused, and nothing changes.
+  Handout kept = *Create(a_, kPage);
+  SealResult sealed = *store_->Seal(a_, kept.lease_id, false);
+  v1::OneWaySeal again;
+  again.set_lease_id(sealed.lease_id);
+  s = store_->ReleaseBatch(a_, 2, {}, {again});
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(s.message().find("nothing changed"), std::string::npos) << s;
+  EXPECT_EQ(s.message().find("discarded"), std::string::npos) << s;
+  EXPECT_TRUE(store_->Get(b_, sealed.ref).ok());
+}
+
 TEST_F(ObjectStoreTest, UnsealedObjectIsInvisible) {
   Handout h = *Create(a_, kPage, "x");
   absl::StatusOr<Handout> g = store_->Get(b_, h.ref);
@@ -635,7 +660,8 @@ TEST(ObjectStoreLimitsTest, LimitsNameTheClientAndTheLimit) {
   ObjectStore store(std::move(pools), 1,
                     {.max_objects = 3,
                      .max_leases_per_client = 2,
-                     .max_bytes_per_client = 4 * kPage});
+                     .max_bytes_per_client = 4 * kPage,
+                     .uid_share_percent = 100});
   const uint64_t a = Open(store, "a", 7);
   const uint64_t b = Open(store, "b", 8);
   CreateArgs args{.caller = a, .size_bytes = 5 * kPage};
@@ -701,6 +727,58 @@ TEST(ObjectStoreHugePagesTest, LargeObjectsTakeWholeAlignedHugePages) {
   const uint64_t small_at = small.placement.offset();
   ASSERT_TRUE(store.Release(s, small.lease_id).ok());
   EXPECT_EQ(create(100).placement.offset(), small_at);
+}
+
+// [P24] One uid never takes what another needs: each table the daemon
+// shares between uids has a per-uid share. On the old code uid 2000 took
+// every object record with zero-byte objects and every pin with offers.
+TEST(ObjectStoreSharesTest, OneUidTakesAtMostItsShareOfEachTable) {
+  PoolAccessConfig both;
+  both.users = {"2000"};
+  std::vector<std::unique_ptr<Pool>> pools;
+  pools.push_back(std::make_unique<Pool>(
+      "shared", std::make_unique<FakeSegment>(64 * kPage),
+      *PoolAccessRules::Resolve("shared", both, kUser, -1)));
+  ObjectStore store(std::move(pools), 42,
+                    {.max_objects = 8, .max_pins_per_uid = 2});
+  EXPECT_EQ(store.limits().max_objects_per_uid, 4u);  // Half, by default.
+  const uint64_t attacker = Open(store, "attacker", 7, 2000);
+  const uint64_t victim = Open(store, "victim", 8, kUser);
+  // Zero-byte objects (a typed layout with an empty dimension) hold no pool
+  // memory, but each costs its uid a record.
+  CreateArgs empty{.caller = attacker};
+  empty.layout.set_dtype(v1::DTYPE_FLOAT32);
+  empty.layout.add_shape(0);
+  std::vector<SealResult> sealed;
+  for (int i = 0; i < 4; ++i) {
+    absl::StatusOr<Handout> h = CreateBlocking(store, empty);
+    ASSERT_TRUE(h.ok()) << h.status();
+    sealed.push_back(*store.Seal(attacker, h->lease_id, false));
+  }
+  absl::StatusOr<Handout> more = CreateBlocking(store, empty);
+  EXPECT_EQ(more.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(more.status().message().find(
+                "uid 2000 has 4 live objects; 1 more would pass its share "
+                "(limits.max_objects_per_uid = 4)"),
+            std::string::npos)
+      << more.status();
+  // The other uid's puts go on.
+  CreateArgs put{.caller = victim, .size_bytes = kPage};
+  absl::StatusOr<Handout> v = CreateBlocking(store, put);
+  ASSERT_TRUE(v.ok()) << v.status();
+  const SealResult vs = *store.Seal(victim, v->lease_id, false);
+  // Offers (and fork-held objects) are pins: two for uid 2000.
+  ASSERT_TRUE(store.Offer(attacker, sealed[0].lease_id).ok());
+  ASSERT_TRUE(store.Offer(attacker, sealed[1].lease_id).ok());
+  absl::StatusOr<OfferGrant> offer = store.Offer(attacker, sealed[2].lease_id);
+  EXPECT_EQ(offer.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(offer.status().message().find("(limits.max_pins_per_uid = 2)"),
+            std::string::npos)
+      << offer.status();
+  EXPECT_TRUE(store.Offer(victim, vs.lease_id).ok());
+  // Freed objects give their records back to their uid.
+  ASSERT_TRUE(store.Release(attacker, sealed[3].lease_id).ok());
+  EXPECT_TRUE(CreateBlocking(store, empty).ok());
 }
 
 // Per-pool access: a session sees, creates in, reads from and hands out

@@ -79,10 +79,17 @@ void ObjectTable::RestoreFree(uint32_t slot, uint32_t generation) {
   slots_[slot].generation = generation == 0 ? 1 : generation;
 }
 
+void ObjectTable::RestoreRetired(uint32_t slot) {
+  if (slot >= slots_.size()) slots_.resize(slot + 1);
+  slots_[slot].retired = true;
+}
+
 void ObjectTable::FinishRestore() {
   free_slots_.clear();
   for (size_t i = slots_.size(); i-- > 0;) {
-    if (!slots_[i].live) free_slots_.push_back(static_cast<uint32_t>(i));
+    if (!slots_[i].live && !slots_[i].retired) {
+      free_slots_.push_back(static_cast<uint32_t>(i));
+    }
   }
 }
 

@@ -63,6 +63,9 @@ class ObjectTable {
     State state = State::kWriting;  // Changed through SetState only.
     std::string name;               // Non-empty while a name is bound to it.
     uint64_t creator = 0;           // Session that created it.
+    // The creator's uid: the object counts against its share of the table
+    // (SessionTable::CountObjects) until it is freed.
+    uint32_t uid = 0;
     uint32_t leases = 0;
     // Fork holds pinning it (ObjectStore::HoldForFork): while any is left
     // its memory is not freed, whatever else lets go of it.
@@ -108,6 +111,9 @@ class ObjectTable {
   // FinishRestore, once, before any Add.
   void Restore(uint32_t slot, uint32_t generation, Object object);
   void RestoreFree(uint32_t slot, uint32_t generation);
+  // A slot whose ledger record the successor refused: never used again (a
+  // ref to what it held stays stale). Before FinishRestore.
+  void RestoreRetired(uint32_t slot);
   void FinishRestore();
 
   // Frees `slot`, whose object has no name left: it leaves by_serial(), its
@@ -141,6 +147,7 @@ class ObjectTable {
   struct Slot {
     uint32_t generation = 1;  // Never 0.
     bool live = false;
+    bool retired = false;  // RestoreRetired: never free, never live.
     Object object;
   };
 

@@ -114,10 +114,7 @@ void SessionTable::Close(uint64_t id) {
     // Invariant: waiters and bytes were given back before the session went
     // (every wait ends before its call returns; Unhold uncharged all).
     --uid->second.sessions;
-    if (uid->second.sessions == 0 && uid->second.waiters == 0 &&
-        uid->second.bytes == 0) {
-      uids_.erase(uid);
-    }
+    if (uid->second.empty()) uids_.erase(uid);
   }
   sessions_.erase(it);
 }
@@ -142,13 +139,13 @@ bool SessionTable::SecretMatches(const Session& s, absl::string_view secret) {
 
 void SessionTable::Hold(Session& s, uint64_t lease_id, uint32_t slot,
                         uint64_t capacity) {
-  s.leases.insert(lease_id);
+  if (s.leases.insert(lease_id).second) ++uids_[s.peer.process.uid].leases;
   if (s.held_slots[slot]++ == 0) Charge(s, capacity);
 }
 
 void SessionTable::Unhold(Session& s, uint64_t lease_id, uint32_t slot,
                           uint64_t capacity) {
-  s.leases.erase(lease_id);
+  if (s.leases.erase(lease_id) > 0) --uids_[s.peer.process.uid].leases;
   auto held = s.held_slots.find(slot);
   if (held != s.held_slots.end() && --held->second == 0) {
     s.held_slots.erase(held);
@@ -162,9 +159,62 @@ void SessionTable::Charge(Session& s, int64_t delta) {
 }
 
 void SessionTable::ChargeUid(uid_t uid, int64_t delta) {
-  UidUsage& u = uids_[uid];
-  u.bytes += delta;
-  if (u.sessions == 0 && u.waiters == 0 && u.bytes == 0) uids_.erase(uid);
+  uids_[uid].bytes += delta;
+  MaybeForget(uid);
+}
+
+void SessionTable::MaybeForget(uid_t uid) {
+  auto it = uids_.find(uid);
+  if (it != uids_.end() && it->second.empty()) uids_.erase(it);
+}
+
+namespace {
+
+// The uid's use of one table against its share (0: none).
+absl::Status CheckShare(uid_t uid, uint64_t used, uint64_t more, uint64_t limit,
+                        absl::string_view what, absl::string_view key) {
+  if (limit == 0 || used + more <= limit) return absl::OkStatus();
+  return LimitExceededError(absl::StrFormat(
+      "uid %d has %d %s; %d more would pass its share (limits.%s = %d)", uid,
+      used, what, more, key, limit));
+}
+
+}  // namespace
+
+absl::Status SessionTable::CheckUidObjects(uid_t uid) const {
+  auto it = uids_.find(uid);
+  return CheckShare(uid, it == uids_.end() ? 0 : it->second.objects, 1,
+                    limits_.max_objects_per_uid, "live objects",
+                    "max_objects_per_uid");
+}
+
+void SessionTable::CountObjects(uid_t uid, int64_t delta) {
+  uids_[uid].objects += delta;
+  MaybeForget(uid);
+}
+
+absl::Status SessionTable::CheckUidPins(uid_t uid, uint64_t n) const {
+  auto it = uids_.find(uid);
+  return CheckShare(
+      uid, it == uids_.end() ? 0 : it->second.pins, n, limits_.max_pins_per_uid,
+      "objects pinned by offers and fork holds", "max_pins_per_uid");
+}
+
+void SessionTable::CountPins(uid_t uid, int64_t delta) {
+  uids_[uid].pins += delta;
+  MaybeForget(uid);
+}
+
+absl::Status SessionTable::CheckUidStock(uid_t uid, uint64_t bytes) const {
+  auto it = uids_.find(uid);
+  return CheckShare(uid, it == uids_.end() ? 0 : it->second.stock_bytes, bytes,
+                    limits_.max_stock_bytes_per_uid, "bytes of stock",
+                    "max_stock_bytes_per_uid");
+}
+
+void SessionTable::CountStock(uid_t uid, int64_t delta) {
+  uids_[uid].stock_bytes += delta;
+  MaybeForget(uid);
 }
 
 absl::Status SessionTable::CheckHold(const Session& s, uint32_t slot,
@@ -177,6 +227,16 @@ absl::Status SessionTable::CheckHold(const Session& s, uint32_t slot,
         "(limits.max_leases_per_client = %d); release views it no longer "
         "needs",
         s.client_name, s.pid, s.leases.size(), limits_.max_leases_per_client));
+  }
+  if (absl::Status share = CheckShare(
+          s.peer.process.uid,
+          [&] {
+            auto it = uids_.find(s.peer.process.uid);
+            return it == uids_.end() ? uint64_t{0} : it->second.leases;
+          }(),
+          1, limits_.max_leases_per_uid, "leases", "max_leases_per_uid");
+      !share.ok()) {
+    return share;
   }
   if (limits_.max_leases > 0 && leases_held >= limits_.max_leases) {
     return LimitExceededError(absl::StrFormat(
@@ -234,6 +294,7 @@ absl::Status SessionTable::BeginWait(Session& s) {
 void SessionTable::EndWait(uint64_t session_id, uid_t uid) {
   --waiters_;
   --uids_[uid].waiters;
+  MaybeForget(uid);
   if (Session* s = FindOrNull(session_id); s != nullptr) --s->waiters;
 }
 

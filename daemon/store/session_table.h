@@ -102,6 +102,25 @@ class SessionTable {
     uint32_t rings_made = 0;
   };
 
+  // [P24] What one uid takes of every table the daemon shares between uids
+  // (its sessions, waiting calls, objects, leases, pins and stock, and the
+  // bytes it holds), each under the uid's share (StoreLimits, resolved by
+  // ResolveUidShares): one uid never takes what another needs.
+  struct UidUsage {
+    uint64_t bytes = 0;
+    uint32_t sessions = 0;
+    uint32_t waiters = 0;
+    uint64_t objects = 0;      // Live objects it created (records, whatever
+                               // their size: a zero-byte one counts too).
+    uint64_t leases = 0;       // Leases its sessions hold.
+    uint64_t pins = 0;         // Offer and fork-held object records.
+    uint64_t stock_bytes = 0;  // Capacity of its sessions' stock.
+    bool empty() const {
+      return bytes == 0 && sessions == 0 && waiters == 0 && objects == 0 &&
+             leases == 0 && pins == 0 && stock_bytes == 0;
+    }
+  };
+
   // `random` draws session ids and descriptor secrets, and is called only
   // from Open.
   SessionTable(StoreLimits limits, std::function<uint64_t()> random);
@@ -145,8 +164,9 @@ class SessionTable {
   static bool SecretMatches(const Session& s, absl::string_view secret);
 
   // Records lease `lease_id` of `s` on the object in `slot`, of `capacity`
-  // bytes: the first lease on an object charges its capacity to `s` and its
-  // uid. Unhold undoes it; the last lease on an object gives it back.
+  // bytes (one more lease of its uid): the first lease on an object charges
+  // its capacity to `s` and its uid. Unhold undoes it; the last lease on an
+  // object gives it back.
   void Hold(Session& s, uint64_t lease_id, uint32_t slot, uint64_t capacity);
   void Unhold(Session& s, uint64_t lease_id, uint32_t slot, uint64_t capacity);
   // Adds `delta` to the bytes `s` holds, and to its uid's.
@@ -156,10 +176,22 @@ class SessionTable {
   void ChargeUid(uid_t uid, int64_t delta);
   // RESOURCE_EXHAUSTED naming the client and the limit if `s` taking one
   // more lease, on the object in `slot` (kNoSlot: one not created yet) of
-  // `capacity` bytes, would break a per-client or per-uid limit, or the
-  // daemon's lease limit with `leases_held` leases held in all.
+  // `capacity` bytes, would break a per-client or per-uid limit (the uid's
+  // share of leases included), or the daemon's lease limit with
+  // `leases_held` leases held in all.
   absl::Status CheckHold(const Session& s, uint32_t slot, uint64_t capacity,
                          size_t leases_held) const;
+
+  // Per-uid shares of the object, pin and stock tables: Check* returns
+  // RESOURCE_EXHAUSTED (LIMIT_EXCEEDED) naming the uid, its use and the
+  // limit when `uid` taking `n` more would pass its share; Count* adds
+  // `delta` (negative: gives back).
+  absl::Status CheckUidObjects(uid_t uid) const;
+  void CountObjects(uid_t uid, int64_t delta);
+  absl::Status CheckUidPins(uid_t uid, uint64_t n) const;
+  void CountPins(uid_t uid, int64_t delta);
+  absl::Status CheckUidStock(uid_t uid, uint64_t bytes) const;
+  void CountStock(uid_t uid, int64_t delta);
 
   // Counts one more waiting call of `s`. RESOURCE_EXHAUSTED naming the
   // limit it would pass (per session, per uid, in all). Every OK is paired
@@ -176,6 +208,9 @@ class SessionTable {
   uint32_t waiters() const { return waiters_; }
   // Bytes held by every session of `uid` (0 for a uid with none).
   uint64_t uid_bytes(uid_t uid) const;
+  // What each uid with anything in the daemon uses now.
+  const absl::flat_hash_map<uid_t, UidUsage>& uids() const { return uids_; }
+  const StoreLimits& limits() const { return limits_; }
   // Every open session, by id.
   const absl::flat_hash_map<uint64_t, Session>& all() const {
     return sessions_;
@@ -188,12 +223,8 @@ class SessionTable {
   }
 
  private:
-  // Per uid: bytes held by its sessions, and sessions and waiters open.
-  struct UidUsage {
-    uint64_t bytes = 0;
-    uint32_t sessions = 0;
-    uint32_t waiters = 0;
-  };
+  // Forgets `uid`'s entry once it uses nothing.
+  void MaybeForget(uid_t uid);
 
   const StoreLimits limits_;
   const std::function<uint64_t()> random_;

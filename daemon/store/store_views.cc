@@ -1,5 +1,7 @@
 #include "daemon/store/store_views.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <iterator>
 #include <string>
@@ -86,6 +88,32 @@ v1::DaemonStatus BuildStatus(const StoreView& store,
   limits->set_max_bytes_per_uid(store.limits.max_bytes_per_uid);
   limits->set_max_sessions_per_uid(store.limits.max_sessions_per_uid);
   limits->set_max_waiters(store.limits.max_waiters);
+  limits->set_uid_share_percent(store.limits.uid_share_percent);
+  limits->set_max_objects_per_uid(store.limits.max_objects_per_uid);
+  limits->set_max_leases_per_uid(store.limits.max_leases_per_uid);
+  limits->set_max_pins_per_uid(store.limits.max_pins_per_uid);
+  limits->set_max_stock_bytes_per_uid(store.limits.max_stock_bytes_per_uid);
+  limits->set_max_waiters_per_uid(store.limits.max_waiters_per_uid);
+  // Each uid's use; another uid's is no business of an unprivileged caller.
+  const bool all_uids =
+      viewer == nullptr || viewer->uid == 0 || viewer->uid == geteuid();
+  std::vector<std::pair<uid_t, const SessionTable::UidUsage*>> uids;
+  for (const auto& [uid, usage] : store.sessions.uids()) {
+    if (all_uids || uid == viewer->uid) uids.emplace_back(uid, &usage);
+  }
+  std::sort(uids.begin(), uids.end());
+  for (const auto& [uid, usage] : uids) {
+    v1::UidUsage* u = out.add_uids();
+    u->set_uid(uid);
+    u->set_sessions(usage->sessions);
+    u->set_waiters(usage->waiters);
+    u->set_objects(usage->objects);
+    u->set_leases(usage->leases);
+    u->set_pins(usage->pins);
+    u->set_stock_bytes(usage->stock_bytes);
+    u->set_bytes(usage->bytes);
+  }
+  out.set_refused_records(store.adopted.refused_records);
   out.set_serving(store.serving);
   out.set_waiters(store.sessions.waiters());
   out.set_detached_sessions(store.sessions.detached());

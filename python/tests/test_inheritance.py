@@ -216,6 +216,48 @@ def test_an_inherited_unsealed_buffer_never_changes_the_sealed_object(
     assert (np.asarray(client.get(ref)) == 1.0).all()
 
 
+def test_a_fork_whose_hold_is_refused_fails_closed(tmp_path, capfd):  # P5
+    """The daemon refuses a fork hold (the uid's holds are used up): the
+    child never reads bytes a later put wrote. What it inherited faults,
+    and a new array of an inherited view raises. On the old code the child
+    read the churned pool's 7.0."""
+    from conftest import Daemon
+    cfg = tmp_path / "d.toml"
+    cfg.write_text('[[pool]]\nname = "default"\nsize = "16MiB"\n'
+                   '[limits]\nmax_fork_holds_per_uid = 1\n')
+    with Daemon(config=str(cfg)) as d:
+        client = shmtensor.connect(d.address)
+        view = client.get(client.put(np.full(MiB // 4, 1.0, np.float32)))
+        a = np.asarray(view)
+        # The first fork takes the uid's only hold, and keeps it.
+        _, go_held = child_check(lambda: float(a.sum()) == MiB // 4)
+        assert client.stats()["fork_holds"] == 1
+        capfd.readouterr()
+        # Refused: the child reads what it inherited, or makes an array of
+        # the view it inherited.
+        _, go_read = child_check(lambda: float(a[-1]) == 1.0)
+        err = capfd.readouterr().err
+        assert "could not pin them for the child" in err, err
+        assert "made inaccessible" in err, err
+
+        def export():
+            try:
+                np.asarray(view)
+            except shmtensor.StaleReferenceError as e:
+                return "fork whose hold the daemon refused" in str(e)
+            return False
+        _, go_export = child_check(export)
+        # The parent lets go and the pool is written with other bytes.
+        del a, view
+        keep = []
+        churn(client, MiB, 7.0, keep)
+        status = go_read()
+        assert status in (-signal.SIGSEGV, -signal.SIGBUS), status
+        assert go_export() == 0
+        assert go_held() == 0
+        del keep
+
+
 def test_a_fork_without_views_asks_the_daemon_nothing(daemon):
     client = shmtensor.connect(daemon.address)
     ref = client.put(np.ones(4))
