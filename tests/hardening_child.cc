@@ -40,6 +40,11 @@
 //                             refused, then offers a view until an offer is
 //                             refused; prints "objects N: WHY" and "offers
 //                             M: WHY", then waits to be killed
+//   junk-layout ADDRESS       [P23] with a raw stub, opens a session and sends
+//                             Creates whose layouts carry 1,800 bytes and
+//                             3 MiB of a field the daemon does not know;
+//                             prints "code C: MESSAGE" for each, then waits
+//                             to be killed
 //   forked ADDRESS            puts an object, holds a view of it and forks a
 //                             child that keeps it (until killed); prints
 //                             "forked PID"
@@ -281,6 +286,35 @@ int Flood(const std::string& address) {
     ++offers;
   }
   Say(absl::StrCat("offers ", offers, ": ", why.message()));
+  while (true) pause();
+}
+
+int JunkLayout(const std::string& address) {
+  auto stub = shmtensor::v1::ObjectStore::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext stream_ctx;
+  auto stream = stub->Session(&stream_ctx);
+  shmtensor::v1::SessionRequest open;
+  open.mutable_open()->set_client_name("junk");
+  shmtensor::v1::SessionEvent opened;
+  if (!stream->Write(open) || !stream->Read(&opened)) {
+    return Fail(absl::UnavailableError("no session"));
+  }
+  for (size_t junk : {size_t{1800}, size_t{3} << 20}) {
+    shmtensor::v1::CreateRequest req;
+    req.set_session_id(opened.opened().session_id());
+    req.mutable_layout()->set_dtype(shmtensor::v1::DTYPE_FLOAT32);
+    req.mutable_layout()->add_shape(4);
+    req.mutable_layout()
+        ->GetReflection()
+        ->MutableUnknownFields(req.mutable_layout())
+        ->AddLengthDelimited(99, std::string(junk, 'x'));
+    shmtensor::v1::CreateResponse resp;
+    grpc::ClientContext ctx;
+    const grpc::Status st = stub->Create(&ctx, req, &resp);
+    Say(absl::StrCat("code ", st.error_code(), ": ",
+                     st.error_message().substr(0, 200)));
+  }
   while (true) pause();
 }
 
@@ -632,6 +666,7 @@ int Run(int argc, char** argv) {
   }
   if (cmd == "flood" && a.size() == 1) return Flood(a[0]);
   if (cmd == "forked" && a.size() == 1) return Forked(a[0]);
+  if (cmd == "junk-layout" && a.size() == 1) return JunkLayout(a[0]);
   if (cmd == "consumer" && a.size() == 3) {
     return Consumer(a[0], a[1], std::atoi(a[2].c_str()));
   }

@@ -3,10 +3,14 @@
 // bytes one user wrote never reach another. Real uids (setresuid) and real
 // pid reuse (the kernel's ns_last_pid, as an unprivileged user cycling pids
 // would get it), so the tests need root and skip without it.
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -134,6 +138,59 @@ TEST_F(TenancyTest, BytesOneUserWroteNeverReachAnother) {
   // objects reused one another's ranges: the largest covers them all).
   EXPECT_GE(testing::MonitorStatus(address_).pools(0).cleared_bytes(),
             8 * kMiB - 4096);
+}
+
+// [P23] A uid that may write its pool sends layouts the daemon's ledger
+// record cannot hold; another uid's named object and view are in the same
+// ledger. The attacker's Creates are refused, the daemon stays up, and a
+// take-over (whose successor adopts the ledger) keeps the other uid's
+// object. On the old code both Creates were stored, and the successor
+// refused the whole ledger: the victim's name was gone.
+TEST_F(TenancyTest, AnotherUidsLayoutNeverSpoilsTheLedger) {
+  std::unique_ptr<Subprocess> victim =
+      Spawn({"--uid", absl::StrCat(kUserB), "victim", address_});
+  ASSERT_NE(victim, nullptr);
+  absl::StatusOr<std::string> ready = victim->ReadLine();
+  ASSERT_TRUE(ready.ok() && absl::StartsWith(*ready, "ready")) << *ready;
+  std::unique_ptr<Subprocess> attacker =
+      Spawn({"--uid", absl::StrCat(kUserA), "junk-layout", address_});
+  ASSERT_NE(attacker, nullptr);
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<std::string> line = attacker->ReadLine();
+    ASSERT_TRUE(line.ok()) << line.status();
+    EXPECT_TRUE(absl::StartsWith(*line, "code 3: ")) << *line;  // INVALID_ARG
+    EXPECT_TRUE(absl::StrContains(*line, "layout")) << *line;
+  }
+  // A take-over: the successor adopts the ledger.
+  client_.reset();
+  const std::string config = ::testing::TempDir() + "/tenancy_takeover.toml";
+  std::ofstream(config) << "socket_mode = \"0666\"\n[[pool]]\nname = "
+                           "\"default\"\nsize = \"16MiB\"\nusers = ["
+                        << kUserA << ", " << kUserB << "]\n";
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> next =
+      DaemonProcess::Start({"--config", config, "--take-over"}, address_);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(daemon_->process().Wait(), 0);
+  // Kept to the end: its destructor removes what it left at the address.
+  std::unique_ptr<DaemonProcess> predecessor = std::move(daemon_);
+  daemon_ = *std::move(next);
+  absl::StatusOr<View> v = absl::UnavailableError("not yet");
+  for (int i = 0; i < 2; ++i) {  // A first call may meet the old connection.
+    absl::StatusOr<Client> c = Client::Connect({.address = address_});
+    if (!c.ok()) {
+      v = c.status();
+      continue;
+    }
+    v = c->Get("victim");
+    client_.emplace(*std::move(c));
+    if (v.ok()) break;
+  }
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(static_cast<const uint8_t*>(v->data())[(1 << 20) - 1], 0xAA);
+  attacker->Signal(SIGKILL);
+  attacker->Wait();
+  victim->Signal(SIGKILL);
+  victim->Wait();
 }
 
 // [P24] One uid fills what it may of every table the daemon shares (object
