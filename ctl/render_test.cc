@@ -61,6 +61,42 @@ TEST(RenderTest, MetricsEscapeLabelsAndPrintIntegersExactly) {
             "# TYPE shmtensor_up gauge\nshmtensor_up 0\n");
 }
 
+// Operators see each uid's use of the shared tables beside its share, in
+// the status and in the metrics.
+TEST(RenderTest, StatusAndMetricsShowEachUidsUseAgainstItsShare) {
+  v1::DaemonStatus s;
+  s.set_version("0.1.0");
+  v1::Limits* l = s.mutable_limits();
+  l->set_uid_share_percent(50);
+  l->set_max_objects_per_uid(131072);
+  l->set_max_pins_per_uid(524288);
+  l->set_max_stock_bytes_per_uid(uint64_t{512} << 20);
+  l->set_max_sessions_per_uid(1024);
+  v1::UidUsage* u = s.add_uids();
+  u->set_uid(2000);
+  u->set_sessions(3);
+  u->set_objects(131072);
+  u->set_pins(17);
+  u->set_stock_bytes(uint64_t{64} << 20);
+  s.set_refused_records(2);
+  const std::string text = RenderStatus(s);
+  EXPECT_NE(text.find("per uid (share 50%)"), std::string::npos) << text;
+  EXPECT_NE(text.find("131072/131072"), std::string::npos) << text;
+  EXPECT_NE(text.find("64.0 MiB/512.0 MiB"), std::string::npos) << text;
+  EXPECT_NE(text.find("3/1024"), std::string::npos) << text;
+  EXPECT_NE(text.find("ledger records refused at adoption: 2"),
+            std::string::npos)
+      << text;
+  const std::string m = RenderMetrics(s, v1::ListClientsResponse());
+  EXPECT_NE(m.find("shmtensor_uid_objects{uid=\"2000\"} 131072\n"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("shmtensor_uid_objects_limit 131072\n"), std::string::npos)
+      << m;
+  EXPECT_NE(m.find("shmtensor_uid_pins{uid=\"2000\"} 17\n"), std::string::npos);
+  EXPECT_NE(m.find("shmtensor_refused_ledger_records 2\n"), std::string::npos);
+}
+
 TEST(RenderTest, StatusShowsEachPoolsPageSize) {
   v1::DaemonStatus s;
   v1::PoolStatus* small = s.add_pools();
