@@ -139,12 +139,12 @@ void ClientCore::PrepareFork() {
 size_t ClientCore::RevokeViewsInChild() {
   size_t n = 0;
   std::lock_guard<std::mutex> lock(held_mu_);
-  for (const auto& [id, lease] : held_) {
-    if (lease == nullptr || lease->device().is_cuda()) continue;
-    const v1::Placement& p = lease->placement();
-    absl::StatusOr<PoolMapping*> m = Mapping(p.pool_id());
+  for (const auto& [id, h] : held_) {
+    // Not made yet (no view of it exists), or destroyed: no view to revoke.
+    if (h.lease == nullptr || !h.host) continue;
+    absl::StatusOr<PoolMapping*> m = Mapping(h.pool_id);
     if (!m.ok()) continue;
-    (*m)->RevokeInChild(p.offset(), p.capacity_bytes());
+    (*m)->RevokeInChild(h.offset, h.capacity);
     ++n;
   }
   return n;
@@ -574,7 +574,7 @@ absl::Status ClientCore::ResumeLocked(const std::shared_ptr<Connection>& broken,
     std::lock_guard<std::mutex> lock(held_mu_);
     ++held_generation_;
     account.mutable_held_lease_ids()->Reserve(held_.size());
-    for (const auto& [id, lease] : held_) account.add_held_lease_ids(id);
+    for (const auto& [id, h] : held_) account.add_held_lease_ids(id);
     outbox_.Account(&account);
   }
   v1::SessionOpened opened;
@@ -811,7 +811,7 @@ absl::Status ClientCore::HoldLease(uint64_t lease_id, uint64_t generation) {
   {
     std::lock_guard<std::mutex> lock(held_mu_);
     if (generation == held_generation_) {
-      held_.emplace(lease_id, nullptr);
+      held_.emplace(lease_id, HeldLease());
       return absl::OkStatus();
     }
   }
@@ -842,8 +842,18 @@ void ClientCore::LeaseMade(Lease* lease) {
   if (it == held_.end()) {
     lease->MarkLost();  // Refused by a resume since HoldLease.
   } else {
-    it->second = lease;
+    const v1::Placement& p = lease->placement();
+    it->second = {lease,       false,      !lease->device().is_cuda(),
+                  p.pool_id(), p.offset(), p.capacity_bytes()};
   }
+}
+
+void ClientCore::LeaseUnmade(uint64_t lease_id) {
+  std::lock_guard<std::mutex> lock(held_mu_);
+  auto it = held_.find(lease_id);
+  if (it == held_.end()) return;
+  it->second.lease = nullptr;
+  it->second.releasing = true;
 }
 
 void ClientCore::DropRefused(const v1::SessionOpened& opened) {
@@ -856,7 +866,10 @@ void ClientCore::DropRefused(const v1::SessionOpened& opened) {
       if (it == held_.end()) continue;
       // One being released (its unary Release applied, its answer lost in
       // the break) is no loss.
-      if (it->second == nullptr || it->second->MarkLost()) ++in_use;
+      const HeldLease& h = it->second;
+      if (!h.releasing && (h.lease == nullptr || h.lease->MarkLost())) {
+        ++in_use;
+      }
       held_.erase(it);
     }
   }

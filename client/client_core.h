@@ -151,6 +151,9 @@ class ClientCore {
   // also binds the Lease to its held id (marking it lost if a resume
   // refused the id meanwhile).
   void LeaseMade(Lease* lease);
+  // A lease's Lease is destroyed while its release waits (a CUDA fence):
+  // nothing reads it through held_ any more.
+  void LeaseUnmade(uint64_t lease_id);
   void LeaseGone() { live_leases_.fetch_sub(1, std::memory_order_relaxed); }
   // FAILED_PRECONDITION naming the owner pid if inherited(), else OK.
   absl::Status CheckOwner() const;
@@ -456,7 +459,17 @@ class ClientCore {
   // account of them. Lock order: write_mu_, then held_mu_, then
   // outbox_'s.
   std::mutex held_mu_;
-  absl::flat_hash_map<uint64_t, Lease*> held_;
+  // A lease held, and where its view is (for RevokeViewsInChild, which must
+  // not read a Lease that may be gone).
+  struct HeldLease {
+    Lease* lease = nullptr;  // Null until made, and once destroyed.
+    bool releasing = false;  // Destroyed; its release waits (a CUDA fence).
+    bool host = false;       // Its view is in a host pool's mapping.
+    uint32_t pool_id = 0;
+    uint64_t offset = 0;
+    uint64_t capacity = 0;
+  };
+  absl::flat_hash_map<uint64_t, HeldLease> held_;
   uint64_t held_generation_ = 0;
   // By pool id; a pool the session may not use is a default PoolInfo
   // (access POOL_ACCESS_UNSPECIFIED).

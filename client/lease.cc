@@ -119,6 +119,8 @@ Lease::~Lease() {
   if (!held_) return;
   releasing_.store(true, std::memory_order_release);
   if (device_.is_cuda()) {
+    // This Lease goes now; its release waits for the fence.
+    core_->LeaseUnmade(id_);
     core_->ReleaseAfter(RecordFence(), id_);
     return;
   }

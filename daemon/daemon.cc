@@ -409,6 +409,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
     passed.erase(it);
     return fd;
   };
+  if (taking_over && (!passed.contains(kListenFdName) ||
+                      !passed.contains(kDescriptorListenFdName))) {
+    // Binding afresh would replace the sockets its predecessor serves on.
+    return absl::FailedPreconditionError(
+        "not taking over (the predecessor serves on): its listening sockets "
+        "were not handed over");
+  }
   absl::StatusOr<std::unique_ptr<UnixListener>> listener = UnixListener::Bind(
       d->socket_path_, config.socket_mode, gid, take(kListenFdName));
   if (!listener.ok()) return listener.status();
@@ -470,12 +477,18 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
     d->monitor_->SetAddresses(addresses);
   }
   if (taking_over) {
-    // Everything that can fail did not: the predecessor may go.
-    if (absl::Status s = FinishTakeOver(options.take_over.get()); !s.ok()) {
-      return s;
-    }
+    // Everything that can fail did not: the predecessor may go. Whatever
+    // its answer, the address lock says who serves: held by a predecessor
+    // that serves on (it never heard "ready"), or released as it exits.
+    absl::Status handed = FinishTakeOver(options.take_over.get());
     options.take_over = UniqueFd();
-    if (absl::Status s = lock_address(); !s.ok()) return s;
+    if (absl::Status s = lock_address(); !s.ok()) {
+      return handed.ok() ? s : handed;
+    }
+    if (!handed.ok()) {
+      spdlog::warn("{}; its lock is free all the same: serving",
+                   std::string(handed.message()));
+    }
   }
   d->listener_->Start(d->server_.get(), d->connections_.get());
   d->descriptors_->Start();
@@ -676,6 +689,7 @@ absl::StatusOr<TakeOverGrant> RequestTakeOver(const DaemonConfig& config) {
         "take-over: no daemon answers at %s: %s", path, std::strerror(errno)));
   }
   v1::DescriptorRequest request;
+  request.mutable_take_over()->set_says_ready(true);
   for (const PoolConfig& pc : config.pools) {
     v1::TakeOver::Pool* p = request.mutable_take_over()->add_pools();
     p->set_name(pc.name);
@@ -697,6 +711,7 @@ absl::StatusOr<TakeOverGrant> RequestTakeOver(const DaemonConfig& config) {
   // The first reply says how many more follow (DescriptorReply.
   // more_replies); each carries its descriptors and their names.
   std::vector<NamedFd> out;
+  bool two_phase = false;
   uint32_t left = 1;
   for (bool first = true; left > 0; first = false) {
     --left;
@@ -748,11 +763,15 @@ absl::StatusOr<TakeOverGrant> RequestTakeOver(const DaemonConfig& config) {
             "take-over: %d more replies announced", reply.more_replies()));
       }
       left = reply.more_replies();
+      two_phase = reply.awaits_ready();
     }
     for (size_t i = 0; i < fds.size(); ++i) {
       out.push_back({reply.fd_names(static_cast<int>(i)), std::move(fds[i])});
     }
   }
+  // A predecessor of an older version exits without waiting: no connection,
+  // and the successor adopts in place (StartOptions::take_over).
+  if (!two_phase) sock = UniqueFd();
   return TakeOverGrant{std::move(out), std::move(sock)};
 }
 
@@ -805,18 +824,22 @@ void Daemon::ReapLoop() {
 void Daemon::Shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
-  // A clean stop ends every session: nothing is left for a successor.
-  for (const char* name :
-       {kLedgerFdName, kListenFdName, kDescriptorListenFdName}) {
-    (void)Notify(absl::StrCat("FDSTOREREMOVE=1\nFDNAME=", name));
-  }
-  for (const std::string& pool : pool_names_) {
-    if (ValidFdName(absl::StrCat(kPoolFdPrefix, pool))) {
-      (void)Notify(
-          absl::StrCat("FDSTOREREMOVE=1\nFDNAME=", kPoolFdPrefix, pool));
+  // A clean stop ends every session: nothing is left for a successor. Not
+  // so a take-over's successor that never served (it owns no address): what
+  // systemd keeps is its predecessor's, which serves on.
+  if (owns_address_) {
+    for (const char* name :
+         {kLedgerFdName, kListenFdName, kDescriptorListenFdName}) {
+      (void)Notify(absl::StrCat("FDSTOREREMOVE=1\nFDNAME=", name));
     }
+    for (const std::string& pool : pool_names_) {
+      if (ValidFdName(absl::StrCat(kPoolFdPrefix, pool))) {
+        (void)Notify(
+            absl::StrCat("FDSTOREREMOVE=1\nFDNAME=", kPoolFdPrefix, pool));
+      }
+    }
+    (void)Notify("STOPPING=1");
   }
-  (void)Notify("STOPPING=1");
   spdlog::info("shutting down: ending {} sessions", store_->Stats().sessions());
   // Health first, so probes and load balancers see NOT_SERVING while the
   // rest winds down (health Watch streams get the change before they end).

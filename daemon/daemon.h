@@ -79,7 +79,9 @@ struct StartOptions {
 };
 
 // What a take-over is handed: the predecessor's descriptors, and the
-// connection to say "ready" on (StartOptions::take_over).
+// connection to say "ready" on (StartOptions::take_over); none when the
+// predecessor is of a version that does not wait for it (it exits as it
+// hands over: the successor adopts in place, as before).
 struct TakeOverGrant {
   std::vector<NamedFd> fds;
   UniqueFd connection;

@@ -844,6 +844,58 @@ TEST(TakeOverTest,
   EXPECT_EQ(after->data(), view.data());
 }
 
+// A successor of an older version asks without TakeOver.says_ready: it
+// adopts in place and never says "ready", so its predecessor hands over the
+// one-phase way it knows (no awaits_ready; it exits once the replies are
+// sent) instead of waiting for a word that never comes.
+TEST(TakeOverTest, AnOlderSuccessorGetsTheOnePhaseHandOver) {
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> d =
+      DaemonProcess::Start({"--pool-size", "64MiB"});
+  ASSERT_TRUE(d.ok()) << d.status();
+  const std::string path = (*d)->socket_path() + ".fd";
+  const int sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  ASSERT_EQ(connect(sock, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  v1::DescriptorRequest request;
+  v1::TakeOver::Pool* pool = request.mutable_take_over()->add_pools();
+  pool->set_name("default");
+  pool->set_size_bytes(uint64_t{64} << 20);
+  pool->set_kind(v1::MEMORY_KIND_HOST);
+  const std::string bytes = request.SerializeAsString();
+  ASSERT_EQ(send(sock, bytes.data(), bytes.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(bytes.size()));
+  char buf[16384];
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 253)];
+  iovec iov{buf, sizeof(buf)};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  const ssize_t n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+  ASSERT_GT(n, 0);
+  v1::DescriptorReply reply;
+  ASSERT_TRUE(reply.ParseFromArray(buf, static_cast<int>(n)));
+  EXPECT_TRUE(reply.granted());
+  EXPECT_FALSE(reply.awaits_ready());
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr;
+       c = CMSG_NXTHDR(&msg, c)) {
+    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; ++i) {
+      int fd;
+      memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      close(fd);
+    }
+  }
+  // It exits without waiting (the 60 s wait for "ready" is not for it).
+  const absl::Time t0 = absl::Now();
+  EXPECT_EQ((*d)->process().Wait(), 0);
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(30));
+  close(sock);
+}
+
 TEST(TakeOverTest, RefusedFromAnotherUidAndForAnotherPoolSize) {
   absl::StatusOr<std::unique_ptr<DaemonProcess>> d = DaemonProcess::StartShared(
       "[[pool]]\nname = \"default\"\n"

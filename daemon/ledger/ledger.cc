@@ -469,8 +469,7 @@ absl::StatusOr<std::unique_ptr<Ledger>> Ledger::Adopt(UniqueFd fd,
   };
   // Objects.
   for (uint32_t slot = 0; slot < high[L::kObjects]; ++slot) {
-    const auto* r =
-        At<L::ObjectRecord>(base, ledger->tables_[L::kObjects], slot);
+    auto* r = At<L::ObjectRecord>(base, ledger->tables_[L::kObjects], slot);
     const uint64_t word = r->word.load(std::memory_order_acquire);
     if ((word & L::kLive) == 0) {
       if (r->generation != 0) {
@@ -512,6 +511,10 @@ absl::StatusOr<std::unique_ptr<Ledger>> Ledger::Adopt(UniqueFd fd,
                              r->name_len, r->layout_len));
       out.retired_slots.push_back(
           {slot, range_known, o.pool, o.offset, o.capacity});
+      // Withdrawn (this daemon never uses the slot again): a later
+      // successor finds it free, every ref to what it held stale.
+      r->word.store(0, std::memory_order_release);
+      r->generation = o.generation + 1 == 0 ? 1 : o.generation + 1;
       continue;
     }
     const char* bytes =
@@ -523,7 +526,7 @@ absl::StatusOr<std::unique_ptr<Ledger>> Ledger::Adopt(UniqueFd fd,
   }
   // Leases.
   for (uint32_t i = 0; i < high[L::kLeases]; ++i) {
-    const auto* r = At<L::LeaseRecord>(base, ledger->tables_[L::kLeases], i);
+    auto* r = At<L::LeaseRecord>(base, ledger->tables_[L::kLeases], i);
     const uint64_t id = r->word.load(std::memory_order_acquire);
     if (id == 0) {
       ledger->free_leases_.push_back(i);
@@ -537,7 +540,10 @@ absl::StatusOr<std::unique_ptr<Ledger>> Ledger::Adopt(UniqueFd fd,
       if (r->slot < ledger->capacity_.objects) {
         out.quarantined_slots.push_back(r->slot);
       }
-      // Kept as it is in the ledger: its index is never reused.
+      // Withdrawn, its index never reused by this daemon: its id may be
+      // one this daemon issues later, which a later successor must not
+      // read twice.
+      r->word.store(0, std::memory_order_release);
       continue;
     }
     out.leases.push_back({id, r->client_id, r->slot, r->write != 0});
@@ -545,8 +551,7 @@ absl::StatusOr<std::unique_ptr<Ledger>> Ledger::Adopt(UniqueFd fd,
   }
   // Sessions.
   for (uint32_t i = 0; i < high[L::kSessions]; ++i) {
-    const auto* r =
-        At<L::SessionRecord>(base, ledger->tables_[L::kSessions], i);
+    auto* r = At<L::SessionRecord>(base, ledger->tables_[L::kSessions], i);
     const uint64_t client_id = r->word.load(std::memory_order_acquire);
     if (client_id == 0) {
       ledger->free_sessions_.push_back(i);
@@ -558,6 +563,7 @@ absl::StatusOr<std::unique_ptr<Ledger>> Ledger::Adopt(UniqueFd fd,
                              "(name %d bytes, %d pools)",
                              i, client_id, r->name_len, r->access_count));
       out.refused_clients.push_back(client_id);
+      r->word.store(0, std::memory_order_release);  // As a lease's, above.
       continue;
     }
     LedgerSession s;
@@ -579,7 +585,7 @@ absl::StatusOr<std::unique_ptr<Ledger>> Ledger::Adopt(UniqueFd fd,
   }
   // Pins.
   for (uint32_t i = 0; i < high[L::kPins]; ++i) {
-    const auto* r = At<L::PinRecord>(base, ledger->tables_[L::kPins], i);
+    auto* r = At<L::PinRecord>(base, ledger->tables_[L::kPins], i);
     const uint64_t key = r->word.load(std::memory_order_acquire);
     if (key == 0) {
       ledger->free_pins_.push_back(i);
@@ -594,6 +600,7 @@ absl::StatusOr<std::unique_ptr<Ledger>> Ledger::Adopt(UniqueFd fd,
       if (r->slot < ledger->capacity_.objects) {
         out.quarantined_slots.push_back(r->slot);
       }
+      r->word.store(0, std::memory_order_release);  // As a lease's, above.
       continue;
     }
     LedgerPin p;
@@ -735,8 +742,11 @@ absl::Status Ledger::SetObjectLayout(uint32_t slot, uint64_t size,
     std::memcpy(ext, r->bytes, name_len);
     bytes = ext;
     std::memcpy(bytes + name_len, layout.data(), layout.size());
-    r->layout_len = static_cast<uint16_t>(layout.size());
+    // The flag before the length: a crash between the two leaves the
+    // record's lengths inside the ext record (a layout that may not
+    // parse, ignored for an unsealed object), never past the inline room.
     r->flags = L::kInExt;
+    r->layout_len = static_cast<uint16_t>(layout.size());
   } else {
     std::memcpy(bytes + name_len, layout.data(), layout.size());
     r->layout_len = static_cast<uint16_t>(layout.size());

@@ -132,7 +132,9 @@ struct LedgerCapacity {
 
 // A record a successor refused: it could not trust what it says (a field
 // out of bounds, a length past its record). The rest of the ledger is read
-// as usual; what the record belonged to is refused with it.
+// as usual; what the record belonged to is refused with it. Adopt withdraws
+// the record (a later successor finds it free) and never uses its index
+// again.
 struct LedgerRefusal {
   enum Table : uint32_t { kObject, kLease, kSession, kPin };
   Table table = kObject;
@@ -267,8 +269,8 @@ class Ledger {
   void NoteSerial(uint64_t serial);
   void NoteForkHold(uint64_t id);
 
-  // Lease records in use: live ones, and those Adopt refused (they stay as
-  // they are, their indexes never used again).
+  // Lease records in use: live ones, and those Adopt refused (withdrawn,
+  // their indexes never used again).
   uint64_t lease_records() const;
 
   // The records' layout in memory (ledger.cc; docs/shm_layout.md).

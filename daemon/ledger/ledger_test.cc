@@ -289,6 +289,18 @@ TEST(LedgerTest, ARecordOutOfBoundsIsRefusedAloneAndTheRestRead) {
   ASSERT_EQ(st.sessions.size(), 1u);
   // The refused lease's record is never reused by the successor.
   EXPECT_EQ((*got)->lease_records(), 2u);
+  // The refused records were withdrawn: the successor's own successor
+  // refuses nothing, and finds the refused object's slot free with a later
+  // generation (a ref to what it held is stale there).
+  LedgerState next;
+  absl::StatusOr<std::unique_ptr<Ledger>> again = AdoptCopy(**got, &next);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(next.refused_records, 0u);
+  EXPECT_EQ(next.leases.size(), 1u);
+  EXPECT_EQ(next.objects.size(), 1u);
+  ASSERT_EQ(next.free_generations.size(), 1u);
+  EXPECT_EQ(next.free_generations[0].first, 0u);
+  EXPECT_GT(next.free_generations[0].second, 3u);
 }
 
 }  // namespace

@@ -210,13 +210,19 @@ DescriptorServer::Served DescriptorServer::Serve(const Pending& p,
     // In messages of at most 253 descriptors, the first saying how many
     // more follow.
     const std::vector<NamedFd>& all = handover->fds;
+    // A successor of an older version adopts in place and says nothing: it
+    // gets the one-phase hand-over it knows (this daemon exits at once).
+    const bool two_phase = request.take_over().says_ready();
     const size_t messages = std::max<size_t>(
         1, (all.size() + kMaxFdsPerMessage - 1) / kMaxFdsPerMessage);
     bool sent = true;
     for (size_t m = 0; m < messages && sent; ++m) {
       v1::DescriptorReply reply;
       reply.set_granted(true);
-      if (m == 0) reply.set_more_replies(static_cast<uint32_t>(messages - 1));
+      if (m == 0) {
+        reply.set_more_replies(static_cast<uint32_t>(messages - 1));
+        reply.set_awaits_ready(two_phase);
+      }
       std::vector<int> raw;
       for (size_t i = m * kMaxFdsPerMessage;
            i < std::min(all.size(), (m + 1) * kMaxFdsPerMessage); ++i) {
@@ -228,14 +234,20 @@ DescriptorServer::Served DescriptorServer::Serve(const Pending& p,
     }
     // Hands over only once the successor says it serves: one that dies
     // before that (its connection closes) leaves this daemon serving.
-    const bool ready = sent && AwaitTakeOverReady(p.fd, kTakeOverReadyWait);
-    if (ready) {
+    if (!two_phase) {
+      handover->finish(sent);
+      return Served::kDone;
+    }
+    bool taken_over = sent && AwaitTakeOverReady(p.fd, kTakeOverReadyWait);
+    if (taken_over) {
+      // Gone only once the successor can know it (else it finds the lock
+      // held, and exits).
       v1::DescriptorReply done;
       done.set_granted(true);
       done.set_taken_over(true);
-      (void)SendReply(p.fd, done, {}, absl::Seconds(1));
+      taken_over = SendReply(p.fd, done, {}, absl::Seconds(1));
     }
-    handover->finish(ready);
+    handover->finish(taken_over);
     return Served::kDone;
   }
   // The process behind the connection, by the kernel's word (peer.h): a

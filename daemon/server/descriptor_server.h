@@ -68,10 +68,11 @@ inline constexpr size_t kMaxFdsPerMessage = 253;
 
 struct HandOver {
   std::vector<NamedFd> fds;
-  // Called once: with true when the successor took the descriptors and then
-  // said it is ready to serve (take_over_ready; the caller exits), false
-  // when the replies could not be sent or the successor hung up, timed out
-  // or said anything else first (the caller serves on).
+  // Called once: with true when the successor took the descriptors and,
+  // if it said it would (TakeOver.says_ready), then said it is ready to
+  // serve and was told it may (the caller exits); false when the replies
+  // could not be sent, or such a successor hung up, timed out or said
+  // anything else first (the caller serves on).
   std::function<void(bool taken_over)> finish;
 };
 // Checks a take-over request against the daemon (FAILED_PRECONDITION naming

@@ -128,6 +128,9 @@ absl::Status ObjectStore::Restore(LedgerState state) {
             "retired{}",
             lo.slot, why, range_known ? ", its range kept from reuse" : "");
         retire({lo.slot, range_known, lo.pool, lo.offset, lo.capacity});
+        // Withdrawn, as Ledger::Adopt withdraws what it refuses.
+        ledger_->FreeObject(lo.slot,
+                            lo.generation + 1 == 0 ? 1 : lo.generation + 1);
       };
       Object obj;
       obj.pool = lo.pool;

@@ -111,7 +111,8 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::CreateLocked(
     return LimitExceededError(absl::StrFormat(
         "%d objects alive, the most the daemon holds", kMaxObjects));
   }
-  if (limits_.max_objects > 0 && objects_.live() >= limits_.max_objects) {
+  if (limits_.max_objects > 0 &&
+      objects_.live() + objects_.retired() >= limits_.max_objects) {
     return LimitExceededError(
         absl::StrFormat("%d objects alive, the limit (limits.max_objects = %d)",
                         objects_.live(), limits_.max_objects));

@@ -81,6 +81,7 @@ void ObjectTable::RestoreFree(uint32_t slot, uint32_t generation) {
 
 void ObjectTable::RestoreRetired(uint32_t slot) {
   if (slot >= slots_.size()) slots_.resize(slot + 1);
+  if (!slots_[slot].retired) ++retired_;
   slots_[slot].retired = true;
 }
 

@@ -135,6 +135,9 @@ class ObjectTable {
   // The generation of `slot` (the live object's, or the next one's).
   uint32_t generation(uint32_t slot) const { return slots_[slot].generation; }
   uint64_t live() const { return live_; }
+  // Slots RestoreRetired took out of use: they count against the object
+  // table's size as live ones do (the ledger has a record for each slot).
+  uint64_t retired() const { return retired_; }
   size_t named() const { return names_.size(); }
   // Objects in State::kPendingTransfer.
   uint64_t pending_transfers() const { return pending_transfers_; }
@@ -158,6 +161,7 @@ class ObjectTable {
   absl::flat_hash_map<std::string, uint32_t> names_;
   absl::btree_map<uint64_t, uint32_t> by_serial_;
   uint64_t live_ = 0;
+  uint64_t retired_ = 0;
   uint64_t pending_transfers_ = 0;
 };
 
