@@ -32,7 +32,9 @@ Prints a table with ratios, the page faults a batch of each loader's timed
 part (to show the shmtensor runs are in steady state), the CPU time a timed
 batch took in all of a loader's processes (on a machine the loaders
 saturate, what throughput follows, and steadier than it), and writes a plot
-(matplotlib) to docs/dataloader_bench.png, or to the path given with --plot.
+(matplotlib) to build/dataloader_bench.png, or to the path given with --plot
+(a benchmark never rewrites a tracked file unless asked: --plot
+docs/dataloader_bench.png for the figure in docs/performance.md).
 
 Usage: PYTHONPATH=build/python /usr/bin/python3 bench/python/dataloader_bench.py
        [--quick] [--plot PATH]
@@ -324,7 +326,7 @@ class _Nothing:
 
 def main():
     quick = "--quick" in sys.argv
-    plot = os.path.join(HERE, "..", "..", "docs", "dataloader_bench.png")
+    plot = os.path.join(HERE, "..", "..", "build", "dataloader_bench.png")
     if "--plot" in sys.argv:
         plot = sys.argv[sys.argv.index("--plot") + 1]
     sizes = [(64 << 10, 400), (1 << 20, 200), (16 << 20, 60), (128 << 20, 20)]
