@@ -51,12 +51,12 @@ LedgerObject Obj(uint32_t slot, uint64_t offset, std::string name = "",
 TEST(LedgerTest, ASuccessorReadsWhatWasWritten) {
   std::unique_ptr<Ledger> l = NewLedger();
   l->NoteSerial(11);
-  l->PutObject(Obj(0, 0, "batch"));
+  ASSERT_TRUE(l->PutObject(Obj(0, 0, "batch")).ok());
   // Name and layout past the record's inline room go to its extension.
-  l->PutObject(Obj(5, 8192, std::string(255, 'n'), 1500));
+  ASSERT_TRUE(l->PutObject(Obj(5, 8192, std::string(255, 'n'), 1500)).ok());
   l->SetObjectState(5, 2, false);
   l->NoteLeaseId(9);
-  l->AddLease({9, 7, 0, false});
+  ASSERT_TRUE(l->AddLease({9, 7, 0, false}).ok());
   LedgerSession s;
   s.client_id = 7;
   s.id_hash = HashSessionId(0x1234);
@@ -66,11 +66,14 @@ TEST(LedgerTest, ASuccessorReadsWhatWasWritten) {
   s.instance = 99;
   s.access = {2};
   s.client_name = "loader";
-  l->AddSession(s);
+  ASSERT_TRUE(l->AddSession(s).ok());
   l->SetReleasesApplied(7, 5);
-  l->AddPin({LedgerPin::kOffer, 77, 0, 3, 7, 1000, 4096, INT64_MAX});
+  ASSERT_TRUE(
+      l->AddPin({LedgerPin::kOffer, 77, 0, 3, 7, 1000, 4096, INT64_MAX}).ok());
   l->NoteForkHold(4);
-  l->AddPin({LedgerPin::kForkHold, 4, 5, 3, 7, 1000, 4096, INT64_MAX});
+  ASSERT_TRUE(
+      l->AddPin({LedgerPin::kForkHold, 4, 5, 3, 7, 1000, 4096, INT64_MAX})
+          .ok());
 
   LedgerState st;
   absl::StatusOr<std::unique_ptr<Ledger>> got = AdoptCopy(*l, &st);
@@ -104,9 +107,9 @@ TEST(LedgerTest, ASuccessorReadsWhatWasWritten) {
 
 TEST(LedgerTest, FreedRecordsLeaveStaleGenerationsAndRoomBehind) {
   std::unique_ptr<Ledger> l = NewLedger();
-  l->PutObject(Obj(2, 0));
+  ASSERT_TRUE(l->PutObject(Obj(2, 0)).ok());
   l->NoteLeaseId(1);
-  l->AddLease({1, 7, 2, true});
+  ASSERT_TRUE(l->AddLease({1, 7, 2, true}).ok());
   l->DropLease(1);
   l->FreeObject(2, 4);
   LedgerState st;
@@ -121,10 +124,43 @@ TEST(LedgerTest, FreedRecordsLeaveStaleGenerationsAndRoomBehind) {
   EXPECT_EQ(st.free_generations[0].second, 5u);
   // The successor goes on writing the same ledger.
   (*got)->NoteLeaseId(st.next_lease_id);
-  (*got)->AddLease({st.next_lease_id, 7, 2, false});
+  ASSERT_TRUE((*got)->AddLease({st.next_lease_id, 7, 2, false}).ok());
   LedgerState again;
   ASSERT_TRUE(AdoptCopy(**got, &again).ok());
   EXPECT_EQ(again.leases.size(), 1u);
+}
+
+// A take-over's successor adopts a copy: what it writes never reaches the
+// ledger its predecessor (serving on, should the successor die) reads; the
+// copy keeps the holes of a sparse ledger.
+TEST(LedgerTest, ACopyForAdoptionIsPrivateAndSparse) {
+  absl::StatusOr<std::unique_ptr<Ledger>> big = Ledger::Create(
+      42, {{"default", 1, kPoolBytes, 4096, 0}}, {1 << 20, 1 << 20, 16, 32});
+  ASSERT_TRUE(big.ok()) << big.status();
+  ASSERT_TRUE((*big)->PutObject(Obj(7, 8192, "kept")).ok());
+  absl::StatusOr<UniqueFd> copy = Ledger::CopyForAdoption((*big)->fd());
+  ASSERT_TRUE(copy.ok()) << copy.status();
+  struct stat st;
+  ASSERT_EQ(fstat(copy->get(), &st), 0);
+  EXPECT_EQ(static_cast<uint64_t>(st.st_size), (*big)->bytes());
+  EXPECT_LT(static_cast<uint64_t>(st.st_blocks) * 512, (*big)->bytes() / 16);
+  LedgerState state;
+  absl::StatusOr<std::unique_ptr<Ledger>> adopted =
+      Ledger::Adopt(*std::move(copy), &state);
+  ASSERT_TRUE(adopted.ok()) << adopted.status();
+  ASSERT_EQ(state.objects.size(), 1u);
+  EXPECT_EQ(state.objects[0].name, "kept");
+  (*adopted)->FreeObject(7, 9);
+  LedgerState original;
+  ASSERT_TRUE(AdoptCopy(**big, &original).ok());
+  ASSERT_EQ(original.objects.size(), 1u);  // The original is untouched.
+  // Refused as Adopt refuses: not a regular file.
+  int p[2];
+  ASSERT_EQ(pipe2(p, O_CLOEXEC), 0);
+  EXPECT_EQ(Ledger::CopyForAdoption(p[0]).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  close(p[0]);
+  close(p[1]);
 }
 
 TEST(LedgerTest, FullTablesSayNoRoom) {
@@ -135,7 +171,7 @@ TEST(LedgerTest, FullTablesSayNoRoom) {
     ASSERT_TRUE(l->has_session_room());
     LedgerSession s;
     s.client_id = i;
-    l->AddSession(s);
+    ASSERT_TRUE(l->AddSession(s).ok());
   }
   EXPECT_FALSE(l->has_session_room());
 }
@@ -168,7 +204,7 @@ void ExpectRefused(UniqueFd fd, const std::string& why) {
 
 TEST(LedgerTest, ABadLedgerIsRefusedNeverBelieved) {
   std::unique_ptr<Ledger> l = NewLedger();
-  l->PutObject(Obj(0, 0));
+  ASSERT_TRUE(l->PutObject(Obj(0, 0)).ok());
   const uint64_t size = l->bytes();
   // Intact, the copy is accepted (the patches below are what is refused).
   {
