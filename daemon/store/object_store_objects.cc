@@ -130,12 +130,11 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::CreateLocked(
     }
   }
   // [P23] What goes into the object's ledger record fits it (the layout was
-  // bounded where it arrived: RequestedBytes).
-  std::string layout_bytes;
+  // bounded where it arrived: RequestedBytes; PutObject checks again where
+  // it writes). Its size, not a serialisation: JournalNewObject makes that.
   if (ledger_ != nullptr) {
-    args.layout.SerializeToString(&layout_bytes);
-    if (absl::Status s =
-            Ledger::CheckObjectFits(args.name.size(), layout_bytes.size());
+    if (absl::Status s = Ledger::CheckObjectFits(args.name.size(),
+                                                 args.layout.ByteSizeLong());
         !s.ok()) {
       return s;
     }

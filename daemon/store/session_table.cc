@@ -182,10 +182,8 @@ absl::Status CheckShare(uid_t uid, uint64_t used, uint64_t more, uint64_t limit,
 }  // namespace
 
 absl::Status SessionTable::CheckUidObjects(uid_t uid) const {
-  auto it = uids_.find(uid);
-  return CheckShare(uid, it == uids_.end() ? 0 : it->second.objects, 1,
-                    limits_.max_objects_per_uid, "live objects",
-                    "max_objects_per_uid");
+  return CheckShare(uid, UsageOf(uid).objects, 1, limits_.max_objects_per_uid,
+                    "live objects", "max_objects_per_uid");
 }
 
 void SessionTable::CountObjects(uid_t uid, int64_t delta) {
@@ -194,10 +192,9 @@ void SessionTable::CountObjects(uid_t uid, int64_t delta) {
 }
 
 absl::Status SessionTable::CheckUidPins(uid_t uid, uint64_t n) const {
-  auto it = uids_.find(uid);
-  return CheckShare(
-      uid, it == uids_.end() ? 0 : it->second.pins, n, limits_.max_pins_per_uid,
-      "objects pinned by offers and fork holds", "max_pins_per_uid");
+  return CheckShare(uid, UsageOf(uid).pins, n, limits_.max_pins_per_uid,
+                    "objects pinned by offers and fork holds",
+                    "max_pins_per_uid");
 }
 
 void SessionTable::CountPins(uid_t uid, int64_t delta) {
@@ -206,8 +203,7 @@ void SessionTable::CountPins(uid_t uid, int64_t delta) {
 }
 
 absl::Status SessionTable::CheckUidStock(uid_t uid, uint64_t bytes) const {
-  auto it = uids_.find(uid);
-  return CheckShare(uid, it == uids_.end() ? 0 : it->second.stock_bytes, bytes,
+  return CheckShare(uid, UsageOf(uid).stock_bytes, bytes,
                     limits_.max_stock_bytes_per_uid, "bytes of stock",
                     "max_stock_bytes_per_uid");
 }
@@ -229,12 +225,8 @@ absl::Status SessionTable::CheckHold(const Session& s, uint32_t slot,
         s.client_name, s.pid, s.leases.size(), limits_.max_leases_per_client));
   }
   if (absl::Status share = CheckShare(
-          s.peer.process.uid,
-          [&] {
-            auto it = uids_.find(s.peer.process.uid);
-            return it == uids_.end() ? uint64_t{0} : it->second.leases;
-          }(),
-          1, limits_.max_leases_per_uid, "leases", "max_leases_per_uid");
+          s.peer.process.uid, UsageOf(s.peer.process.uid).leases, 1,
+          limits_.max_leases_per_uid, "leases", "max_leases_per_uid");
       !share.ok()) {
     return share;
   }
@@ -310,9 +302,12 @@ uint64_t SessionTable::detached() const {
   return n;
 }
 
-uint64_t SessionTable::uid_bytes(uid_t uid) const {
+uint64_t SessionTable::uid_bytes(uid_t uid) const { return UsageOf(uid).bytes; }
+
+const SessionTable::UidUsage& SessionTable::UsageOf(uid_t uid) const {
+  static const UidUsage kNone;
   auto it = uids_.find(uid);
-  return it == uids_.end() ? 0 : it->second.bytes;
+  return it == uids_.end() ? kNone : it->second;
 }
 
 }  // namespace shmtensor::daemon

@@ -223,6 +223,8 @@ class SessionTable {
   }
 
  private:
+  // What `uid` uses (all zero for a uid with nothing).
+  const UidUsage& UsageOf(uid_t uid) const;
   // Forgets `uid`'s entry once it uses nothing.
   void MaybeForget(uid_t uid);
 

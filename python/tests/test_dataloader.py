@@ -253,9 +253,14 @@ class KillsAWorker(Dataset):
 
 def _error_of(loader):
     """The error iterating `loader` raises, as text and type (the traceback,
-    which keeps the iterator and its workers alive, is dropped)."""
+    which keeps the iterator and its workers alive, is dropped). torch's
+    SIGCHLD handler may raise its RuntimeError while the first error is being
+    handled (seen once in torch's own loader): that one is the error then."""
     try:
-        list(loader)
+        try:
+            list(loader)
+        except Exception as e:  # noqa: BLE001
+            return type(e), str(e)
     except Exception as e:  # noqa: BLE001
         return type(e), str(e)
     return None, ""

@@ -23,6 +23,7 @@
 #include "shmtensor/v1/monitor.pb.h"
 #include "spdlog/spdlog.h"
 #include "testing/cpp/blocking_store.h"
+#include "tests/fuzz/fuzz_input.h"
 
 namespace shmtensor::daemon {
 namespace {
@@ -30,34 +31,8 @@ namespace {
 constexpr uint64_t kPage = 4096;
 constexpr uint64_t kPoolPages = 64;
 
-// Reads the program's bytes; past the end, zeros.
-class Input {
- public:
-  Input(const uint8_t* data, size_t size) : data_(data), size_(size) {}
-  bool done() const { return at_ >= size_; }
-  uint8_t Byte() { return at_ < size_ ? data_[at_++] : 0; }
-  uint64_t U64() {
-    uint64_t v = 0;
-    for (int i = 0; i < 8; ++i) v = v << 8 | Byte();
-    return v;
-  }
-  std::string Bytes(size_t n) {
-    n = std::min(n, size_ - std::min(size_, at_));
-    std::string s(reinterpret_cast<const char*>(data_ + at_), n);
-    at_ += n;
-    return s;
-  }
-
- private:
-  const uint8_t* data_;
-  size_t size_;
-  size_t at_ = 0;
-};
-
-[[noreturn]] void Broken(const char* what) {
-  std::fprintf(stderr, "store invariant broken: %s\n", what);
-  std::abort();
-}
+using fuzz::Broken;
+using fuzz::Input;
 
 // The store's books: every listed object's capacity adds up to the pool's
 // use, leases to the total, transfers to the count.
