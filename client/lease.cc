@@ -82,6 +82,14 @@ void Lease::MarkExposed() {
   }
 }
 
+void Lease::FillForRead() const {
+  if (device_.is_cuda() || placement_.size_bytes() == 0) return;
+  if (absl::StatusOr<PoolMapping*> m = core_->Mapping(placement_.pool_id());
+      m.ok()) {
+    (*m)->FillForRead(placement_.offset(), placement_.size_bytes());
+  }
+}
+
 WriteRevocation Lease::revocation() const {
   std::lock_guard<std::mutex> lock(mu_);
   return revocation_;

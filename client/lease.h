@@ -70,6 +70,11 @@ class Lease : public std::enable_shared_from_this<Lease> {
   // its bytes in this process (PoolMapping::MarkExposed). No-op for a
   // read-only lease or a CUDA pool.
   void MarkExposed();
+  // Fills this process's page-table entries for the object's bytes in the
+  // pool's read-only mapping in one step (PoolMapping::FillForRead), for a
+  // reader about to read them all. Best effort; no-op for a CUDA pool (and
+  // for a writable lease, whose range was filled when it was opened).
+  void FillForRead() const;
   // A raw pointer to the writable bytes was handed past the adapter's
   // caller (lease_address.h): the range closes at once when the write
   // access ends, whatever the revocation. No-op for a read-only lease or a

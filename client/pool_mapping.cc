@@ -124,6 +124,10 @@ void PoolMapping::AfterForkInChild() {
       mprotect(m->rw_, m->info_.size_bytes(), PROT_READ);
       m->open_.Remove(0, m->info_.size_bytes());
     }
+    // A child inherits no page-table entry of a shared mapping: its first
+    // use of a range fills them again.
+    m->filled_.Remove(0, m->info_.size_bytes());
+    m->read_filled_.Remove(0, m->info_.size_bytes());
   }
   // A refused fork hold fails closed: what the child inherited of the
   // sessions the daemon pins nothing for faults instead of showing bytes a
@@ -250,13 +254,17 @@ absl::StatusOr<uint8_t*> PoolMapping::Protect(uint64_t offset,
         offset, capacity, info_.name(), info_.size_bytes()));
   }
   const uint64_t end = offset + capacity;
+  bool open = false;
+  bool filled = false;
   {
-    // One lock per call: first use of the writable mapping, then the set.
+    // One lock per call: first use of the writable mapping, then the sets.
     std::lock_guard<std::mutex> lock(mu_);
     if (absl::Status s = EnsureWritableLocked(); !s.ok()) return s;
     if (capacity == 0) return rw_ + offset;
     if (access == Access::kReadWrite) {
-      if (open_.Covers(offset, end)) return rw_ + offset;
+      open = open_.Covers(offset, end);
+      filled = filled_.Covers(offset, end);
+      if (open && filled) return rw_ + offset;
     } else {
       // Forget the range before it closes: a concurrent opener of memory
       // that overlaps it (none can, while this lease holds it) must not
@@ -264,19 +272,62 @@ absl::StatusOr<uint8_t*> PoolMapping::Protect(uint64_t offset,
       open_.Remove(offset, end);
     }
   }
-  const int prot =
-      access == Access::kReadWrite ? PROT_READ | PROT_WRITE : PROT_READ;
-  protect_calls_.fetch_add(1, std::memory_order_relaxed);
-  if (mprotect(rw_ + offset, capacity, prot) != 0) {
-    return absl::InternalError(
-        absl::StrFormat("mprotect of [%d, +%d) in pool '%s': %s", offset,
-                        capacity, info_.name(), std::strerror(errno)));
+  if (!open) {
+    const int prot =
+        access == Access::kReadWrite ? PROT_READ | PROT_WRITE : PROT_READ;
+    protect_calls_.fetch_add(1, std::memory_order_relaxed);
+    if (mprotect(rw_ + offset, capacity, prot) != 0) {
+      return absl::InternalError(
+          absl::StrFormat("mprotect of [%d, +%d) in pool '%s': %s", offset,
+                          capacity, info_.name(), std::strerror(errno)));
+    }
   }
-  if (access == Access::kReadWrite) {
-    std::lock_guard<std::mutex> lock(mu_);
-    open_.Add(offset, end);
-  }
+  if (access == Access::kRead) return rw_ + offset;
+  // Read faults, now that the range is writable: the kernel maps up to 16
+  // pages per fault (fault-around), where a write fault maps one, and a
+  // shared mapping of tmpfs memory keeps no dirty accounting, so the entries
+  // it makes are writable already (half the cost of MADV_POPULATE_WRITE
+  // here: docs/performance.md, "Kept puts"). Were they not, a write would
+  // take a cheap write-protect fault, as before.
+  filled = filled || Populate(rw_ + offset, capacity, MADV_POPULATE_READ);
+  std::lock_guard<std::mutex> lock(mu_);
+  open_.Add(offset, end);
+  if (filled) filled_.Add(offset, end);
   return rw_ + offset;
+}
+
+void PoolMapping::FillForRead(uint64_t offset, uint64_t capacity) {
+  if (offset > info_.size_bytes() || capacity > info_.size_bytes() - offset ||
+      capacity == 0) {
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (read_filled_.Covers(offset, offset + capacity)) return;
+  }
+  // A range need not be page-aligned here (a view of part of an object):
+  // madvise wants its start aligned, and fills whole pages.
+  const uint64_t page = std::max<uint64_t>(info_.page_size(), 4096);
+  const uint64_t start = offset / page * page;
+  if (!Populate(const_cast<uint8_t*>(ro_) + start, offset + capacity - start,
+                MADV_POPULATE_READ)) {
+    return;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  read_filled_.Add(offset, offset + capacity);
+}
+
+bool PoolMapping::Populate(uint8_t* at, uint64_t length, int advice) {
+  // Whether this kernel has MADV_POPULATE_* (Linux 5.14): learnt from the
+  // first EINVAL, for every mapping of the process.
+  static std::atomic<bool> unsupported{false};
+  if (unsupported.load(std::memory_order_relaxed)) return false;
+  populate_calls_.fetch_add(1, std::memory_order_relaxed);
+  if (madvise(at, length, advice) == 0) return true;
+  // EINVAL: no such advice here; anything else (ENOMEM, EFAULT, EINTR):
+  // the pages fault in on first touch instead, as without the advice.
+  if (errno == EINVAL) unsupported.store(true, std::memory_order_relaxed);
+  return false;
 }
 
 void PoolMapping::MarkExposed(uint64_t offset, uint64_t capacity) {

@@ -28,11 +28,17 @@
 // a client only maps an existing page (a minor fault, once per page and
 // process); mprotect keeps page-table entries, and the allocator hands the
 // same ranges out again, so a steady-state lifecycle takes no page fault.
-// Nothing is pre-populated at map time: connecting costs the same for a
-// 64 MiB and a 64 GiB pool. A pool with huge pages (PoolInfo.huge_page_size)
-// is mapped at a huge-page-aligned address, so the kernel maps each of its
-// huge pages with one page-table entry, and opening or closing an object of
-// whole huge pages changes one entry per huge page instead of 512.
+// A range written for the first time in this process has its entries
+// filled in one system call when it is opened (Protect), not one fault per
+// 4 KiB page as the writer touches it (on a VM a fault costs several µs:
+// docs/performance.md, "Kept puts"); the stock opens its buffers so ahead
+// of need, off the put's path (stock.h). Readers may ask the same of the
+// read-only mapping (FillForRead). Nothing is pre-populated at map time:
+// connecting costs the same for a 64 MiB and a 64 GiB pool. A pool with huge
+// pages (PoolInfo.huge_page_size) is mapped at a huge-page-aligned address, so
+// the kernel maps each of its huge pages with one page-table entry, and opening
+// or closing an object of whole huge pages changes one entry per huge page
+// instead of 512.
 //
 // Thread safety: thread-safe.
 #ifndef SHMTENSOR_CLIENT_POOL_MAPPING_H_
@@ -86,11 +92,24 @@ class PoolMapping {
 
   // Sets this process's access to [offset, offset+capacity) through the
   // writable mapping (mapped here on first use) and returns its base.
-  // Opening a range that is open already makes no system call; closing
-  // always does (see open_).
+  // Opening a range makes it ready to write: besides the mprotect (none
+  // when it is open already), its page-table entries are filled in one step
+  // (MADV_POPULATE_READ once it is writable) the first time this process
+  // opens it,
+  // so the writer takes no fault per page; opening a range that is open and
+  // filled already makes no system call. Closing always calls mprotect (see
+  // open_) and keeps the entries (a later opening needs no fill).
   // INVALID_ARGUMENT for a range outside the pool or not page-aligned.
   absl::StatusOr<uint8_t*> Protect(uint64_t offset, uint64_t capacity,
                                    Access access);
+
+  // Fills this process's page-table entries of [offset, offset+capacity)
+  // of the read-only mapping in one step (MADV_POPULATE_READ), the first
+  // time for a range: a reader about to read all of it then takes no fault
+  // per page (View::Populate). Best effort: on a kernel without the advice
+  // (before Linux 5.14), or on any error, the pages fault in on first
+  // touch as before. A range outside the pool is ignored.
+  void FillForRead(uint64_t offset, uint64_t capacity);
 
   // Records that a raw pointer into [offset, offset+capacity) of the
   // writable mapping was handed out (Buffer::data(), View::mutable_data()).
@@ -101,9 +120,13 @@ class PoolMapping {
   // True when some byte of [offset, offset+capacity) was marked exposed.
   bool Exposed(uint64_t offset, uint64_t capacity) const;
 
-  // mprotect calls this mapping made, for tests and benchmarks.
+  // mprotect and madvise(MADV_POPULATE_*) calls this mapping made, for tests
+  // and benchmarks.
   uint64_t protect_calls() const {
     return protect_calls_.load(std::memory_order_relaxed);
+  }
+  uint64_t populate_calls() const {
+    return populate_calls_.load(std::memory_order_relaxed);
   }
 
  private:
@@ -128,6 +151,10 @@ class PoolMapping {
   const int ro_fd_;
   // Maps the writable mapping on first use. Called under mu_.
   absl::Status EnsureWritableLocked();
+  // madvise(at, length, advice), advice MADV_POPULATE_READ or _WRITE; false
+  // when the entries were not filled (the kernel lacks the advice, or
+  // refused). Without mu_: it walks every page, and may block on memory.
+  bool Populate(uint8_t* at, uint64_t length, int advice);
 
   // Guards what follows. A pthread mutex (std::mutex), not absl::Mutex:
   // it is held across fork() and unlocked in the child, which a pthread
@@ -144,7 +171,15 @@ class PoolMapping {
   RangeSet open_;
   // Ranges a raw writable pointer was ever handed out into (MarkExposed).
   RangeSet exposed_;
+  // Ranges of the writable (filled_) and read-only (read_filled_) mapping
+  // whose page-table entries this process filled (Protect, FillForRead). A
+  // hint, never trusted for safety: the kernel may drop entries (a shmem
+  // page swapped out), which costs a fault on touch, as before. Emptied in
+  // a forked child, whose shared mappings start with no entries.
+  RangeSet filled_;
+  RangeSet read_filled_;
   std::atomic<uint64_t> protect_calls_{0};
+  std::atomic<uint64_t> populate_calls_{0};
 };
 
 }  // namespace shmtensor::internal

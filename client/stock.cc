@@ -9,12 +9,17 @@
 #include "absl/strings/str_format.h"
 #include "client/call_canceller.h"
 #include "client/client_core.h"
+#include "client/pool_mapping.h"
 
 namespace shmtensor::internal {
 namespace {
 
 // How often the refill thread looks for idle classes when nothing wakes it.
 constexpr absl::Duration kTick = absl::Milliseconds(250);
+// The refill thread readies about this many bytes of a class at a time
+// (at least one buffer): what a take that finds the class empty meanwhile
+// waits for (filling entries costs ~0.1 ms per MiB here).
+constexpr uint64_t kReadyBytes = uint64_t{1} << 20;
 
 }  // namespace
 
@@ -63,6 +68,21 @@ uint64_t Stock::surplus() const {
   return surplus_;
 }
 
+size_t Stock::ready_buffers() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t n = 0;
+  for (const Class& c : classes_) {
+    n += std::count_if(c.buffers.begin(), c.buffers.end(),
+                       [](const StockBuffer& b) { return b.ready; });
+  }
+  return n;
+}
+
+uint64_t Stock::misses() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return misses_;
+}
+
 uint64_t Stock::BudgetFor(const v1::PoolInfo& pool) const {
   return std::min(budget_, pool.size_bytes() / 8);
 }
@@ -100,8 +120,12 @@ Stock::Class* Stock::FindLocked(uint32_t pool_id, uint64_t capacity) {
 
 std::optional<StockBuffer> Stock::PopLocked(Class& c) {
   while (!c.buffers.empty()) {
-    StockBuffer b = std::move(c.buffers.back());
-    c.buffers.pop_back();
+    // The newest ready buffer, else the newest.
+    auto it = std::find_if(c.buffers.rbegin(), c.buffers.rend(),
+                           [](const StockBuffer& b) { return b.ready; });
+    auto at = it == c.buffers.rend() ? c.buffers.end() - 1 : it.base() - 1;
+    StockBuffer b = std::move(*at);
+    c.buffers.erase(at);
     // A resume may have refused it since (its lease is no longer held).
     if (core_.Holds(b.lease_id)) return b;
   }
@@ -128,6 +152,8 @@ absl::StatusOr<StockBuffer> Stock::Take(const v1::PoolInfo& pool,
     Class* c = &ClassOf(pool, capacity, &evicted);
     c->last_take = absl::Now();
     if (c->takes < UINT32_MAX) ++c->takes;
+    // Its last take still held: a producer that keeps what it puts.
+    if (c->one() && c->taken_lease != 0) c->kept = true;
     hit = PopLocked(*c);
     if (hit.has_value()) TakenLocked(*c, *hit);
     if (!hit.has_value() && make_on_miss && c->takes > c->target) {
@@ -156,9 +182,9 @@ absl::StatusOr<StockBuffer> Stock::Take(const v1::PoolInfo& pool,
       if (timed_out) break;
     }
     // A class of one buffer is refilled when its object is let go of
-    // (Released), not now.
-    if ((hit.has_value() || !make_on_miss) && !c->one() &&
-        c->buffers.size() < (c->want() + 1) / 2) {
+    // (Released), not now, unless its takes are kept.
+    if ((hit.has_value() || !make_on_miss) &&
+        (c->one() ? c->kept : c->buffers.size() < (c->want() + 1) / 2)) {
       refill_due_ = true;
       // Waking a sleeping thread costs this take a cross-CPU wake-up (on a
       // VM, tens of µs), once per refill: the takes after it find the
@@ -167,10 +193,15 @@ absl::StatusOr<StockBuffer> Stock::Take(const v1::PoolInfo& pool,
       if (make_on_miss) wake_.notify_one();
     }
     want = c->want();
+    // A kept class of one buffer: the next take's buffer comes with this
+    // one (landed, it is readied in the background), so that the next take
+    // does not race the refill thread's call.
+    if (c->one() && c->kept) want = 2;
     // A miss makes the class's call: the refill thread and other takes
     // wait for it rather than make their own. In a class of one buffer it
     // asks for the range of the object let go of last.
     if (!hit.has_value() && make_on_miss) {
+      ++misses_;
       c->call_out = call = ++next_call_;
       reuse = std::move(c->freed);
       c->freed.reset();
@@ -195,6 +226,12 @@ absl::StatusOr<StockBuffer> Stock::Take(const v1::PoolInfo& pool,
     surplus = LandLocked(pool.pool_id(), capacity, call, made);
     Class* c = FindLocked(pool.pool_id(), capacity);
     if (first.has_value() && c != nullptr) TakenLocked(*c, *first);
+    // The refill thread readies what landed beside this take's own buffer
+    // (its Protect opens that one), and refills a kept class of one.
+    if (c != nullptr && (c->unready() || c->kept)) {
+      refill_due_ = true;
+      wake_.notify_one();
+    }
   }
   GiveBack(surplus);
   if (!made.ok()) return made.status();
@@ -206,7 +243,7 @@ absl::StatusOr<StockBuffer> Stock::Take(const v1::PoolInfo& pool,
 
 std::vector<uint64_t> Stock::LandLocked(
     uint32_t pool_id, uint64_t capacity, uint64_t call,
-    absl::StatusOr<std::vector<StockBuffer>>& made) {
+    absl::StatusOr<std::vector<StockBuffer>>& made, bool fresh) {
   Class* c = FindLocked(pool_id, capacity);
   // Not a class made afresh since, whose call may be out.
   if (c != nullptr && c->call_out == call) c->call_out = 0;
@@ -214,12 +251,12 @@ std::vector<uint64_t> Stock::LandLocked(
   std::vector<uint64_t> surplus;
   if (!made.ok()) return surplus;
   for (StockBuffer& b : *made) {
-    ++made_;
+    if (fresh) ++made_;
     if (c != nullptr && c->buffers.size() < c->want()) {
       c->buffers.push_back(std::move(b));
     } else {
       surplus.push_back(b.lease_id);
-      ++surplus_;
+      if (fresh) ++surplus_;
     }
   }
   return surplus;
@@ -254,6 +291,66 @@ absl::StatusOr<std::vector<StockBuffer>> Stock::Make(
     out.push_back(std::move(b));
   }
   return out;
+}
+
+void Stock::Ready(std::vector<StockBuffer>& buffers) {
+  // By offset, so that adjacent ranges (a CreateMany's buffers usually are)
+  // open in one call.
+  std::sort(
+      buffers.begin(), buffers.end(),
+      [](const StockBuffer& a, const StockBuffer& b) {
+        return std::make_pair(a.placement.pool_id(), a.placement.offset()) <
+               std::make_pair(b.placement.pool_id(), b.placement.offset());
+      });
+  for (size_t i = 0; i < buffers.size();) {
+    const v1::Placement& first = buffers[i].placement;
+    uint64_t end = first.offset() + first.capacity_bytes();
+    size_t j = i + 1;
+    while (j < buffers.size() &&
+           buffers[j].placement.pool_id() == first.pool_id() &&
+           buffers[j].placement.offset() == end) {
+      end += buffers[j].placement.capacity_bytes();
+      ++j;
+    }
+    absl::StatusOr<PoolMapping*> m = core_.Mapping(first.pool_id());
+    const bool done =
+        m.ok() &&
+        (*m)->Protect(first.offset(), end - first.offset(), Access::kReadWrite)
+            .ok();
+    for (; i < j; ++i) {
+      buffers[i].ready = done;
+      buffers[i].tried = true;
+    }
+  }
+}
+
+bool Stock::ReadyOne(std::unique_lock<std::mutex>& lock) {
+  auto c = std::find_if(classes_.begin(), classes_.end(), [](const Class& c) {
+    return c.call_out == 0 && c.unready();
+  });
+  if (c == classes_.end()) return false;
+  // The newest unready ones (the next takes'), about kReadyBytes of them.
+  absl::StatusOr<std::vector<StockBuffer>> out = std::vector<StockBuffer>();
+  const uint64_t count = std::max<uint64_t>(1, kReadyBytes / c->capacity);
+  for (size_t i = c->buffers.size(); i-- > 0 && out->size() < count;) {
+    if (!c->buffers[i].tried) {
+      out->push_back(std::move(c->buffers[i]));
+      c->buffers.erase(c->buffers.begin() + i);
+    }
+  }
+  std::reverse(out->begin(), out->end());  // Landed in their order.
+  const uint32_t pool_id = c->pool_id;
+  const uint64_t capacity = c->capacity;
+  const uint64_t call = c->call_out = ++next_call_;
+  lock.unlock();
+  Ready(*out);
+  lock.lock();
+  std::vector<uint64_t> surplus =
+      LandLocked(pool_id, capacity, call, out, /*fresh=*/false);
+  lock.unlock();
+  GiveBack(surplus);
+  lock.lock();
+  return true;
 }
 
 void Stock::GiveBack(const std::vector<uint64_t>& lease_ids) {
@@ -292,6 +389,7 @@ void Stock::Released(uint64_t lease_id, bool named) {
   for (Class& c : classes_) {
     if (c.taken_lease != lease_id) continue;
     c.taken_lease = 0;
+    c.kept = false;  // Let go of before the next take.
     taken_out_.fetch_sub(1, std::memory_order_relaxed);
     if (named) {
       c.freed = std::move(c.taken_ref);
@@ -332,8 +430,10 @@ void Stock::Loop() {
     bool refill = false;
     for (const Class& c : classes_) {
       // A class of one buffer: once its last take's object is let go of.
-      const bool low = c.one() ? c.taken_lease == 0 && c.buffers.empty()
-                               : c.buffers.size() < (c.want() + 1) / 2;
+      // Or, kept, at each take.
+      const bool low = c.one()
+                           ? (c.taken_lease == 0 || c.kept) && c.buffers.empty()
+                           : c.buffers.size() < (c.want() + 1) / 2;
       if (c.takes >= 2 && c.call_out == 0 && low) {
         pool = c.pool;
         pool_id = c.pool_id;
@@ -343,13 +443,22 @@ void Stock::Loop() {
         break;
       }
     }
-    if (idle.empty() && !refill) continue;
+    const bool unready = std::any_of(
+        classes_.begin(), classes_.end(),
+        [](const Class& c) { return c.call_out == 0 && c.unready(); });
+    if (idle.empty() && !refill && !unready) continue;
     // The calls below go without the lock, and never across a fork: the
     // call is marked out only once the gate is passed, so no take waits
     // for a call that a fork holds back.
     lock.unlock();
     fork_gate_.Enter();
     GiveBack(idle);
+    if (unready) {
+      lock.lock();
+      while (ReadyOne(lock)) {
+      }
+      lock.unlock();
+    }
     uint64_t call = 0;
     uint32_t count = 0;
     std::optional<v1::ObjectRef> reuse;
@@ -372,6 +481,11 @@ void Stock::Loop() {
       surplus = LandLocked(pool_id, capacity, call, made);
       // At the daemon's stock limit, or the pool is full: not now.
       if (!made.ok() || made->empty()) refill_due_ = false;
+      // Readied once landed, a few at a time (ReadyOne): a take waits for
+      // no more than a few buffers' readying, and finds what was readied
+      // already.
+      while (ReadyOne(lock)) {
+      }
       lock.unlock();
       GiveBack(surplus);
     }

@@ -17,8 +17,8 @@
 //    refill), up to its cap, budget / 4 / capacity, 1 to kMaxPerClass. A
 //    size past budget / 4 has no stock (its put makes one round trip for
 //    its buffer).
-//  - Which: a take takes the class's newest buffer (the range its daemon
-//    freed last, the likeliest to be in the CPU's caches still). A class
+//  - Which: a take takes the class's newest ready buffer (the range its
+//    daemon freed last, the likeliest to be in the CPU's caches still). A class
 //    of one buffer (cap 1: a size past an eighth of the budget; at the
 //    default budget, past 8 MiB, whose copy outweighs a round trip) is
 //    refilled when its last take's lease leaves this process (Released),
@@ -44,6 +44,20 @@
 //    (WakeIfDue): a refill racing the batch would top the class up to less
 //    than its target, and compete with the batch's own round trip for its
 //    misses.
+//  - Ready: a buffer is opened for writing and its page-table entries
+//    filled (PoolMapping::Protect) before a take gets it, by the refill
+//    thread, about 1 MiB at a time, newest first: the buffers its own calls
+//    bring, once landed, and those a take's miss brought beside its own,
+//    which wake it. A
+//    put then only copies, where writing a range this process never wrote
+//    takes a fault per 4 KiB page (docs/performance.md, "Kept puts"). A
+//    take prefers the newest ready buffer; one that finds only unready ones
+//    takes one and opens it itself (one system call or two).
+//  - Kept: a producer that keeps what it puts takes again while its last
+//    take is still held. A class of one buffer that sees this stops waiting
+//    for the release of its last take (which may never come) and is
+//    refilled at each take, in the background, so that the next put finds
+//    a ready buffer; a release before the next take ends it.
 //  - Return: a class not taken from for `idle` gives its buffers back
 //    (their release discards them), as the session's end does all.
 //  - Bound: the daemon's limits.max_stock_bytes_per_client, whatever this
@@ -84,6 +98,13 @@ struct StockBuffer {
   uint64_t lease_id = 0;
   v1::ObjectRef ref;
   v1::Placement placement;  // size_bytes: its capacity, untyped.
+  // Opened for writing in this process's writable mapping, its page-table
+  // entries filled (PoolMapping::Protect), off any put's path. A hint: the
+  // take's own Protect finds it so, and makes no system call.
+  bool ready = false;
+  // Readying was tried (Stock::Ready): done or not, never tried again (a
+  // range that failed to open is opened by its take, which reports why).
+  bool tried = false;
 };
 
 class Stock {
@@ -141,6 +162,10 @@ class Stock {
   // back unused because their class was full when they came (surplus).
   uint64_t made() const;
   uint64_t surplus() const;
+  // Buffers held now that are ready (StockBuffer::ready); takes that found
+  // the class empty and made their buffer in a round trip of their own.
+  size_t ready_buffers() const;
+  uint64_t misses() const;
 
  private:
   struct Class {
@@ -161,7 +186,15 @@ class Stock {
     uint64_t taken_lease = 0;
     v1::ObjectRef taken_ref;
     std::optional<v1::ObjectRef> freed;
+    // A class of one buffer taken from while its last take was held (see
+    // the file comment): refilled at each take.
+    bool kept = false;
     bool one() const { return cap == 1; }
+    // Whether some buffer of it waits for its readying.
+    bool unready() const {
+      return std::any_of(buffers.begin(), buffers.end(),
+                         [](const StockBuffer& b) { return !b.tried; });
+    }
     // How many buffers it wants now.
     uint32_t want() const { return std::min(target, std::max(takes, 1u)); }
   };
@@ -185,12 +218,13 @@ class Stock {
   std::optional<StockBuffer> PopLocked(Class& c);
   // A call for (pool_id, capacity) came back: clears the class's mark if
   // `call` is still its call out, wakes the takes waiting, counts `made`
-  // and adds its buffers to the class up to what it wants. Returns the
-  // leases of the rest (surplus, or all if the class went), to give back
-  // without mu_. mu_ held.
+  // (when `fresh`: the daemon made them, not a readying's return) and adds
+  // its buffers to the class up to what it wants. Returns the leases of the
+  // rest (surplus, or all if the class went), to give back without mu_.
+  // mu_ held.
   std::vector<uint64_t> LandLocked(
       uint32_t pool_id, uint64_t capacity, uint64_t call,
-      absl::StatusOr<std::vector<StockBuffer>>& made);
+      absl::StatusOr<std::vector<StockBuffer>>& made, bool fresh = true);
   // A take of `b` from `c`: a class of one buffer notes it as its last
   // take (taken_lease). mu_ held.
   void TakenLocked(Class& c, const StockBuffer& b);
@@ -200,6 +234,15 @@ class Stock {
                    std::vector<uint64_t>* leases);
   // Releases the leases of buffers given back. Without mu_.
   void GiveBack(const std::vector<uint64_t>& lease_ids);
+  // Opens each of `buffers` for writing with its entries filled, adjacent
+  // ranges in one call, and marks those done ready. Without mu_.
+  void Ready(std::vector<StockBuffer>& buffers);
+  // The refill thread's readying, a step: the newest unready buffers of a
+  // class with no call out (about 1 MiB of them, at least one), taken out
+  // under a call's mark (its takes that find it empty wait for them),
+  // readied and landed again. False when no class had any. Called with
+  // `lock` held; releases it meanwhile.
+  bool ReadyOne(std::unique_lock<std::mutex>& lock);
   void Loop();
 
   ClientCore& core_;
@@ -213,6 +256,7 @@ class Stock {
   bool refill_due_ = false;           // Guarded by mu_.
   uint64_t made_ = 0;                 // Guarded by mu_.
   uint64_t surplus_ = 0;              // Guarded by mu_.
+  uint64_t misses_ = 0;               // Guarded by mu_.
   uint64_t next_call_ = 0;            // Guarded by mu_.
   // Classes of one buffer whose last take's lease this process holds
   // (taken_lease != 0): Released looks for nothing while there are none.

@@ -26,6 +26,10 @@ void* View::mutable_data() const {
   return lease_->data();
 }
 
+void View::Populate() const {
+  if (lease_ != nullptr && !writable_) lease_->FillForRead();
+}
+
 absl::StatusOr<uint64_t> View::Offer() const {
   if (lease_ == nullptr) {
     return absl::FailedPreconditionError("Offer of a released view");

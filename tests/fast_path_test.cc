@@ -826,6 +826,125 @@ TEST_F(FastPathTest, AReuseRangeWishNeverPlacesOverALiveObject) {
 // PutMany and GetMany move many objects in a round trip each; each get
 // result stands alone (a stale ref fails, its neighbours do not), and a
 // PutMany that fails leaves nothing.
+// A producer that keeps what it puts (a store being filled, a producer
+// ahead of its consumers) writes ranges made ready before it took them: the
+// refill thread opens the stock's buffers and maps their pages, so a put
+// only copies, where writing a range this process never wrote takes a fault
+// per 4 KiB page (docs/performance.md, "Kept puts").
+TEST_F(FastPathTest, KeptPutsTakeBuffersMappedAheadOfThem) {
+  Client c = Connect();
+  const std::vector<uint8_t> bytes(kObject, 9);
+  std::vector<SealedRef> kept;
+  for (int i = 0; i < 200; ++i) {
+    absl::StatusOr<SealedRef> r = c.Put(bytes.data(), {.size_bytes = kObject});
+    ASSERT_TRUE(r.ok()) << r.status();
+    kept.push_back(*std::move(r));
+  }
+  std::vector<Buffer> taken;
+  absl::StatusOr<Buffer> first = c.Create({.size_bytes = kObject});
+  ASSERT_TRUE(first.ok()) << first.status();
+  const internal::Stock* stock = first->lease()->core().stock();
+  ASSERT_NE(stock, nullptr);
+  taken.push_back(*std::move(first));
+  // What the refill thread brings is readied in the background: once the
+  // stock holds buffers and all are ready, a take gets a ready one.
+  for (int i = 0; i < 8; ++i) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (
+        (stock->buffers() == 0 || stock->ready_buffers() < stock->buffers()) &&
+        absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+    ASSERT_GT(stock->ready_buffers(), 0u) << i;
+    absl::StatusOr<Buffer> b = c.Create({.size_bytes = kObject});
+    ASSERT_TRUE(b.ok()) << b.status();
+    auto* p = static_cast<uint8_t*>(b->data());
+    // Mapped before anything wrote it, and written without a fault.
+    EXPECT_TRUE(testing::PagesPresent(p, kObject)) << i;
+    testing::ThreadFaults faults;
+    std::memset(p, 0x5a, kObject);
+    if (faults.ok()) EXPECT_EQ(faults.count(), 0u) << i;
+    taken.push_back(*std::move(b));
+  }
+}
+
+// A size the stock keeps one buffer of (2 MiB of the test pool's 8 MiB
+// budget), put and kept: the class is refilled when a take finds its last
+// take still held, in the background, so the puts after the second find a
+// buffer made (and mapped) ahead, instead of each waiting for a release
+// that never comes and making its buffer in a round trip of its own. Each
+// kept object keeps its bytes.
+TEST_F(FastPathTest, AKeptBigPutFindsItsBufferMadeAhead) {
+  Client producer = Connect();
+  Client reader = Connect();
+  constexpr uint64_t kBig = 2 << 20;
+  constexpr int kPuts = 10;
+  absl::StatusOr<Buffer> probe = producer.Create({.size_bytes = 4096});
+  ASSERT_TRUE(probe.ok()) << probe.status();
+  const internal::Stock* stock = probe->lease()->core().stock();
+  ASSERT_NE(stock, nullptr);
+  const uint64_t misses_before = stock->misses();
+  std::vector<SealedRef> kept;
+  for (int i = 0; i < kPuts; ++i) {
+    const std::vector<uint8_t> bytes(kBig, static_cast<uint8_t>(80 + i));
+    absl::StatusOr<SealedRef> put =
+        producer.Put(bytes.data(), {.size_bytes = kBig});
+    ASSERT_TRUE(put.ok()) << put.status();
+    kept.push_back(*std::move(put));
+  }
+  for (int i = 0; i < kPuts; ++i) {
+    absl::StatusOr<View> view = reader.Get(kept[i].ref());
+    ASSERT_TRUE(view.ok()) << view.status();
+    EXPECT_TRUE(AllBytes(*view, static_cast<uint8_t>(80 + i))) << i;
+  }
+  // The first two miss (a new class; then the first kept take seen, which
+  // brings the next one's buffer too); before, every one did.
+  EXPECT_LT(stock->misses() - misses_before, static_cast<uint64_t>(kPuts) / 2);
+}
+
+// A writable take of an object put whole in another process
+// (put(exclusive=True)) opens its range with its pages mapped: the taker
+// writes it without a fault per page (docs/performance.md, "Hand-off").
+TEST_F(FastPathTest, AWritableTakeIsMappedWhenItOpens) {
+  constexpr uint64_t kSize = 1 << 20;
+  std::unique_ptr<testing::Subprocess> child =
+      Child({"put-exclusive", std::to_string(kSize), "7"});
+  absl::StatusOr<std::string> line = child->ReadLine();
+  ASSERT_TRUE(line.ok() && absl::StartsWith(*line, "sealed ")) << *line;
+  absl::StatusOr<ObjectRef> ref = testing::RefFromHex(line->substr(7));
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  absl::StatusOr<View> view = client_->Get(*ref, /*writable=*/true);
+  ASSERT_TRUE(view.ok()) << view.status();
+  ASSERT_TRUE(view->writable());
+  auto* p = static_cast<uint8_t*>(view->mutable_data());
+  EXPECT_TRUE(testing::PagesPresent(p, kSize));
+  testing::ThreadFaults faults;
+  EXPECT_TRUE(AllBytes(*view, 7));
+  std::memset(p, 0x33, kSize);
+  if (faults.ok()) EXPECT_EQ(faults.count(), 0u);
+}
+
+// View::Populate maps every page of a read view in one call: a reader about
+// to read it all (a broadcast's ranks) then reads without a fault per page.
+TEST_F(FastPathTest, APopulatedViewIsReadWithoutFaults) {
+  constexpr uint64_t kSize = 1 << 20;
+  const std::vector<uint8_t> bytes(kSize, 21);
+  absl::StatusOr<SealedRef> put =
+      client_->Put(bytes.data(), {.size_bytes = kSize});
+  ASSERT_TRUE(put.ok()) << put.status();
+  Client reader = Connect();
+  absl::StatusOr<View> view = reader.Get(put->ref());
+  ASSERT_TRUE(view.ok()) << view.status();
+  // Nothing read it in this process yet (the put wrote through the other,
+  // writable mapping).
+  EXPECT_FALSE(testing::PagesPresent(view->data(), kSize));
+  view->Populate();
+  EXPECT_TRUE(testing::PagesPresent(view->data(), kSize));
+  testing::ThreadFaults faults;
+  EXPECT_TRUE(AllBytes(*view, 21));
+  if (faults.ok()) EXPECT_EQ(faults.count(), 0u);
+}
+
 TEST_F(FastPathTest, ManyObjectsPerRoundTrip) {
   Client consumer = Connect();
   std::vector<std::vector<uint8_t>> data(64);

@@ -257,6 +257,21 @@ int Run(int argc, char** argv) {
     Say("ready " + std::to_string(child));
     while (true) pause();
   }
+  if (cmd == "put-exclusive") {  // argv[3]: bytes, argv[4]: byte value
+    uint64_t bytes = 0;
+    int value = 0;
+    if (!absl::SimpleAtoi(argv[3], &bytes) ||
+        !absl::SimpleAtoi(argv[4], &value)) {
+      return 2;
+    }
+    const std::vector<uint8_t> data(bytes, static_cast<uint8_t>(value));
+    absl::StatusOr<shmtensor::SealedRef> ref =
+        client->Put(data.data(), {.size_bytes = bytes}, /*exclusive=*/true);
+    if (!ref.ok()) return Fail(ref.status());
+    // The transfer lives while its creator does: until the test kills it.
+    Say("sealed " + RefToHex(ref->ref()));
+    while (true) pause();
+  }
   if (cmd == "exclusive-and-exit") {
     absl::StatusOr<shmtensor::Buffer> buf =
         client->Create({.size_bytes = 4096});

@@ -1,12 +1,17 @@
 #include "tests/test_util.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <grpcpp/grpcpp.h>
+#include <linux/perf_event.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
@@ -125,6 +130,43 @@ uint64_t DaemonTest::Used() {
   EXPECT_TRUE(s.ok()) << s.status();
   return s.ok() ? s->pools[0].used_bytes - s->pools[0].stock_bytes
                 : ~uint64_t{0};
+}
+
+ThreadFaults::ThreadFaults() {
+  perf_event_attr attr{};
+  attr.type = PERF_TYPE_SOFTWARE;
+  attr.size = sizeof(attr);
+  attr.config = PERF_COUNT_SW_PAGE_FAULTS;
+  fd_ = static_cast<int>(
+      syscall(SYS_perf_event_open, &attr, 0, -1, -1, PERF_FLAG_FD_CLOEXEC));
+}
+
+ThreadFaults::~ThreadFaults() {
+  if (fd_ >= 0) close(fd_);
+}
+
+uint64_t ThreadFaults::count() const {
+  uint64_t n = 0;
+  if (fd_ < 0 || read(fd_, &n, sizeof(n)) != sizeof(n)) return 0;
+  return n;
+}
+
+bool PagesPresent(const void* p, uint64_t bytes) {
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t first = reinterpret_cast<uintptr_t>(p) / page;
+  const uint64_t last = (reinterpret_cast<uintptr_t>(p) + bytes - 1) / page;
+  const int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  std::vector<uint64_t> entries(last - first + 1);
+  const ssize_t want = static_cast<ssize_t>(entries.size() * 8);
+  const bool read_all =
+      pread(fd, entries.data(), want, static_cast<off_t>(first * 8)) == want;
+  close(fd);
+  if (!read_all) return false;
+  for (uint64_t e : entries) {
+    if ((e & (uint64_t{3} << 62)) == 0) return false;  // Neither bit 63 nor 62.
+  }
+  return true;
 }
 
 }  // namespace shmtensor::testing

@@ -73,6 +73,29 @@ std::vector<std::string> ShmtensorFilesInDevShm();
 // Shmem in /proc/meminfo, bytes.
 uint64_t ShmemBytes();
 
+// Page faults the calling thread traps on from construction on (perf's
+// software page-fault counter of the thread, which counts the faults a
+// touch takes, not the page-table fills a madvise makes): for tests that a
+// path maps its pages before they are touched. ok() is false where perf
+// events are refused (perf_event_paranoid); such a test then checks the
+// page tables alone (PagesPresent).
+class ThreadFaults {
+ public:
+  ThreadFaults();
+  ~ThreadFaults();
+  ThreadFaults(const ThreadFaults&) = delete;
+  ThreadFaults& operator=(const ThreadFaults&) = delete;
+  bool ok() const { return fd_ >= 0; }
+  uint64_t count() const;
+
+ private:
+  int fd_ = -1;
+};
+
+// Whether every page of [p, p + bytes) has an entry in this process's page
+// table now (/proc/self/pagemap: present or swapped).
+bool PagesPresent(const void* p, uint64_t bytes);
+
 }  // namespace shmtensor::testing
 
 #endif  // SHMTENSOR_TESTS_TEST_UTIL_H_

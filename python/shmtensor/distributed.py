@@ -45,6 +45,7 @@ RuntimeError (from the process group, within its timeout), not hang.
 
 import collections
 import os
+import pickle
 import socket
 
 import numpy as np
@@ -78,9 +79,38 @@ def _describe(obj):
             "nbytes": a.nbytes}
 
 
+# What each rank's part of a Gloo exchange may take in one fixed-size
+# all_gather (a length word, then the pickle).
+_SLOT = 2048
+_OVERFLOW = 0xFFFFFFFF
+
+
 def _gather(info, group, step, name):
-    out = [None] * dist.get_world_size(group)
+    """Every rank's `info` (a small picklable dict), in rank order of the
+    group. On Gloo one all_gather of a fixed-size tensor (torch's
+    all_gather_object makes two collectives and more copies: 7-8 ms here
+    against 3-4 ms, docs/performance.md, "Broadcast"); when any rank's info
+    does not fit (every rank learns it from the same exchange), or on
+    another backend, all_gather_object."""
+    n = dist.get_world_size(group)
+    out = [None] * n
     try:
+        if dist.get_backend(group) == "gloo":
+            blob = pickle.dumps(info)
+            mine = torch.zeros(_SLOT, dtype=torch.uint8)
+            fits = len(blob) <= _SLOT - 4
+            header = len(blob) if fits else _OVERFLOW
+            mine[:4] = torch.tensor(list(header.to_bytes(4, "little")),
+                                    dtype=torch.uint8)
+            if fits:
+                mine[4:4 + len(blob)] = torch.frombuffer(bytearray(blob),
+                                                         dtype=torch.uint8)
+            slots = [torch.empty(_SLOT, dtype=torch.uint8) for _ in range(n)]
+            dist.all_gather(slots, mine, group=group)
+            raw = [bytes(t.numpy()) for t in slots]
+            sizes = [int.from_bytes(r[:4], "little") for r in raw]
+            if _OVERFLOW not in sizes:
+                return [pickle.loads(r[4:4 + k]) for r, k in zip(raw, sizes)]
         dist.all_gather_object(out, info, group=group)
     except RuntimeError as e:
         raise RuntimeError(
@@ -220,12 +250,34 @@ def broadcast(tensor_or_array, src=0, group=None, name=None, address=None):
     else one the host's ranks share, which their lowest rank starts). See
     the module docstring for nodes, lifetime and errors."""
     me = dist.get_rank()
-    c = local_client(_node_address(address, group, name))
     meta = _describe(tensor_or_array) if me == src else None
-    infos = _gather({"rank": me, "host": socket.gethostname(),
-                     "epoch": c.daemon_epoch, "name": name, "src": src,
-                     "meta": meta, "gpu": _gpu_of_rank(c)}, group,
-                    "agreeing on the call", name)
+    # One exchange agrees on the call when every rank finds its daemon (the
+    # usual case): the source puts a host source first, and sends its ref
+    # with it, which is all the ranks of its node need.
+    found = _autostart.resolve(address, start=False)
+    c = local_client(found) if found is not None else None
+    ref = None
+    if c is not None and me == src and meta.get("device") != "cuda":
+        ref = c.put(tensor_or_array, device="cpu")
+
+    def agree():
+        return _gather({"rank": me, "host": socket.gethostname(),
+                        "found": c is not None,
+                        "epoch": c.daemon_epoch if c is not None else None,
+                        "name": name, "src": src, "meta": meta,
+                        "gpu": _gpu_of_rank(c) if c is not None else None,
+                        "ref": bytes(ref) if ref is not None else None},
+                       group, "agreeing on the call", name)
+
+    infos = agree()
+    if not all(i["found"] for i in infos):
+        # A rank has no daemon: the host's lowest rank starts one for its
+        # node (collectives every rank takes), then the call is agreed anew.
+        if ref is not None:
+            ref.release()
+            ref = None
+        c = local_client(_node_address(address, group, name))
+        infos = agree()
     calls = {(i["name"], i["src"]) for i in infos}
     if len(calls) > 1:
         detail = "; ".join(f"rank {i['rank']}: name={i['name']!r} "
@@ -246,9 +298,9 @@ def broadcast(tensor_or_array, src=0, group=None, name=None, address=None):
     my_gpu = next(i["gpu"] for i in infos if i["rank"] == me)
     target = my_gpu if on_gpu else "cpu"
 
-    # 1. The source publishes once into its node's daemon.
-    ref = None
-    if me == src:
+    # 1. The source publishes once into its node's daemon (a host source
+    #    did already).
+    if me == src and ref is None:
         # Host memory unless the GPU path was chosen (module docstring),
         # even where the daemon has a CUDA pool on the tensor's device.
         ref = c.put(tensor_or_array, device=target)
@@ -279,12 +331,21 @@ def broadcast(tensor_or_array, src=0, group=None, name=None, address=None):
             if me != src:
                 ref = buf.seal()  # On the GPU: after the NCCL receive.
                 del buf
-    # 3. Every rank maps its node's copy.
-    refs = _gather({"rank": me, "ref": bytes(ref) if ref is not None else None},
-                   group, "exchanging refs", name)
-    mine = next(i["ref"] for i in refs if i["rank"] == my_leader)
+    # 3. Every rank maps its node's copy: the source's ref came with the
+    #    agreement when its node is the only one.
+    if len(leaders) == 1 and source["ref"] is not None:
+        mine = source["ref"]
+    else:
+        refs = _gather({"rank": me,
+                        "ref": bytes(ref) if ref is not None else None},
+                       group, "exchanging refs", name)
+        mine = next(i["ref"] for i in refs if i["rank"] == my_leader)
     from . import ObjectRef
     view = c.get(ObjectRef(mine))
+    # Every page mapped in one system call, not a fault per page as the
+    # caller reads (docs/performance.md, "Broadcast"); nothing on a later
+    # call that gets the same range.
+    view.populate()
     out = np.asarray(view) if meta["kind"] == "numpy" else view.tensor()
     view.close()  # `out` holds the lease.
     # 4. Leaders keep their ref until every rank holds a view.

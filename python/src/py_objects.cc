@@ -415,6 +415,18 @@ PyObject* ViewClose(PyObject* self, PyObject*) {
   });
 }
 
+PyObject* ViewPopulate(PyObject* self, PyObject*) {
+  return Guarded([&] {
+    // A share of its own: another thread may close the view meanwhile.
+    const View view = ValueOf<PyView>(self).get();
+    {
+      ReleaseGil unlocked;  // One system call over the whole object.
+      view.Populate();
+    }
+    Py_RETURN_NONE;
+  });
+}
+
 PyMethodDef kViewMethods[] = {
     {"__array__", FastMethod(ViewArray), METH_FASTCALL | METH_KEYWORDS,
      "__array__(dtype=None)\n--\n\nA zero-copy ndarray (read-only unless "
@@ -423,6 +435,13 @@ PyMethodDef kViewMethods[] = {
      kDlpackDoc},
     {"__dlpack_device__", ViewInfoAttributes::DlpackDevice, METH_NOARGS,
      kDlpackDeviceDoc},
+    {"populate", ViewPopulate, METH_NOARGS,
+     "populate()\n--\n\n"
+     "Maps every page of the object into this process now, in one system "
+     "call, for a reader about to read all of it: otherwise the first read "
+     "of each page takes a page fault. Only the first call for given bytes "
+     "does anything; nothing is copied. Best effort (Linux 5.14 or later); "
+     "no-op for a writable view or a CUDA object."},
     {"close", ViewClose, METH_NOARGS,
      "close()\n--\n\n"
      "Drops this view's share of the lease. Arrays and tensors made from it "

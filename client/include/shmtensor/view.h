@@ -98,6 +98,17 @@ class View {
   // closes the range at once (a write through it then faults).
   void* mutable_data() const;
 
+  // Maps every page of the bytes into this process now, in one system call
+  // (Linux 5.14's MADV_POPULATE_READ), for a reader about to read them
+  // all: the first read of a page this process never mapped otherwise
+  // takes a page fault (on a VM, several µs each; docs/performance.md,
+  // "Broadcast"). Only the first call for given bytes does anything, and
+  // the pages are the pool's (nothing is allocated or copied). Best
+  // effort: without the kernel's support the pages fault in as they are
+  // read. No-op for a writable view (its range was mapped when it was
+  // opened), a CUDA object or a released view.
+  void Populate() const;
+
   // Drops this copy's share of the lease. When it is the last share (no
   // copy or tensor holds it), waits for the daemon to drop the lease, so the
   // memory is back in the pool for every client on return. (Destroying the
