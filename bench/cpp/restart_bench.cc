@@ -3,11 +3,16 @@
 //     seal, get in a second session, release both) in a store that writes a
 //     ledger against one that does not, alternating rounds; the ratio.
 //  2. Adopting a ledger of N objects (100,000 by default), each held by a
-//     lease: Ledger::Adopt plus ObjectStore::Adopt.
+//     lease: Ledger::Adopt plus ObjectStore::Adopt; its bound, reading the
+//     ledger file's written bytes (pread into memory: what any adoption
+//     reads).
 //  3. The gap clients see: a take-over and a SIGKILL restart through a
 //     descriptor store, 20 each, under a put/get load: from the moment the
 //     replacement starts (or the kill) to the load's next completed round.
-//     p50 and max.
+//     p50 and max. Its bounds, measured the same way: no restart at all
+//     (from a moment to the load's next round: what a client sees of any
+//     moment), and a daemon's cold start with nothing to adopt (exec to
+//     serving: what any replacement process pays before it serves).
 //  4. The fast path across a take-over: a 64 KiB lifecycle in the same two
 //     sessions before and after it, and whether the producer posts in a
 //     release ring after it.
@@ -135,12 +140,34 @@ void Adoption(int objects) {
   absl::StatusOr<std::unique_ptr<ObjectStore>> next =
       ObjectStore::Adopt(Pools(), {}, *std::move(ledger), std::move(state));
   const absl::Duration all = absl::Now() - start;
+  // The bound: the ledger's written bytes (its data extents: the file is
+  // sparse) read into memory, nothing checked.
+  const off_t end = lseek(ledger_fd, 0, SEEK_END);
+  std::vector<char> copy(static_cast<size_t>(std::max<off_t>(end, 0)));
+  off_t bytes = 0;
+  const absl::Time read_start = absl::Now();
+  for (off_t at = lseek(ledger_fd, 0, SEEK_DATA); at >= 0 && at < end;) {
+    const off_t hole = lseek(ledger_fd, at, SEEK_HOLE);
+    while (at < hole) {
+      const ssize_t got = pread(ledger_fd, copy.data() + at,
+                                static_cast<size_t>(hole - at), at);
+      if (got <= 0) break;
+      at += got;
+      bytes += got;
+    }
+    at = lseek(ledger_fd, hole, SEEK_DATA);
+  }
+  const absl::Duration bound = absl::Now() - read_start;
   std::printf(
       "2. Adopting a ledger of %d objects, each with a lease: %s (reading "
-      "and checking the ledger %s); %s\n\n",
+      "and checking the ledger %s); %s. Bound: reading its %lld written "
+      "bytes %s "
+      "(%.1fx)\n\n",
       objects, absl::FormatDuration(all).c_str(),
       absl::FormatDuration(read).c_str(),
-      next.ok() ? "adopted" : next.status().ToString().c_str());
+      next.ok() ? "adopted" : next.status().ToString().c_str(),
+      static_cast<long long>(bytes), absl::FormatDuration(bound).c_str(),
+      absl::FDivDuration(all, std::max(bound, absl::Nanoseconds(1))));
 }
 
 // A put/get load from this process; `rounds` counts completed rounds.
@@ -185,6 +212,34 @@ std::string Summary(std::vector<absl::Duration> d) {
   std::sort(d.begin(), d.end());
   return absl::StrCat("p50 ", absl::FormatDuration(d[d.size() / 2]), ", max ",
                       absl::FormatDuration(d.back()));
+}
+
+// The bounds of the gap (see the file comment): the load's next round
+// after a moment with no restart, and a cold start with nothing to adopt.
+void GapBounds(int n) {
+  std::unique_ptr<testing::DaemonProcess> d =
+      *testing::DaemonProcess::Start({"--pool-size", "64MiB"});
+  Load load(d->address());
+  load.NextRoundAfter(absl::Now());
+  std::vector<absl::Duration> gaps;
+  for (int i = 0; i < n; ++i) {
+    absl::SleepFor(absl::Milliseconds(20));
+    gaps.push_back(load.NextRoundAfter(absl::Now()));
+  }
+  std::printf("   | (bound) no restart | %s | %llu |\n", Summary(gaps).c_str(),
+              static_cast<unsigned long long>(load.failures.load()));
+  std::vector<absl::Duration> starts;
+  for (int i = 0; i < n; ++i) {
+    const absl::Time start = absl::Now();
+    absl::StatusOr<std::unique_ptr<testing::DaemonProcess>> cold =
+        testing::DaemonProcess::Start({"--pool-size", "64MiB"});
+    if (!cold.ok()) break;
+    starts.push_back(absl::Now() - start);
+  }
+  if (!starts.empty()) {
+    std::printf("   | (bound) cold start, nothing to adopt | %s | - |\n",
+                Summary(starts).c_str());
+  }
 }
 
 void TakeOverGap(int n) {
@@ -313,6 +368,7 @@ int main(int argc, char** argv) {
       "load's next completed put+get), %d each\n"
       "   | how | gap | calls failed (UNAVAILABLE) |\n   | --- | --- | --- |\n",
       quick ? 5 : 20);
+  shmtensor::GapBounds(quick ? 5 : 20);
   shmtensor::TakeOverGap(quick ? 5 : 20);
   shmtensor::KillGap(quick ? 5 : 20);
   std::printf("\n");

@@ -13,10 +13,17 @@
 // writer's CPU may idle), queues a message, kicks, and computes on until
 // the writer has written it. "Busy" adds one spinning process per CPU.
 //
+// The bound, measured the same way in the same run: a bare futex (the
+// least a wake-up of a sleeping thread costs): the waiter sleeps in
+// FUTEX_WAIT on a word, the kicker bumps it and calls FUTEX_WAKE. The
+// writer's figures are printed against it.
+//
 // Usage: writer_wakeup_bench [--quick]
+#include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -90,6 +97,50 @@ Result Run(bool batch, int rounds) {
   return {P(kicks, 0.5), P(waits, 0.5), P(waits, 0.99)};
 }
 
+// The bound: the same rounds with a bare futex for the wake-up.
+Result RunFutex(int rounds) {
+  std::atomic<uint32_t> word{0};
+  std::atomic<bool> pending{false};
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> kicked_at{0};
+  std::atomic<int> written{0};
+  std::vector<double> waits;  // Written on the waiter thread only.
+  waits.reserve(rounds);
+  std::thread waiter([&] {
+    while (!stop.load()) {
+      const uint32_t seen = word.load();
+      if (pending.exchange(false)) {
+        const int64_t now = Clock::now().time_since_epoch().count();
+        waits.push_back(static_cast<double>(now - kicked_at.load()) / 1e3);
+        written.fetch_add(1);
+        continue;
+      }
+      syscall(SYS_futex, &word, FUTEX_WAIT_PRIVATE, seen, nullptr, nullptr, 0);
+    }
+  });
+  std::vector<double> kicks;
+  for (int i = 0; i < rounds; ++i) {
+    const auto until = Clock::now() + std::chrono::microseconds(200);
+    while (Clock::now() < until) {
+    }
+    const int before = written.load();
+    pending = true;
+    const auto t0 = Clock::now();
+    kicked_at = t0.time_since_epoch().count();
+    word.fetch_add(1);
+    syscall(SYS_futex, &word, FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+    kicks.push_back(
+        std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+    while (written.load() == before) {
+    }
+  }
+  stop = true;
+  word.fetch_add(1);
+  syscall(SYS_futex, &word, FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+  waiter.join();
+  return {P(kicks, 0.5), P(waits, 0.5), P(waits, 0.99)};
+}
+
 // One spinning process per CPU until Stop.
 class Hogs {
  public:
@@ -127,6 +178,9 @@ int main(int argc, char** argv) {
   for (bool busy : {false, true}) {
     std::unique_ptr<Hogs> hogs;
     if (busy) hogs = std::make_unique<Hogs>(cpus);
+    const Result bound = RunFutex(rounds);
+    std::printf("%-6s %-12s %8.1f %10.1f %10.1f\n", busy ? "busy" : "idle",
+                "futex bound", bound.kick_p50, bound.wait_p50, bound.wait_p99);
     Result r[2];
     for (int b = 0; b < 2; ++b) {
       r[b] = Run(b == 1, rounds);
@@ -137,6 +191,9 @@ int main(int argc, char** argv) {
     std::printf("%-6s SCHED_BATCH / inherited: kick %.2f, wait p50 %.2f\n",
                 busy ? "busy" : "idle", r[1].kick_p50 / r[0].kick_p50,
                 r[1].wait_p50 / r[0].wait_p50);
+    std::printf("%-6s inherited / futex bound: kick %.2f, wait p50 %.2f\n",
+                busy ? "busy" : "idle", r[0].kick_p50 / bound.kick_p50,
+                r[0].wait_p50 / bound.wait_p50);
   }
   return 0;
 }

@@ -34,12 +34,9 @@ Usage: PYTHONPATH=build/python /usr/bin/python3 bench/python/put_bench.py
 [--quick]. Starts its own shmtensord from build/bin.
 """
 
-import ctypes
 import gc
 import os
-import resource
 import statistics
-import struct
 import sys
 import time
 
@@ -50,6 +47,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "build", "python"))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "testing", "python"))
 import shmtensor  # noqa: E402
 from shmtensor_testing import Daemon  # noqa: E402
+from faults import FaultCounter  # noqa: E402
 
 POOL = "1GiB"
 ALLOWANCE_US = 5.0
@@ -60,31 +58,6 @@ SIZES = [(4 << 10, 1000), (64 << 10, 1000), (1 << 20, 200), (16 << 20, 16),
 QUICK = [(4 << 10, 300), (64 << 10, 300), (1 << 20, 60), (16 << 20, 8),
          (64 << 20, 3)]
 RECYCLE = 200  # Recycled puts per size (after 20 untimed).
-
-
-class FaultCounter:
-    """Page faults the calling thread takes: trapped ones (perf), else all
-    minor faults getrusage(RUSAGE_THREAD) counts."""
-
-    _PERF_EVENT_OPEN = 298  # x86_64
-    _SOFTWARE, _PAGE_FAULTS = 1, 2
-
-    def __init__(self):
-        self.fd = -1
-        self.kind = "(rusage)"
-        libc = ctypes.CDLL(None, use_errno=True)
-        attr = ctypes.create_string_buffer(
-            struct.pack("IIQ", self._SOFTWARE, 128, self._PAGE_FAULTS)
-            + bytes(112), 128)
-        if os.uname().machine == "x86_64":
-            fd = libc.syscall(self._PERF_EVENT_OPEN, attr, 0, -1, -1, 0)
-            if fd >= 0:
-                self.fd, self.kind = fd, "trapped"
-
-    def read(self):
-        if self.fd >= 0:
-            return struct.unpack("Q", os.read(self.fd, 8))[0]
-        return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
 
 
 class Memory:

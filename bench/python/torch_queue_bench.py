@@ -18,12 +18,33 @@ receiver's acknowledgement, sent once the receiver has the tensor and has
 read one byte per 4 KiB page of it; medians of N items after WARM untimed
 ones. Ratios are to torch (lower is better) and to the floor.
 
+Bounds, measured in the same run, per size, with the same queue and
+receiver: a /dev/shm file of one slot of the size (one item is in flight
+at a time), mapped by both processes and every page of it touched by both
+before the timed items (the receiver opens it by name once; it is unlinked
+then); the receiver reads one byte per page of the slot and acknowledges,
+as for a tensor.
+
+  ideal      the bound of a method that copies (torch, copy): the sender
+             copies the new tensor's bytes into the slot and sends the
+             slot's number, an int: one copy into memory both processes
+             have mapped, the queue's round trip, the receiver's reads
+  ideal-ref  the bound of sending by reference (by-ref): the bytes are in
+             the slot already, the sender sends the slot's number: the
+             queue's round trip and the receiver's reads
+
+Both are timed before and after the methods (their mean: the machine
+drifts). A second table gives each method's ratio to its bound
+(method / bound, lower is better; 1.00x is the bound).
+
 Usage: PYTHONPATH=build/python /usr/bin/python3 bench/python/torch_queue_bench.py [--quick]
 """
 
+import mmap
 import os
 import statistics
 import sys
+import tempfile
 import time
 
 import torch
@@ -40,24 +61,74 @@ PAGE = 4096
 WARM = 10
 
 
+def touch(t):
+    """Reads one byte per page of `t`."""
+    flat = t.reshape(-1).view(torch.uint8)
+    return int(flat[::PAGE].sum()) if flat.numel() else 0
+
+
+def map_slot(path, nbytes):
+    """A uint8 tensor over a mapping of the file at `path`."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        m = mmap.mmap(fd, nbytes)
+    finally:
+        os.close(fd)
+    return torch.frombuffer(m, dtype=torch.uint8)
+
+
 def receiver(q, ack):
-    """Acknowledges each tensor once it has read every page of it."""
+    """Acknowledges each tensor once it has read every page of it. A tuple
+    (path, nbytes) maps the ideal's slot (every page read), () lets it go;
+    while a slot is mapped, an int is its number: every page of the slot is
+    read before the acknowledgement. Without a slot an int is acknowledged
+    as it is (the floor)."""
+    slot = None
     while True:
         t = q.get()
         if t is None:
             return
-        if isinstance(t, int):
-            ack.put(t)
+        if isinstance(t, tuple):
+            slot = map_slot(*t) if t else None
+            ack.put(touch(slot) if t else 0)
             continue
-        flat = t.reshape(-1).view(torch.uint8)
-        ack.put(int(flat[::PAGE].sum()) if flat.numel() else 0)
-        del t, flat
+        if isinstance(t, int):
+            ack.put(touch(slot) if slot is not None else t)
+            continue
+        ack.put(touch(t))
+        del t
 
 
-def run(method, nbytes, n, client, q, ack):
+class Slot:
+    """The ideals' memory: a /dev/shm file of one slot of `nbytes`, mapped
+    here and in the receiver, every page written here and read there."""
+
+    def __init__(self, nbytes, q, ack):
+        fd, path = tempfile.mkstemp(prefix="shmtensor-torch-queue-ideal-",
+                                    dir="/dev/shm")
+        try:
+            os.ftruncate(fd, nbytes)
+            self.tensor = torch.frombuffer(mmap.mmap(fd, nbytes),
+                                           dtype=torch.uint8)
+            self.tensor.fill_(1)
+            q.put((path, nbytes))  # The receiver maps it and reads it.
+            ack.get()
+        finally:
+            os.close(fd)
+            os.unlink(path)
+        self.q, self.ack = q, ack
+
+    def close(self):
+        self.q.put(())
+        self.ack.get()
+
+
+def run(method, nbytes, n, client, q, ack, slot=None):
     if method == "floor":
         make = lambda: 1  # noqa: E731
-    elif method == "torch":
+    elif method == "ideal-ref":
+        make = lambda: 0  # noqa: E731
+    elif method in ("torch", "ideal"):
         make = lambda: torch.ones(nbytes // 4)  # noqa: E731
     else:
         view = client.get(client.put(torch.ones(nbytes // 4)))
@@ -71,7 +142,11 @@ def run(method, nbytes, n, client, q, ack):
         for i in range(WARM + n):
             t = make()
             start = time.perf_counter()
-            q.put(t)
+            if method == "ideal":
+                slot.tensor.copy_(t.view(torch.uint8))
+                q.put(0)
+            else:
+                q.put(t)
             ack.get()
             if i >= WARM:
                 times.append(time.perf_counter() - start)
@@ -86,6 +161,8 @@ def main():
     n = 30 if quick else 200
     sizes = [64 << 10, 1 << 20, 16 << 20]
     methods = ["floor", "by-ref", "copy", "torch"]
+    ideals = ["ideal-ref", "ideal"]
+    bound_of = {"by-ref": "ideal-ref", "copy": "ideal", "torch": "ideal"}
     with Daemon(pool_size="1GiB") as d:
         client = shmtensor.connect(d.address)
         ctx = tmp.get_context("spawn")
@@ -96,15 +173,35 @@ def main():
         run("by-ref", 1 << 16, 1, client, q, ack)
         print(f"# {n} items per cell after {WARM} untimed; median us per "
               f"item (put to acknowledgement); {os.cpu_count()} CPUs")
-        print(f"{'size':>8} " + " ".join(f"{m:>9}" for m in methods) +
+        print(f"{'size':>8} " + " ".join(f"{m:>9}" for m in methods + ideals) +
               "  by-ref/torch  copy/torch  by-ref/floor")
+        rows = []
         for nbytes in sizes:
-            r = {m: run(m, nbytes, n, client, q, ack) for m in methods}
+            # The floor first: while the slot is mapped, an int names it.
+            r = {"floor": run("floor", nbytes, n, client, q, ack)}
+            slot = Slot(nbytes, q, ack)
+            before = {m: run(m, nbytes, n, client, q, ack, slot)
+                      for m in ideals}
+            r.update({m: run(m, nbytes, n, client, q, ack)
+                      for m in methods[1:]})
+            r.update({m: statistics.mean(
+                (before[m], run(m, nbytes, n, client, q, ack, slot)))
+                for m in ideals})
+            slot.close()
+            rows.append((nbytes, r))
             print(f"{nbytes >> 10:>6}Ki " +
-                  " ".join(f"{r[m] * 1e6:>9.0f}" for m in methods) +
+                  " ".join(f"{r[m] * 1e6:>9.0f}" for m in methods + ideals) +
                   f"  {r['by-ref'] / r['torch']:>12.2f}"
                   f"  {r['copy'] / r['torch']:>10.2f}"
-                  f"  {r['by-ref'] / r['floor']:>12.2f}")
+                  f"  {r['by-ref'] / r['floor']:>12.2f}", flush=True)
+        print()
+        print("# each method / its bound (by-ref: ideal-ref; copy, torch: "
+              "ideal)")
+        print(f"{'size':>8} " +
+              " ".join(f"{m + '/' + bound_of[m]:>16}" for m in bound_of))
+        for nbytes, r in rows:
+            print(f"{nbytes >> 10:>6}Ki " + " ".join(
+                f"{r[m] / r[bound_of[m]]:>15.2f}x" for m in bound_of))
         q.put(None)
         p.join(30)
 

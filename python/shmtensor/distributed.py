@@ -87,36 +87,63 @@ _OVERFLOW = 0xFFFFFFFF
 
 def _gather(info, group, step, name):
     """Every rank's `info` (a small picklable dict), in rank order of the
-    group. On Gloo one all_gather of a fixed-size tensor (torch's
-    all_gather_object makes two collectives and more copies: 7-8 ms here
-    against 3-4 ms, docs/performance.md, "Broadcast"); when any rank's info
-    does not fit (every rank learns it from the same exchange), or on
-    another backend, all_gather_object."""
+    group."""
+    return _gather_start(info, group, step, name)()
+
+
+def _gather_start(info, group, step, name):
+    """Starts _gather(info, ...) and returns the function that finishes it
+    and returns its result: on Gloo the exchange runs meanwhile (Gloo's own
+    thread), so the caller can work while it is on its way. On Gloo one
+    all_gather of a fixed-size tensor (torch's all_gather_object makes two
+    collectives and more copies: 7-8 ms here against 3-4 ms,
+    docs/performance.md, "Broadcast"); when any rank's info does not fit
+    (every rank learns it from the same exchange), or on another backend,
+    all_gather_object."""
     n = dist.get_world_size(group)
-    out = [None] * n
-    try:
-        if dist.get_backend(group) == "gloo":
-            blob = pickle.dumps(info)
-            mine = torch.zeros(_SLOT, dtype=torch.uint8)
-            fits = len(blob) <= _SLOT - 4
-            header = len(blob) if fits else _OVERFLOW
-            mine[:4] = torch.tensor(list(header.to_bytes(4, "little")),
-                                    dtype=torch.uint8)
-            if fits:
-                mine[4:4 + len(blob)] = torch.frombuffer(bytearray(blob),
-                                                         dtype=torch.uint8)
-            slots = [torch.empty(_SLOT, dtype=torch.uint8) for _ in range(n)]
-            dist.all_gather(slots, mine, group=group)
-            raw = [bytes(t.numpy()) for t in slots]
-            sizes = [int.from_bytes(r[:4], "little") for r in raw]
-            if _OVERFLOW not in sizes:
-                return [pickle.loads(r[4:4 + k]) for r, k in zip(raw, sizes)]
-        dist.all_gather_object(out, info, group=group)
-    except RuntimeError as e:
-        raise RuntimeError(
+
+    def failed(e):
+        return RuntimeError(
             f"shmtensor.distributed.broadcast(name={name!r}) failed while "
-            f"{step}: a rank is gone or unreachable ({e})") from e
-    return out
+            f"{step}: a rank is gone or unreachable ({e})")
+
+    def by_object():
+        out = [None] * n
+        try:
+            dist.all_gather_object(out, info, group=group)
+        except RuntimeError as e:
+            raise failed(e) from e
+        return out
+
+    if dist.get_backend(group) != "gloo":
+        return by_object
+    blob = pickle.dumps(info)
+    mine = torch.zeros(_SLOT, dtype=torch.uint8)
+    fits = len(blob) <= _SLOT - 4
+    header = len(blob) if fits else _OVERFLOW
+    mine[:4] = torch.tensor(list(header.to_bytes(4, "little")),
+                            dtype=torch.uint8)
+    if fits:
+        mine[4:4 + len(blob)] = torch.frombuffer(bytearray(blob),
+                                                 dtype=torch.uint8)
+    slots = [torch.empty(_SLOT, dtype=torch.uint8) for _ in range(n)]
+    try:
+        work = dist.all_gather(slots, mine, group=group, async_op=True)
+    except RuntimeError as e:
+        raise failed(e) from e
+
+    def finish():
+        try:
+            work.wait()
+        except RuntimeError as e:
+            raise failed(e) from e
+        raw = [bytes(t.numpy()) for t in slots]
+        sizes = [int.from_bytes(r[:4], "little") for r in raw]
+        if _OVERFLOW in sizes:
+            return by_object()
+        return [pickle.loads(r[4:4 + k]) for r, k in zip(raw, sizes)]
+
+    return finish
 
 
 def _plan_from(infos, src):
@@ -252,32 +279,50 @@ def broadcast(tensor_or_array, src=0, group=None, name=None, address=None):
     me = dist.get_rank()
     meta = _describe(tensor_or_array) if me == src else None
     # One exchange agrees on the call when every rank finds its daemon (the
-    # usual case): the source puts a host source first, and sends its ref
-    # with it, which is all the ranks of its node need.
+    # usual case). A host source makes its object's buffer first and sends
+    # its ref with it, which is all the ranks of its node need, and copies
+    # into it while the exchange is on its way; the other ranks' gets wait
+    # for its seal.
     found = _autostart.resolve(address, start=False)
     c = local_client(found) if found is not None else None
-    ref = None
+    early = None  # (buffer, flat uint8 tensor over it) of a host source.
     if c is not None and me == src and meta.get("device") != "cuda":
-        ref = c.put(tensor_or_array, device="cpu")
+        early = _receive_buffer(c, meta, "cpu")
 
-    def agree():
-        return _gather({"rank": me, "host": socket.gethostname(),
-                        "found": c is not None,
-                        "epoch": c.daemon_epoch if c is not None else None,
-                        "name": name, "src": src, "meta": meta,
-                        "gpu": _gpu_of_rank(c) if c is not None else None,
-                        "ref": bytes(ref) if ref is not None else None},
-                       group, "agreeing on the call", name)
+    def agree_start():
+        return _gather_start(
+            {"rank": me, "host": socket.gethostname(),
+             "found": c is not None,
+             "epoch": c.daemon_epoch if c is not None else None,
+             "name": name, "src": src, "meta": meta,
+             "gpu": _gpu_of_rank(c) if c is not None else None,
+             "ref": early[0].ref_bytes if early else None},
+            group, "agreeing on the call", name)
 
-    infos = agree()
+    agreed = agree_start()
+    ref = None
+    if early is not None:
+        # 1. The source publishes once into its node's daemon (here a host
+        #    source; a CUDA one below, once the path is agreed).
+        buf, data = early
+        if meta["nbytes"]:
+            # NumPy's copy (memcpy), which torch's copy_ of a uint8 tensor
+            # trails here.
+            np.copyto(data.numpy(),
+                      _bytes_of_source(tensor_or_array, False).numpy())
+        del data
+        ref = buf.seal()
+        del buf
+    infos = agreed()
     if not all(i["found"] for i in infos):
         # A rank has no daemon: the host's lowest rank starts one for its
         # node (collectives every rank takes), then the call is agreed anew.
         if ref is not None:
             ref.release()
             ref = None
+        early = None  # The next agreement sends no ref.
         c = local_client(_node_address(address, group, name))
-        infos = agree()
+        infos = agree_start()()
     calls = {(i["name"], i["src"]) for i in infos}
     if len(calls) > 1:
         detail = "; ".join(f"rank {i['rank']}: name={i['name']!r} "
@@ -298,8 +343,6 @@ def broadcast(tensor_or_array, src=0, group=None, name=None, address=None):
     my_gpu = next(i["gpu"] for i in infos if i["rank"] == me)
     target = my_gpu if on_gpu else "cpu"
 
-    # 1. The source publishes once into its node's daemon (a host source
-    #    did already).
     if me == src and ref is None:
         # Host memory unless the GPU path was chosen (module docstring),
         # even where the daemon has a CUDA pool on the tensor's device.

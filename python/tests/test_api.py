@@ -688,7 +688,8 @@ def test_each_native_type_defines_its_attributes_once(client):
             "address", "__array__", "__dlpack__", "__dlpack_device__"}
     expected = {
         shmtensor._core.Buffer: info | {"valid", "seal", "discard"},
-        shmtensor._core.View: info | {"writable", "closed", "close"},
+        shmtensor._core.View: info | {"writable", "closed", "close",
+                                      "populate"},
         shmtensor._core.Client: {
             "create", "create_bytes", "get", "get_many", "delete", "stats",
             "_put", "_put_many", "has_pool_on", "_pool_on", "client_id",
@@ -935,3 +936,37 @@ def test_a_meta_tensor_to_put_is_a_type_error_naming_the_device(client):
     with pytest.raises(TypeError) as e:
         client.put(torch.empty(4, device="meta"))
     assert "meta" in str(e.value)
+
+
+def _pages_present(address, nbytes):
+    """Whether every page of [address, address + nbytes) has an entry in
+    this process's page table (/proc/self/pagemap)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    first, last = address // page, (address + nbytes - 1) // page
+    with open("/proc/self/pagemap", "rb") as f:
+        f.seek(first * 8)
+        raw = f.read((last - first + 1) * 8)
+    entries = np.frombuffer(raw, dtype=np.uint64)
+    return bool(np.all(entries >> np.uint64(62) != 0))
+
+
+def test_populate_maps_a_read_view_in_one_call(client):
+    """view.populate() maps every page of a read view (what a reader about
+    to read it all, shmtensor.distributed.broadcast's ranks among them,
+    calls); the bytes are as before, a second call changes nothing, and a
+    closed view says so."""
+    src = np.arange(1 << 18, dtype=np.float32)  # 1 MiB
+    ref = client.put(src)
+    reader = shmtensor.connect(client.address)
+    view = reader.get(ref)
+    # Nothing read it in this process yet: the put wrote through the
+    # other (writable) mapping.
+    assert not _pages_present(view.address, src.nbytes)
+    assert view.populate() is None
+    assert _pages_present(view.address, src.nbytes)
+    view.populate()
+    np.testing.assert_array_equal(np.asarray(view), src)
+    view.close()
+    with pytest.raises(shmtensor.PreconditionError, match="closed"):
+        view.populate()
+
