@@ -44,6 +44,7 @@ KINDS = {
     "writable": None,
     "closed": None,
     "close": None,
+    "populate": None,  # Maps the pages; returns None, hands nothing out.
     "ref": None,
     "__repr__": None,
     "__enter__": None,
