@@ -18,17 +18,16 @@
 //    size past budget / 4 has no stock (its put makes one round trip for
 //    its buffer).
 //  - Which: a take takes the class's newest ready buffer (the range its
-//    daemon freed last, the likeliest to be in the CPU's caches still). A class
-//    of one buffer (cap 1: a size past an eighth of the budget; at the
-//    default budget, past 8 MiB, whose copy outweighs a round trip) is
+//    daemon freed last, the likeliest to be in the CPU's caches still). A
+//    class of one buffer (cap 1: a size past an eighth of the budget; at
+//    the default budget, past 8 MiB, whose copy outweighs a round trip) is
 //    refilled when its last take's lease leaves this process (Released),
 //    not at the take, and asks for that object's range back
 //    (CreateManyRequest.reuse_range_of): when its readers let go first,
 //    the next put writes the range the last one wrote, which the caches
 //    still hold, where a refill at the take (the object held) would get
-//    another, and puts would write two ranges in turn. A put of such a
-//    size while this process still holds the last one's object finds the
-//    class empty, and makes its buffer in its own round trip.
+//    another, and puts would write two ranges in turn. Unless its takes
+//    are kept (below).
 //  - When: a take that misses makes the buffer and the class's refill in
 //    the same round trip, unless a call for the class is out (the refill
 //    thread's, or another take's miss): it then waits for that call's
@@ -39,8 +38,8 @@
 //    leaves the class under half its target has the refill thread refill
 //    it in the background, and wakes it (the first such take pays the
 //    wake-up), so that the refill lands before the class runs dry (a class
-//    of one buffer: the release of its last take's object, Released). A caller
-//    that takes many (PutMany) wakes it after its last take instead
+//    of one buffer: the release of its last take's object, Released). A
+//    caller that takes many (PutMany) wakes it after its last take instead
 //    (WakeIfDue): a refill racing the batch would top the class up to less
 //    than its target, and compete with the batch's own round trip for its
 //    misses.
@@ -48,16 +47,17 @@
 //    filled (PoolMapping::Protect) before a take gets it, by the refill
 //    thread, about 1 MiB at a time, newest first: the buffers its own calls
 //    bring, once landed, and those a take's miss brought beside its own,
-//    which wake it. A
-//    put then only copies, where writing a range this process never wrote
-//    takes a fault per 4 KiB page (docs/performance.md, "Kept puts"). A
-//    take prefers the newest ready buffer; one that finds only unready ones
-//    takes one and opens it itself (one system call or two).
+//    which wake it. A put then only copies, where writing a range this
+//    process never wrote takes a fault per 4 KiB page (docs/performance.md,
+//    "Kept puts"). A take prefers the newest ready buffer; one that finds
+//    only unready ones takes one and opens it itself (one system call or
+//    two). A buffer whose readying failed is not tried again.
 //  - Kept: a producer that keeps what it puts takes again while its last
 //    take is still held. A class of one buffer that sees this stops waiting
-//    for the release of its last take (which may never come) and is
-//    refilled at each take, in the background, so that the next put finds
-//    a ready buffer; a release before the next take ends it.
+//    for the release of its last take (which may never come): its miss
+//    brings the next take's buffer with its own, and each take has the
+//    class refilled in the background, so that the next put finds a ready
+//    buffer; a release before the next take ends it.
 //  - Return: a class not taken from for `idle` gives its buffers back
 //    (their release discards them), as the session's end does all.
 //  - Bound: the daemon's limits.max_stock_bytes_per_client, whatever this
