@@ -77,8 +77,9 @@ uint64_t ShmemBytes();
 // software page-fault counter of the thread, which counts the faults a
 // touch takes, not the page-table fills a madvise makes): for tests that a
 // path maps its pages before they are touched. ok() is false where perf
-// events are refused (perf_event_paranoid); such a test then checks the
-// page tables alone (PagesPresent).
+// events are refused (perf_event_paranoid), and in a sanitizer build (its
+// shadow memory faults beside the bytes); such a test then checks the page
+// tables alone (PagesPresent).
 class ThreadFaults {
  public:
   ThreadFaults();
