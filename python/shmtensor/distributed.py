@@ -44,6 +44,7 @@ RuntimeError (from the process group, within its timeout), not hang.
 """
 
 import collections
+import contextlib
 import os
 import pickle
 import socket
@@ -144,6 +145,22 @@ def _gather_start(info, group, step, name):
         return [pickle.loads(r[4:4 + k]) for r, k in zip(raw, sizes)]
 
     return finish
+
+
+def _source_of(infos, src):
+    """The source's info, once every rank's call agrees; ValueError naming
+    the ranks and values otherwise."""
+    calls = {(i["name"], i["src"]) for i in infos}
+    if len(calls) > 1:
+        detail = "; ".join(f"rank {i['rank']}: name={i['name']!r} "
+                           f"src={i['src']}" for i in infos)
+        raise ValueError(f"mismatched shmtensor.distributed.broadcast "
+                         f"calls: {detail}")
+    source = next((i for i in infos if i["rank"] == src), None)
+    if source is None:
+        raise ValueError(f"src {src} is not a rank of the group "
+                         f"(ranks {sorted(i['rank'] for i in infos)})")
+    return source
 
 
 def _plan_from(infos, src):
@@ -313,26 +330,26 @@ def broadcast(tensor_or_array, src=0, group=None, name=None, address=None):
         del data
         ref = buf.seal()
         del buf
-    infos = agreed()
-    if not all(i["found"] for i in infos):
-        # A rank has no daemon: the host's lowest rank starts one for its
-        # node (collectives every rank takes), then the call is agreed anew.
+    try:
+        infos = agreed()
+        if not all(i["found"] for i in infos):
+            # A rank has no daemon: the host's lowest rank starts one for
+            # its node (collectives every rank takes), then the call is
+            # agreed anew.
+            if ref is not None:
+                ref.release()
+                ref = None
+            early = None  # The next agreement sends no ref.
+            c = local_client(_node_address(address, group, name))
+            infos = agree_start()()
+        source = _source_of(infos, src)
+    except BaseException:
+        # The source's object goes before the error reaches the caller
+        # (release() waits for the daemon; dropping the ref would not).
         if ref is not None:
-            ref.release()
-            ref = None
-        early = None  # The next agreement sends no ref.
-        c = local_client(_node_address(address, group, name))
-        infos = agree_start()()
-    calls = {(i["name"], i["src"]) for i in infos}
-    if len(calls) > 1:
-        detail = "; ".join(f"rank {i['rank']}: name={i['name']!r} "
-                           f"src={i['src']}" for i in infos)
-        raise ValueError(f"mismatched shmtensor.distributed.broadcast "
-                         f"calls: {detail}")
-    source = next((i for i in infos if i["rank"] == src), None)
-    if source is None:
-        raise ValueError(f"src {src} is not a rank of the group "
-                         f"(ranks {sorted(i['rank'] for i in infos)})")
+            with contextlib.suppress(Exception):
+                ref.release()
+        raise
     meta = source["meta"]
     nodes, leaders = _plan_from(infos, src)
     my_leader = next(l for n, l in zip(nodes, leaders) if me in n)
