@@ -322,7 +322,6 @@ bool PoolMapping::Populate(uint8_t* at, uint64_t length, int advice) {
   // first EINVAL, for every mapping of the process.
   static std::atomic<bool> unsupported{false};
   if (unsupported.load(std::memory_order_relaxed)) return false;
-  populate_calls_.fetch_add(1, std::memory_order_relaxed);
   if (madvise(at, length, advice) == 0) return true;
   // EINVAL: no such advice here; anything else (ENOMEM, EFAULT, EINTR):
   // the pages fault in on first touch instead, as without the advice.

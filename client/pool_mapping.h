@@ -120,13 +120,9 @@ class PoolMapping {
   // True when some byte of [offset, offset+capacity) was marked exposed.
   bool Exposed(uint64_t offset, uint64_t capacity) const;
 
-  // mprotect and madvise(MADV_POPULATE_*) calls this mapping made, for tests
-  // and benchmarks.
+  // mprotect calls this mapping made, for tests and benchmarks.
   uint64_t protect_calls() const {
     return protect_calls_.load(std::memory_order_relaxed);
-  }
-  uint64_t populate_calls() const {
-    return populate_calls_.load(std::memory_order_relaxed);
   }
 
  private:
@@ -179,7 +175,6 @@ class PoolMapping {
   RangeSet filled_;
   RangeSet read_filled_;
   std::atomic<uint64_t> protect_calls_{0};
-  std::atomic<uint64_t> populate_calls_{0};
 };
 
 }  // namespace shmtensor::internal

@@ -52,6 +52,31 @@ struct Result {
   double kick_p50, wait_p50, wait_p99;
 };
 
+// The kicker's side of `rounds` rounds (see the file comment): compute for
+// 200 µs, mark a message pending, `kick`, and compute on until the waker's
+// side counted it written. Returns the kicks' costs, in µs.
+template <typename Kick>
+std::vector<double> KickRounds(int rounds, std::atomic<bool>& pending,
+                               std::atomic<int64_t>& kicked_at,
+                               const std::atomic<int>& written, Kick kick) {
+  std::vector<double> kicks;
+  for (int i = 0; i < rounds; ++i) {
+    const auto until = Clock::now() + std::chrono::microseconds(200);
+    while (Clock::now() < until) {
+    }
+    const int before = written.load();
+    pending = true;
+    const auto t0 = Clock::now();
+    kicked_at = t0.time_since_epoch().count();
+    kick();
+    kicks.push_back(
+        std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+    while (written.load() == before) {
+    }
+  }
+  return kicks;
+}
+
 // `batch`: the writer thread is made by a SCHED_BATCH thread.
 Result Run(bool batch, int rounds) {
   std::atomic<bool> pending{false};
@@ -78,21 +103,8 @@ Result Run(bool batch, int rounds) {
     writer = std::make_unique<shmtensor::internal::StreamWriter>(write_one);
   });
   maker.join();
-  std::vector<double> kicks;
-  for (int i = 0; i < rounds; ++i) {
-    const auto until = Clock::now() + std::chrono::microseconds(200);
-    while (Clock::now() < until) {
-    }
-    const int before = written.load();
-    pending = true;
-    const auto t0 = Clock::now();
-    kicked_at = t0.time_since_epoch().count();
-    writer->Kick();
-    kicks.push_back(
-        std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
-    while (written.load() == before) {
-    }
-  }
+  const std::vector<double> kicks =
+      KickRounds(rounds, pending, kicked_at, written, [&] { writer->Kick(); });
   writer.reset();
   return {P(kicks, 0.5), P(waits, 0.5), P(waits, 0.99)};
 }
@@ -118,22 +130,11 @@ Result RunFutex(int rounds) {
       syscall(SYS_futex, &word, FUTEX_WAIT_PRIVATE, seen, nullptr, nullptr, 0);
     }
   });
-  std::vector<double> kicks;
-  for (int i = 0; i < rounds; ++i) {
-    const auto until = Clock::now() + std::chrono::microseconds(200);
-    while (Clock::now() < until) {
-    }
-    const int before = written.load();
-    pending = true;
-    const auto t0 = Clock::now();
-    kicked_at = t0.time_since_epoch().count();
-    word.fetch_add(1);
-    syscall(SYS_futex, &word, FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
-    kicks.push_back(
-        std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
-    while (written.load() == before) {
-    }
-  }
+  const std::vector<double> kicks =
+      KickRounds(rounds, pending, kicked_at, written, [&] {
+        word.fetch_add(1);
+        syscall(SYS_futex, &word, FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+      });
   stop = true;
   word.fetch_add(1);
   syscall(SYS_futex, &word, FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);

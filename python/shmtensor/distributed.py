@@ -321,7 +321,11 @@ def broadcast(tensor_or_array, src=0, group=None, name=None, address=None):
     if early is not None:
         # 1. The source publishes once into its node's daemon (here a host
         #    source; a CUDA one below, once the path is agreed).
+        # Nothing of the buffer but `buf` may be alive at its seal: a
+        # tensor over it would make the seal close its range at once (a
+        # page-table change of every page, and again at the next call).
         buf, data = early
+        early = None
         if meta["nbytes"]:
             # NumPy's copy (memcpy), which torch's copy_ of a uint8 tensor
             # trails here.
