@@ -723,6 +723,36 @@ TEST_F(FastPathTest, ABigPutWritesTheRangeItsLastObjectFreed) {
   EXPECT_LE(stock->made(), static_cast<uint64_t>(kPuts) + 2);
 }
 
+// A buffer past what the stock serves (a round trip each) of a size its
+// session made before lands on the range the last one freed, when the
+// release that frees it is posted in a reader's ring (nobody's told: the
+// reader's writer thread polls once an hour here), as a broadcast's ranks
+// drop their views: the create pulls the rings before it places the
+// buffer. Otherwise it takes another range, which the writer and every
+// reader must map afresh.
+TEST_F(FastPathTest, ABigCreatePastTheStockWritesTheRangeItsLastObjectFreed) {
+  Client reader = QuietClient();
+  Client producer = Connect();
+  constexpr uint64_t kBig = 8 << 20;  // The stock serves up to 2 MiB here.
+  constexpr int kPuts = 6;
+  std::vector<uint64_t> offsets;
+  for (int i = 0; i < kPuts; ++i) {
+    const std::vector<uint8_t> bytes(kBig, static_cast<uint8_t>(80 + i));
+    absl::StatusOr<SealedRef> put =
+        producer.Put(bytes.data(), {.size_bytes = kBig});
+    ASSERT_TRUE(put.ok()) << put.status();
+    absl::StatusOr<View> view = reader.Get(put->ref());
+    ASSERT_TRUE(view.ok()) << view.status();
+    EXPECT_TRUE(AllBytes(*view, static_cast<uint8_t>(80 + i))) << i;
+    offsets.push_back(view->lease()->placement().offset());
+    put->Reset();                             // Posted in its ring.
+    view = absl::CancelledError("released");  // Posted in the reader's.
+  }
+  for (int i = 1; i < kPuts; ++i) {
+    EXPECT_EQ(offsets[i], offsets[i - 1]) << "put " << i;
+  }
+}
+
 // The same size's range is never handed back while a view of its object
 // is held: the producer lets go and puts again while the reader keeps its
 // view, and the view keeps its bytes through every later put.

@@ -111,6 +111,19 @@ std::vector<Pool::Range> Pool::written(uint64_t client) const {
   return it->second;
 }
 
+bool Pool::WrittenRangesInUse(uint64_t client, const Placement& place) const {
+  auto it = written_.find(client);
+  if (it == written_.end()) return false;
+  bool any = false;
+  for (const Range& r : it->second) {
+    if (r.capacity != place.capacity) continue;
+    if (place.alignment != 0 && r.offset % place.alignment != 0) continue;
+    if (allocator_.CanAllocateAt(r.offset, r.capacity)) return false;
+    any = true;
+  }
+  return any;
+}
+
 Pool::Usage Pool::usage() const {
   Usage u;
   u.used_bytes = allocator_.used_bytes();

@@ -135,6 +135,9 @@ class Pool {
   static constexpr size_t kWrittenRanges = 16;
   // The ranges noted for `client`, most recent first.
   std::vector<Range> written(uint64_t client) const;
+  // Whether `client` was given ranges of `place`'s capacity (and alignment)
+  // and none of them could be placed now: all are in use.
+  bool WrittenRangesInUse(uint64_t client, const Placement& place) const;
 
   // The pool's figures now, for Stats and monitoring.
   struct Usage {

@@ -60,6 +60,19 @@ bool RangeAllocator::AllocateAt(uint64_t offset, uint64_t capacity) {
   return true;
 }
 
+bool RangeAllocator::CanAllocateAt(uint64_t offset, uint64_t capacity) const {
+  if (capacity == 0 || offset > size_ || capacity > size_ - offset) {
+    return false;
+  }
+  auto it = by_offset_.upper_bound(offset);
+  if (it == by_offset_.begin()) return false;
+  --it;
+  const uint64_t start = it->first;
+  const uint64_t limit = start + it->second;
+  return offset + capacity <= limit &&
+         (offset == start || offset + capacity == limit);
+}
+
 bool RangeAllocator::Reserve(uint64_t offset, uint64_t capacity) {
   if (capacity == 0 || offset % granule_ != 0 || capacity % granule_ != 0 ||
       offset > size_ || capacity > size_ - offset) {

@@ -57,6 +57,8 @@ class RangeAllocator {
   // multiples of the granule. For placing an object where one of the same
   // size lay before (see ObjectStore::Create).
   bool AllocateAt(uint64_t offset, uint64_t capacity);
+  // Whether AllocateAt(offset, capacity) would succeed now; changes nothing.
+  bool CanAllocateAt(uint64_t offset, uint64_t capacity) const;
 
   // Reserves exactly [offset, offset + capacity) wherever it lies inside a
   // free range, splitting that range as needed (a successor rebuilding the

@@ -111,7 +111,10 @@ TEST(RangeAllocatorTest, AllocateAtTakesAFreeRangeFromEitherEndOnly) {
   a.Free(y, 2 * kPage);
   a.Free(z, 2 * kPage);  // [0, 6) free, one range.
   // Its middle would split it in two: refused, nothing changes.
+  EXPECT_FALSE(a.CanAllocateAt(y, 2 * kPage));
   EXPECT_FALSE(a.AllocateAt(y, 2 * kPage));
+  EXPECT_TRUE(a.CanAllocateAt(z, 2 * kPage));
+  EXPECT_FALSE(a.CanAllocateAt(15 * kPage, 2 * kPage));
   EXPECT_EQ(a.free_bytes(), 14 * kPage);
   // Running past its end (into w) is refused too.
   EXPECT_FALSE(a.AllocateAt(z, 3 * kPage));
@@ -148,7 +151,15 @@ TEST(RangeAllocatorTest, RandomWorkloadKeepsAccounting) {
       const auto [o, l] = live[k];
       a.Free(o, l);
       live.erase(live.begin() + k);
-      if (rng() % 2 && a.AllocateAt(o, l)) live.emplace_back(o, l);
+      if (rng() % 2) {
+        // CanAllocateAt foretells AllocateAt, and changes nothing.
+        const uint64_t free_bytes = a.free_bytes();
+        const bool can = a.CanAllocateAt(o, l);
+        ASSERT_EQ(a.free_bytes(), free_bytes);
+        const bool did = a.AllocateAt(o, l);
+        ASSERT_EQ(can, did);
+        if (did) live.emplace_back(o, l);
+      }
     } else if (live.empty() || rng() % 2) {
       const uint64_t len = (1 + rng() % 8) * kPage;
       const uint64_t align = kPage << (rng() % 4);

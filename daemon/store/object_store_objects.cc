@@ -17,6 +17,13 @@
 #include "shmtensor/errors.h"
 
 namespace shmtensor::daemon {
+namespace {
+
+// The smallest buffer whose create pulls the release rings to find a range
+// its session wrote before (CreateLocked).
+constexpr uint64_t kPullForRangeBytes = 1 << 20;
+
+}  // namespace
 
 CreateArgs CreateArgsOf(const v1::CreateRequest& request) {
   CreateArgs args;
@@ -146,6 +153,19 @@ absl::StatusOr<std::optional<Handout>> ObjectStore::CreateLocked(
         "%d more would pass limits.max_stock_bytes_per_client = %d",
         (*session)->client_id, (*session)->stock_bytes, capacity,
         limits_.max_stock_bytes_per_client));
+  }
+  // A big buffer (no stock serves it) of a size this session made before,
+  // whose ranges it wrote are all in use: the release that frees the last
+  // may be posted in a reader's release ring (a broadcast's ranks drop their
+  // views one way), pulled before the buffer is placed, so that it lands on
+  // a range already in the writer's and the readers' page tables, not a
+  // range each must map afresh (milliseconds per 64 MiB and process). Not
+  // for stock, whose refills while a producer keeps its buffers would pull
+  // every ring each time; nor below kPullForRangeBytes, whose mapping costs
+  // less than pulling every session's ring might.
+  if (!args.stock && capacity >= kPullForRangeBytes &&
+      pool.WrittenRangesInUse(session_id, place)) {
+    DrainRings();
   }
   const std::optional<uint64_t> got =
       pool.AllocateObject(session_id, place, args.stock);

@@ -40,9 +40,14 @@ object: a later broadcast under the same name gets a new version, and views
 of the old version stay valid and unchanged. `name` identifies the call:
 ranks that pass different names or sources fail at once with ValueError
 naming the ranks and values. A rank that dies makes the others fail with
-RuntimeError (from the process group, within its timeout), not hang.
+RuntimeError (from the process group, within its timeout), not hang. Each
+node's copy is held by its leader until every rank holds its view: on Gloo
+by a barrier no rank waits for (the leader lets go when it completes, and
+waits for it at exit), so a call returns as soon as this rank's view is
+mapped.
 """
 
+import atexit
 import collections
 import contextlib
 import os
@@ -413,12 +418,55 @@ def broadcast(tensor_or_array, src=0, group=None, name=None, address=None):
     out = np.asarray(view) if meta["kind"] == "numpy" else view.tensor()
     view.close()  # `out` holds the lease.
     # 4. Leaders keep their ref until every rank holds a view.
+    _release_after_every_rank(ref, group, name)
+    return out
+
+
+# Barriers in flight whose completion drops a leader's ref; waited for at
+# exit (_wait_for_pending_barriers).
+_pending_barriers = set()
+
+
+def _release_after_every_rank(ref, group, name):
+    """Drops `ref` (a leader's, or None) once every rank of `group` has
+    entered this barrier, which each does after it holds its view, so no
+    rank's get can find the object gone. On Gloo the barrier runs in the
+    background and no rank waits for it: the ref is dropped on Gloo's thread
+    when the barrier completes (or fails: a rank is gone, and its get with
+    it). A process that exits first waits for it at exit, so a slow rank
+    still finds the object. On another backend (NCCL: its futures complete
+    with the device's stream, not with every rank's arrival) a plain
+    barrier."""
+    if dist.get_backend(group) != "gloo":
+        try:
+            dist.barrier(group)
+        except RuntimeError as e:
+            raise RuntimeError(
+                f"shmtensor.distributed.broadcast(name={name!r}) failed "
+                f"waiting for every rank to map the data: {e}") from e
+        if ref is not None:
+            ref.release()
+        return
     try:
-        dist.barrier(group)
+        work = dist.barrier(group, async_op=True)
     except RuntimeError as e:
         raise RuntimeError(
-            f"shmtensor.distributed.broadcast(name={name!r}) failed waiting "
-            f"for every rank to map the data: {e}") from e
-    if ref is not None:
-        ref.release()
-    return out
+            f"shmtensor.distributed.broadcast(name={name!r}) failed "
+            f"waiting for every rank to map the data: {e}") from e
+    if ref is None:
+        return  # The barrier goes on in Gloo; nothing waits for it here.
+    held = [ref]  # Dropped, not release()d: no call into the daemon there.
+    _pending_barriers.add(work)
+
+    def done(_):
+        held.clear()
+        _pending_barriers.discard(work)
+
+    work.get_future().then(done)
+
+
+@atexit.register
+def _wait_for_pending_barriers():
+    for work in list(_pending_barriers):
+        with contextlib.suppress(Exception):
+            work.wait()

@@ -87,6 +87,22 @@ def _rank_main(rank, init_file, addresses, scenario, results, go):
                          "after": float(u.double().sum())})
             del t, u
             dist.barrier()
+        elif scenario == "slow":
+            # Ranks 1 and 3 get a second after the others: the source and
+            # rank 2 (node 1's leader) have returned and dropped theirs by
+            # then, and rank 0 has exited.
+            others = dist.new_group([1, 2, 3])  # Collective: made by all.
+            if rank in (1, 3):
+                sd.local_client = _SlowGets.wrapping(sd.local_client)
+            x = (torch.arange(1 << 20, dtype=torch.float32)
+                 if rank == 0 else None)
+            t = sd.broadcast(x, src=0, name="slow")
+            sum_ = float(t.double().sum())
+            del t
+            results.put({"rank": rank, "sum": sum_})
+            if rank != 0:
+                dist.barrier(group=others)
+                results.put({"rank": rank, "done": True})
         elif scenario == "mismatch":
             try:
                 sd.broadcast(torch.ones(4) if rank == 0 else None, src=0,
@@ -107,6 +123,24 @@ def _rank_main(rank, init_file, addresses, scenario, results, go):
                              "seconds": time.monotonic() - t0})
     except Exception:  # noqa: BLE001 - reported to the test.
         results.put({"rank": rank, "crash": traceback.format_exc()})
+
+
+class _SlowGets:
+    """A client whose gets start a second late."""
+
+    def __init__(self, client):
+        self._client = client
+
+    @classmethod
+    def wrapping(cls, local_client):
+        return lambda *a, **k: cls(local_client(*a, **k))
+
+    def get(self, *args, **kwargs):
+        time.sleep(1.0)
+        return self._client.get(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
 
 
 class TwoNodes:
@@ -176,6 +210,18 @@ def test_one_copy_per_node_identical_read_only_views(nodes, scenario,
     nodes.go.set()
     nodes.collect(WORLD)
     for c in nodes.clients:
+        assert wait_until(lambda: used(c) == 0, 5.0), c.stats()
+
+
+def test_a_rank_that_gets_late_finds_the_data_the_others_dropped(nodes):
+    nodes.run("slow")
+    expected = float(np.arange(1 << 20, dtype=np.float64).sum())
+    got = nodes.collect(WORLD)
+    assert [r["sum"] for r in got] == [expected] * WORLD, got
+    nodes.procs[0].join(30)
+    assert nodes.procs[0].exitcode == 0
+    nodes.collect(WORLD - 1)
+    for c in nodes.clients:  # Every rank dropped its view: all returned.
         assert wait_until(lambda: used(c) == 0, 5.0), c.stats()
 
 
