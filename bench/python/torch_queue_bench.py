@@ -12,6 +12,11 @@ receiver, side by side in one run, at 64 KiB, 1 MiB and 16 MiB:
              it under its own lease: one round trip each, no byte copied)
   copy       the same tensor sent as a copy of its bytes in the message
              (what shmtensor does for an unsealed buffer's tensor)
+  shared     torch's own best case: one tensor moved into shared memory
+             once (share_memory_()) and sent every time: torch sends its
+             segment's descriptor, and the receiver maps it once (torch
+             caches the mapping per segment), with no lifetime beyond
+             torch's reference counts
 
 Each item is timed from the sender's put to the sender's receipt of the
 receiver's acknowledgement, sent once the receiver has the tensor and has
@@ -38,6 +43,7 @@ drifts). A second table gives each method's ratio to its bound
 (method / bound, lower is better; 1.00x is the bound).
 
 Usage: PYTHONPATH=build/python /usr/bin/python3 bench/python/torch_queue_bench.py [--quick]
+(any interpreter with torch: PyPI's in a virtualenv too).
 """
 
 import mmap
@@ -130,6 +136,9 @@ def run(method, nbytes, n, client, q, ack, slot=None):
         make = lambda: 0  # noqa: E731
     elif method in ("torch", "ideal"):
         make = lambda: torch.ones(nbytes // 4)  # noqa: E731
+    elif method == "shared":
+        shared = torch.ones(nbytes // 4).share_memory_()
+        make = lambda: shared  # noqa: E731
     else:
         view = client.get(client.put(torch.ones(nbytes // 4)))
         sent = view.tensor()
@@ -160,9 +169,10 @@ def main():
     quick = "--quick" in sys.argv
     n = 30 if quick else 200
     sizes = [64 << 10, 1 << 20, 16 << 20]
-    methods = ["floor", "by-ref", "copy", "torch"]
+    methods = ["floor", "by-ref", "copy", "torch", "shared"]
     ideals = ["ideal-ref", "ideal"]
-    bound_of = {"by-ref": "ideal-ref", "copy": "ideal", "torch": "ideal"}
+    bound_of = {"by-ref": "ideal-ref", "copy": "ideal", "torch": "ideal",
+                "shared": "ideal-ref"}
     with Daemon(pool_size="1GiB") as d:
         client = shmtensor.connect(d.address)
         ctx = tmp.get_context("spawn")
@@ -171,10 +181,11 @@ def main():
         p.start()
         # The receiver's client of the daemon comes with its first take.
         run("by-ref", 1 << 16, 1, client, q, ack)
-        print(f"# {n} items per cell after {WARM} untimed; median us per "
-              f"item (put to acknowledgement); {os.cpu_count()} CPUs")
+        print(f"# torch {torch.__version__}; {n} items per cell after {WARM} "
+              f"untimed; median us per item (put to acknowledgement); "
+              f"{os.cpu_count()} CPUs")
         print(f"{'size':>8} " + " ".join(f"{m:>9}" for m in methods + ideals) +
-              "  by-ref/torch  copy/torch  by-ref/floor")
+              "  by-ref/torch  copy/torch  by-ref/floor  by-ref/shared")
         rows = []
         for nbytes in sizes:
             # The floor first: while the slot is mapped, an int names it.
@@ -193,7 +204,8 @@ def main():
                   " ".join(f"{r[m] * 1e6:>9.0f}" for m in methods + ideals) +
                   f"  {r['by-ref'] / r['torch']:>12.2f}"
                   f"  {r['copy'] / r['torch']:>10.2f}"
-                  f"  {r['by-ref'] / r['floor']:>12.2f}", flush=True)
+                  f"  {r['by-ref'] / r['floor']:>12.2f}"
+                  f"  {r['by-ref'] / r['shared']:>13.2f}", flush=True)
         print()
         print("# each method / its bound (by-ref: ideal-ref; copy, torch: "
               "ideal)")

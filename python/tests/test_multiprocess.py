@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 import shmtensor
 from conftest import spawn_python, used, wait_until
@@ -98,6 +99,10 @@ def test_two_readers_outlive_their_producer(client, daemon):
 
 
 def _forked_taker(address, q, done):
+    # As torch's DataLoader workers do: GNU OpenMP (PyPI's torch) cannot
+    # run a parallel region in a child forked after the parent ran one
+    # (the child hangs or crashes in its first sum), whatever shmtensor does.
+    torch.set_num_threads(1)
     own = shmtensor.connect(address)
     done.put("ready")
     total = 0.0

@@ -47,8 +47,10 @@ torch's.
 The parts: batch.py (torch's collate ported to plan a batch into one run of
 pool bytes, and its structure as a pickle), handles.py (what a worker sends,
 and how it turns into the batch), rings.py (batch rings, both sides),
-advice.py (the pool-too-small message), collate.py (PoolCollate) and
-loader.py (DataLoader). `shmtensor.torch` re-exports the public names.
+advice.py (the pool-too-small message), collate.py (PoolCollate),
+loader.py (DataLoader, and PoolBatches, what a drop-in adds to a loader
+class) and stateful.py (StatefulDataLoader, over torchdata's).
+`shmtensor.torch` re-exports the public names.
 """
 
 from .collate import PoolCollate
@@ -56,4 +58,12 @@ from .handles import PooledBatch, RingBatch, to_tensors
 from .loader import DataLoader
 
 __all__ = ["DataLoader", "PoolCollate", "PooledBatch", "RingBatch",
-           "to_tensors"]
+           "StatefulDataLoader", "to_tensors"]
+
+
+def __getattr__(name):
+    # stateful.py needs torchdata (PyPI), imported on first use only.
+    if name == "StatefulDataLoader":
+        from .stateful import StatefulDataLoader
+        return StatefulDataLoader
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

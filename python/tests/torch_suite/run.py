@@ -17,7 +17,14 @@ pytorch` (needs a deb-src line in apt's sources), so a torch we keep no copy
 for is checked the same way. When there is none: exit 77 (skipped), naming
 the version.
 
-Usage: run.py [--test-file F] [--only torch|ours] [--timeout S] [TEST ...]
+torchdata's StatefulDataLoader the same way: --rebind StatefulDataLoader
+--test-file F, F a file of torchdata's test/stateful_dataloader (of the
+installed torchdata's release), run once as it is and once with
+torchdata.stateful_dataloader.StatefulDataLoader rebound to shmtensor's
+(deploy/test-pypi.sh runs those).
+
+Usage: run.py [--test-file F] [--rebind DataLoader|StatefulDataLoader]
+[--only torch|ours] [--timeout S] [TEST ...]
 (TEST: unittest names, e.g. TestDataLoader.test_sequential_workers). The
 daemon and Python package come from the build tree ($SHMTENSOR_DAEMON and
 $SHMTENSOR_PYTHONPATH, as for the pytest files).
@@ -95,7 +102,7 @@ def _find_test_file(args, version, work):
     return None, None
 
 
-def _environment(mode, address, python, results):
+def _environment(mode, address, python, results, rebind):
     pythonpath = [os.path.join(HERE, "rebind"), _package_dir()]
     if subprocess.run([python, "-c", "import expecttest"],
                       capture_output=True).returncode != 0:
@@ -104,7 +111,7 @@ def _environment(mode, address, python, results):
     # torch's test utilities take $CI for PyTorch's own CI (XML reports
     # through xmlrunner, which Debian does not package): not ours.
     env.pop("CI", None)
-    env.update(SHMTENSOR_TORCH_SUITE=mode,
+    env.update(SHMTENSOR_TORCH_SUITE=mode, SHMTENSOR_TORCH_SUITE_REBIND=rebind,
                SHMTENSOR_TORCH_SUITE_RESULTS=results,
                SHMTENSOR_ADDRESS=address,
                PYTHONPATH=os.pathsep.join(pythonpath))
@@ -117,12 +124,13 @@ def _package_dir():
                                        "build", "python"))
 
 
-def _start(mode, test_file, work, address, names, python, tag=""):
+def _start(mode, test_file, work, address, names, python, rebind, tag=""):
     results = os.path.join(work, f"{mode}{tag}.jsonl")
     log = open(os.path.join(work, f"{mode}{tag}.log"), "w")
     proc = subprocess.Popen(
         [python, test_file, *names],
-        cwd=work, env=_environment(mode, address, python, results), stdout=log,
+        cwd=work, env=_environment(mode, address, python, results, rebind),
+        stdout=log,
         stderr=subprocess.STDOUT, start_new_session=True)
     return proc, results, log.name
 
@@ -204,6 +212,9 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--test-file")
     p.add_argument("--only", choices=("torch", "ours"))
+    p.add_argument("--rebind", choices=("DataLoader", "StatefulDataLoader"),
+                   default="DataLoader",
+                   help="the loader class the run with ours replaces")
     p.add_argument("--timeout", type=float, default=1200,
                    help="seconds for each whole run")
     p.add_argument("--report", help="also write the summary to this file")
@@ -222,13 +233,17 @@ def _run(args, say):
     python = sys.executable
     version = _torch_version(python)
     work = tempfile.mkdtemp(prefix="shmtensor-torch-suite-")
+    if args.rebind == "StatefulDataLoader" and not args.test_file:
+        say("torch-suite: StatefulDataLoader needs --test-file (a file of "
+            "torchdata's test/stateful_dataloader)")
+        return 2
     test_file, origin = _find_test_file(args, version, work)
     if test_file is None:
         say(f"torch-suite: SKIPPED: no test_dataloader.py for torch "
             f"{version} (no copy in python/tests/torch_suite, no source package); "
             f"pass --test-file")
         return SKIPPED
-    local = os.path.join(work, "test_dataloader.py")
+    local = os.path.join(work, os.path.basename(test_file))
     shutil.copy(test_file, local)
 
     sys.path.insert(0, TESTS)
@@ -237,7 +252,8 @@ def _run(args, say):
     modes = [args.only] if args.only else ["torch", "ours"]
     try:
         started = time.monotonic()
-        runs = {m: _start(m, local, work, daemon.address, args.names, python)
+        runs = {m: _start(m, local, work, daemon.address, args.names, python,
+                          args.rebind)
                 for m in modes}
         deadline = started + args.timeout
         killed = {m: not _wait(runs[m][0], deadline) for m in modes}
@@ -247,12 +263,13 @@ def _run(args, say):
             outcomes[m], done = _outcomes(runs[m][1])
             finished[m] = done and not killed[m]
 
-        say(f"torch {version}: test_dataloader.py from {origin}; "
+        say(f"torch {version}: {os.path.basename(test_file)} from {origin}, "
+            f"{args.rebind}; "
             f"both runs side by side in {took:.0f} s")
         say(f"{'DataLoader':<12}{'tests':>7}{'passed':>8}{'failed':>8}"
             f"{'skipped':>9}  finished")
         for m in modes:
-            name = {"torch": "torch's", "ours": "shmtensor"}[m]
+            name = {"torch": "theirs", "ours": "shmtensor"}[m]
             counts = "".join(f"{n:>{w}}" for n, w in
                              zip(_counts(outcomes[m]), (7, 8, 8, 9)))
             say(f"{name:<12}{counts}  {'yes' if finished[m] else 'NO'}")
@@ -265,7 +282,7 @@ def _run(args, say):
         theirs, ours = outcomes["torch"], outcomes["ours"]
         if not finished["torch"] or _counts(theirs)[1] == 0:
             # Nothing to compare with: say so rather than pass.
-            say("torch's own run did not finish or passed nothing:\n" +
+            say("their own run did not finish or passed nothing:\n" +
                 _tail(runs["torch"][2]))
             say(f"logs kept in {work}")
             return 1
@@ -280,7 +297,8 @@ def _run(args, say):
         for t in suspects:  # Once more, alone, before it counts.
             name = t.split(".", 1)[1] if t.startswith("__main__.") else t
             proc, res, log = _start("ours", local, work, daemon.address,
-                                    [name], python, tag="-" + name)
+                                    [name], python, args.rebind,
+                                    tag="-" + name)
             _wait(proc, time.monotonic() + 300)
             if _outcomes(res)[0].get(t) != "pass":
                 regressions.append((t, log))
@@ -297,11 +315,11 @@ def _run(args, say):
                 if t not in failed_alone:
                     say(f"  {t}: {ours.get(t, 'not run')} in the full run")
         if better:
-            say("torch fails, ours passes: " + ", ".join(better))
+            say("theirs fails, ours passes: " + ", ".join(better))
         both_fail = sorted(t for t, o in theirs.items()
                            if o == "fail" and ours.get(t) == "fail")
         if both_fail:
-            say("fail with torch's DataLoader too (not counted): " +
+            say("fail with theirs too (not counted): " +
                 ", ".join(both_fail))
         left = _left_in_pool(daemon.address)
         if left:
@@ -309,12 +327,12 @@ def _run(args, say):
                 f"and worker was gone")
             return 1
         if regressions:
-            say("torch passes, ours does not:")
+            say("theirs passes, ours does not:")
             for t, log in regressions:
                 say(f"--- {t} (log: {log})\n{_tail(log)}")
             say(f"logs kept in {work}")
             return 1
-        say("every test torch passes passes with shmtensor's DataLoader")
+        say("every test theirs passes passes with shmtensor's")
         shutil.rmtree(work, ignore_errors=True)
         return 0
     finally:

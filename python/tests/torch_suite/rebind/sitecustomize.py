@@ -4,7 +4,10 @@ sitecustomize, which on Debian installs only apport's exception hook):
 
 - $SHMTENSOR_TORCH_SUITE=ours: torch.utils.data.DataLoader is rebound to
   shmtensor's, in the test process and in the interpreters its tests start
-  with `python -c "from torch.utils.data import DataLoader ..."`;
+  with `python -c "from torch.utils.data import DataLoader ..."`; or, with
+  $SHMTENSOR_TORCH_SUITE_REBIND=StatefulDataLoader, torchdata's
+  StatefulDataLoader (torchdata.stateful_dataloader's name, where its tests
+  import it from);
 - $SHMTENSOR_TORCH_SUITE_RESULTS: each test's start and outcome is appended
   to that file as a JSON line (only the test process runs tests), so a run
   that is killed still tells what it did.
@@ -13,10 +16,17 @@ sitecustomize, which on Debian installs only apport's exception hook):
 import os
 
 if os.environ.get("SHMTENSOR_TORCH_SUITE") == "ours":
-    import torch.utils.data
     import shmtensor.torch
 
-    torch.utils.data.DataLoader = shmtensor.torch.DataLoader
+    if os.environ.get("SHMTENSOR_TORCH_SUITE_REBIND") == "StatefulDataLoader":
+        import torchdata.stateful_dataloader
+
+        torchdata.stateful_dataloader.StatefulDataLoader = (
+            shmtensor.torch.StatefulDataLoader)
+    else:
+        import torch.utils.data
+
+        torch.utils.data.DataLoader = shmtensor.torch.DataLoader
 
 
 def _record(path):
