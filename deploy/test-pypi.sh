@@ -100,10 +100,13 @@ if [ -z "$tests" ]; then
        "its tests (\$SHMTENSOR_TORCHDATA_TESTS) and no clone of v$td_version"
   skipped+=("torchdata's StatefulDataLoader tests")
 else
-  for f in test_state_dict.py test_dataloader.py test_sampler.py; do
+  for f in test_state_dict.py test_dataloader.py; do
     suite "torchdata $td_version $f" --rebind StatefulDataLoader \
       --test-file "$tests/$f"
   done
+  # Its run_tests() is not imported there: run by unittest.
+  suite "torchdata $td_version test_sampler.py" --rebind StatefulDataLoader \
+    --runner unittest --test-file "$tests/test_sampler.py"
 fi
 
 echo "== test-pypi: ${#failed[@]} failed${failed:+: ${failed[*]}}" \

@@ -171,14 +171,16 @@ def ray_plasma_bytes(ray):
     return 0
 
 
-def memory_per_object(ray, c, daemon_pid, nbytes, n=200):
+def memory_per_object(ray, c, daemon_pid, nbytes, n=1000):
     """(Ray's bytes per live object, shmtensor's) for n objects of nbytes."""
     x = np.zeros(nbytes, np.uint8)
     gc.collect()
+    time.sleep(1.0)  # What the rounds before freed is gone from plasma.
     plasma0, rss0 = ray_plasma_bytes(ray), rss()
     refs = [ray.put(x) for _ in range(n)]
-    time.sleep(0.5)
-    ray_bytes = (ray_plasma_bytes(ray) - plasma0) + max(0, rss() - rss0)
+    time.sleep(1.0)
+    ray_bytes = (max(0, ray_plasma_bytes(ray) - plasma0) +
+                 max(0, rss() - rss0))
     del refs
     gc.collect()
     stats0 = c.stats()["pools"][0]
@@ -220,8 +222,8 @@ def main():
                 s = shm_round(c, kind, nbytes, reps, mine)
                 r = ray_round(ray, actor, kind, nbytes, reps)
                 rows.append((kind, nbytes, r, s))
-        mem = [(n,) + memory_per_object(ray, c, d.proc.pid, n)
-               for n in (4 << 10, 1 << 20)]
+        mem = [(n,) + memory_per_object(ray, c, d.proc.pid, n, count)
+               for n, count in ((4 << 10, 1000), (1 << 20, 200))]
         mine.send(None)
         proc.join()
     ray.shutdown()

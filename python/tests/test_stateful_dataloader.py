@@ -137,3 +137,6 @@ def test_signature_is_torchdatas_plus_ours():
     assert list(ours)[:len(theirs)] == list(theirs)
     assert list(ours)[len(theirs):] == ["shmtensor_address", "pool_timeout"]
     assert issubclass(st.StatefulDataLoader, TheirLoader)
+    # Generic, as torchdata's is (annotations say StatefulDataLoader[T]).
+    assert st.StatefulDataLoader[list] is not None
+    assert TheirLoader[list] is not None

@@ -3,6 +3,8 @@ workers and state, with batches handed over through the pool as by our
 DataLoader. Needs torchdata (PyPI: `pip install torchdata`); importing
 this module without it raises ImportError saying so."""
 
+import typing
+
 try:
     from torchdata.stateful_dataloader import \
         StatefulDataLoader as _TorchdataLoader
@@ -15,8 +17,10 @@ from .loader import PoolBatches, _set_signature
 
 __all__ = ["StatefulDataLoader"]
 
+_T_co = typing.TypeVar("_T_co", covariant=True)
 
-class StatefulDataLoader(PoolBatches, _TorchdataLoader):
+
+class StatefulDataLoader(PoolBatches, _TorchdataLoader[_T_co]):
     """torchdata.stateful_dataloader.StatefulDataLoader with batches handed
     over through a shmtensord pool: the installed torchdata's arguments and
     defaults (see inspect.signature), its iterator, its state_dict() and
@@ -26,7 +30,8 @@ class StatefulDataLoader(PoolBatches, _TorchdataLoader):
     shmtensor.dataloader.DataLoader, whose rules for pool memory, dying
     workers and num_workers=0 hold here too. A state holds no pool memory
     and no reference to it: it is torchdata's (samplers', datasets' and
-    workers' states), and loads into either loader."""
+    workers' states), and loads into either loader. Generic, as
+    torchdata's is (StatefulDataLoader[T])."""
 
 
 _set_signature(StatefulDataLoader, _TorchdataLoader)

@@ -23,8 +23,13 @@ installed torchdata's release), run once as it is and once with
 torchdata.stateful_dataloader.StatefulDataLoader rebound to shmtensor's
 (deploy/test-pypi.sh runs those).
 
+A file that does not run its tests when run as a script (torchdata 0.11's
+test_sampler.py calls a run_tests it does not import) runs under
+--runner unittest (`python -m unittest`; its tests' ids then start with
+the module's name, not __main__).
+
 Usage: run.py [--test-file F] [--rebind DataLoader|StatefulDataLoader]
-[--only torch|ours] [--timeout S] [TEST ...]
+[--runner script|unittest] [--only torch|ours] [--timeout S] [TEST ...]
 (TEST: unittest names, e.g. TestDataLoader.test_sequential_workers). The
 daemon and Python package come from the build tree ($SHMTENSOR_DAEMON and
 $SHMTENSOR_PYTHONPATH, as for the pytest files).
@@ -124,11 +129,17 @@ def _package_dir():
                                        "build", "python"))
 
 
-def _start(mode, test_file, work, address, names, python, rebind, tag=""):
+def _start(mode, test_file, work, address, names, python, rebind, runner,
+           tag=""):
     results = os.path.join(work, f"{mode}{tag}.jsonl")
     log = open(os.path.join(work, f"{mode}{tag}.log"), "w")
+    if runner == "unittest":
+        module = os.path.splitext(os.path.basename(test_file))[0]
+        command = [python, "-m", "unittest", *(names or [module])]
+    else:
+        command = [python, test_file, *names]
     proc = subprocess.Popen(
-        [python, test_file, *names],
+        command,
         cwd=work, env=_environment(mode, address, python, results, rebind),
         stdout=log,
         stderr=subprocess.STDOUT, start_new_session=True)
@@ -212,6 +223,10 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--test-file")
     p.add_argument("--only", choices=("torch", "ours"))
+    p.add_argument("--runner", choices=("script", "unittest"),
+                   default="script",
+                   help="how the file's tests run: the file as a script, "
+                   "or python -m unittest")
     p.add_argument("--rebind", choices=("DataLoader", "StatefulDataLoader"),
                    default="DataLoader",
                    help="the loader class the run with ours replaces")
@@ -253,7 +268,7 @@ def _run(args, say):
     try:
         started = time.monotonic()
         runs = {m: _start(m, local, work, daemon.address, args.names, python,
-                          args.rebind)
+                          args.rebind, args.runner)
                 for m in modes}
         deadline = started + args.timeout
         killed = {m: not _wait(runs[m][0], deadline) for m in modes}
@@ -298,7 +313,7 @@ def _run(args, say):
             name = t.split(".", 1)[1] if t.startswith("__main__.") else t
             proc, res, log = _start("ours", local, work, daemon.address,
                                     [name], python, args.rebind,
-                                    tag="-" + name)
+                                    args.runner, tag="-" + name)
             _wait(proc, time.monotonic() + 300)
             if _outcomes(res)[0].get(t) != "pass":
                 regressions.append((t, log))
