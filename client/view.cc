@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/cuda_api.h"
+#include "client/host_copy.h"
 #include "client/lease.h"
 #include "client/offer.h"
 #include "client/ref_proto.h"
@@ -103,7 +104,7 @@ absl::Status Buffer::CopyFrom(const void* src, uint64_t size, uint64_t offset) {
     return internal::cuda::CopyAndWait(lease_->device().index, dst, src, size,
                                        kLegacyDefaultStream);
   }
-  std::memcpy(dst, src, size);
+  internal::CopyHost(dst, src, size);
   return absl::OkStatus();
 }
 
