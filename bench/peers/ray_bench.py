@@ -79,7 +79,40 @@ def p50(xs):
     return statistics.median(xs)
 
 
-# -- shmtensor's other process -------------------------------------------------
+def timed_reads(refs, read):
+    """Seconds each `read(ref)` takes (a get that reads every page, then
+    lets go)."""
+    times = []
+    for ref in refs:
+        t0 = time.perf_counter()
+        read(ref)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def timed_round(put, read, elsewhere, kind, nbytes, reps):
+    """p50s of `reps` puts (each ref dropped after), of `reps` reads here of
+    refs held, and of their reads in another process (`elsewhere(refs)`:
+    its times)."""
+    x = source(kind, nbytes)
+    puts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        ref = put(x)
+        puts.append(time.perf_counter() - t0)
+        del ref
+    refs = [put(x) for _ in range(reps)]
+    gets = timed_reads(refs, read)
+    return p50(puts), p50(gets), p50(elsewhere(refs))
+
+
+# -- shmtensor -----------------------------------------------------------------
+
+def shm_read(c, kind, ref):
+    view = c.get(ref)
+    touch(view.tensor() if kind == "torch" else np.asarray(view))
+    view.close()
+
 
 def shm_reader(address, conn):
     c = shmtensor.connect(address)
@@ -88,76 +121,33 @@ def shm_reader(address, conn):
         if msg is None:
             return
         kind, refs = msg
-        times = []
-        for raw in refs:
-            t0 = time.perf_counter()
-            view = c.get(shmtensor.ObjectRef(raw))
-            x = view.tensor() if kind == "torch" else np.asarray(view)
-            touch(x)
-            times.append(time.perf_counter() - t0)
-            del x
-            view.close()
-        conn.send(times)
+        conn.send(timed_reads([shmtensor.ObjectRef(r) for r in refs],
+                              lambda ref: shm_read(c, kind, ref)))
 
 
 def shm_round(c, kind, nbytes, reps, reader):
-    x = source(kind, nbytes)
-    puts, gets = [], []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        ref = c.put(x)
-        puts.append(time.perf_counter() - t0)
-        del ref
-    refs = [c.put(x) for _ in range(reps)]
-    for ref in refs:
-        t0 = time.perf_counter()
-        view = c.get(ref)
-        y = view.tensor() if kind == "torch" else np.asarray(view)
-        touch(y)
-        gets.append(time.perf_counter() - t0)
-        del y
-        view.close()
-    reader.send((kind, [bytes(r) for r in refs]))
-    other = reader.recv()
-    del refs
-    return p50(puts), p50(gets), p50(other)
+    def elsewhere(refs):
+        reader.send((kind, [bytes(r) for r in refs]))
+        return reader.recv()
+
+    return timed_round(c.put, lambda ref: shm_read(c, kind, ref), elsewhere,
+                       kind, nbytes, reps)
 
 
 # -- Ray -----------------------------------------------------------------------
 
 def ray_round(ray, actor, kind, nbytes, reps):
-    x = source(kind, nbytes)
-    puts, gets = [], []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        ref = ray.put(x)
-        puts.append(time.perf_counter() - t0)
-        del ref
-    refs = [ray.put(x) for _ in range(reps)]
-    for ref in refs:
-        t0 = time.perf_counter()
-        y = ray.get(ref)
-        touch(y)
-        gets.append(time.perf_counter() - t0)
-        del y
     # A list of refs is passed as it is (Ray resolves only top-level refs).
-    other = ray.get(actor.gets.remote(kind, [refs]))
-    del refs
-    return p50(puts), p50(gets), p50(other)
+    return timed_round(ray.put, lambda ref: touch(ray.get(ref)),
+                       lambda refs: ray.get(actor.gets.remote([refs])),
+                       kind, nbytes, reps)
 
 
 def ray_reader_class(ray):
     @ray.remote(num_cpus=0)
     class Reader:
-        def gets(self, kind, wrapped):
-            times = []
-            for ref in wrapped[0]:
-                t0 = time.perf_counter()
-                y = ray.get(ref)
-                touch(y)
-                times.append(time.perf_counter() - t0)
-                del y
-            return times
+        def gets(self, wrapped):
+            return timed_reads(wrapped[0], lambda ref: touch(ray.get(ref)))
     return Reader
 
 
@@ -211,7 +201,7 @@ def main():
         proc = ctx.Process(target=shm_reader, args=(d.address, theirs))
         proc.start()
         actor = ray_reader_class(ray).remote()
-        ray.get(actor.gets.remote("numpy", [[]]))  # Started.
+        ray.get(actor.gets.remote([[]]))  # Started.
         rows = []
         for kind in ("numpy", "torch"):
             for nbytes in sizes:

@@ -423,8 +423,11 @@ def broadcast(tensor_or_array, src=0, group=None, name=None, address=None):
 
 
 # Barriers in flight whose completion drops a leader's ref; waited for at
-# exit (_wait_for_pending_barriers).
+# exit (_wait_for_pending_barriers). This process's own: a forked child
+# starts with none (the parent's complete on the parent's Gloo threads,
+# which the child has not, so waiting for them would never end).
 _pending_barriers = set()
+os.register_at_fork(after_in_child=_pending_barriers.clear)
 
 
 def _release_after_every_rank(ref, group, name):

@@ -13,8 +13,9 @@ __all__ = ["DataLoader", "PoolCollate", "StatefulDataLoader", "to_tensors"]
 
 
 def __getattr__(name):
-    # Imported on first use: torchdata is optional.
+    # StatefulDataLoader: imported by shmtensor.dataloader on first use
+    # (torchdata is optional).
     if name == "StatefulDataLoader":
-        from .dataloader.stateful import StatefulDataLoader
-        return StatefulDataLoader
+        from . import dataloader
+        return dataloader.StatefulDataLoader
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

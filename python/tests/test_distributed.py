@@ -99,7 +99,21 @@ def _rank_main(rank, init_file, addresses, scenario, results, go):
             t = sd.broadcast(x, src=0, name="slow")
             sum_ = float(t.double().sum())
             del t
-            results.put({"rank": rank, "sum": sum_})
+            out = {"rank": rank, "sum": sum_}
+            if rank == 0:
+                # Its barrier waits for ranks 1 and 3 still: a child forked
+                # now inherits none to wait for at its exit.
+                out["pending"] = len(sd._pending_barriers)
+                r, w = os.pipe()
+                pid = os.fork()
+                if pid == 0:
+                    os.write(w, bytes([len(sd._pending_barriers)]))
+                    os._exit(0)
+                os.waitpid(pid, 0)
+                out["pending_in_child"] = os.read(r, 1)[0]
+                os.close(r)
+                os.close(w)
+            results.put(out)
             if rank != 0:
                 dist.barrier(group=others)
                 results.put({"rank": rank, "done": True})
@@ -218,6 +232,7 @@ def test_a_rank_that_gets_late_finds_the_data_the_others_dropped(nodes):
     expected = float(np.arange(1 << 20, dtype=np.float64).sum())
     got = nodes.collect(WORLD)
     assert [r["sum"] for r in got] == [expected] * WORLD, got
+    assert (got[0]["pending"], got[0]["pending_in_child"]) == (1, 0), got[0]
     nodes.procs[0].join(30)
     assert nodes.procs[0].exitcode == 0
     nodes.collect(WORLD - 1)

@@ -102,7 +102,7 @@ class DataLoader(PoolBatches, _TorchLoader[_T_co]):
     """
 
 
-def signature_with_ours(loader_class):
+def _signature_with_ours(loader_class):
     """`loader_class`'s __init__ signature, and our arguments after it."""
     sig = inspect.signature(loader_class.__init__)
     ours = [inspect.Parameter("shmtensor_address",
@@ -117,7 +117,7 @@ def _set_signature(cls, base):
     def __init__(self, *args, **kwargs):
         PoolBatches.__init__(self, *args, **kwargs)
 
-    __init__.__signature__ = signature_with_ours(base)
+    __init__.__signature__ = _signature_with_ours(base)
     __init__.__doc__ = cls.__doc__
     cls.__init__ = __init__
 
